@@ -1,0 +1,13 @@
+.PHONY: test build bench fmt
+# The test command the README gives and CI runs.
+test:
+	./scripts/test.sh
+
+build:
+	go build -o bin/shaper ./cmd/shaper
+
+bench:
+	cd bench && go run ./cmd/shaperbench
+
+fmt:
+	gofmt -l -w .

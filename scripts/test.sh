@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh Debian machine as root or on a developer's.
+# Installs redis-server and redis-cli from Debian's packages when missing,
+# then runs every package's tests with the race detector and vets the bench module.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_install=()
+command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_install+=(redis-tools)
+if [ ${#need_install[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "test.sh: ${need_install[*]} missing; run as root or: sudo apt-get install -y ${need_install[*]}" >&2
+    exit 1
+  fi
+  echo "test.sh: installing ${need_install[*]} from Debian's packages" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y "${need_install[@]}" >/dev/null 2>&1 || {
+    apt-get update >/dev/null
+    apt-get install -y "${need_install[@]}" >/dev/null
+  }
+fi
+# The package's own service is not needed: the tests start their own servers.
+if command -v systemctl >/dev/null 2>&1; then systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
+
+echo "test.sh: $(go version); $(redis-server --version | cut -d' ' -f1-3)" >&2
+go vet ./...
+go test -race -count=1 -timeout 15m "$@" ./...
+if [ -f bench/go.mod ]; then
+  (cd bench && go vet ./...)
+fi
