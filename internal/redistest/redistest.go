@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // InstallHint is what a test prints when redis-server or redis-cli is missing.
@@ -103,13 +104,14 @@ func New(tb testing.TB, opts ...Options) *Server {
 }
 
 // Main runs a test binary with one shared server started before the tests
-// and stopped after them. Use it from TestMain:
+// and stopped after them, then fails the run if goroutines leaked. Use it
+// from TestMain:
 //
 //	var srv *redistest.Server
 //	func TestMain(m *testing.M) { redistest.Main(m, &srv) }
 //
 // It calls os.Exit, so TestMain must do nothing after it.
-func Main(m *testing.M, srv **Server) {
+func Main(m interface{ Run() int }, srv **Server) {
 	s, err := Start(Options{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "redistest: %v\n", err)
@@ -118,6 +120,12 @@ func Main(m *testing.M, srv **Server) {
 	*srv = s
 	code := m.Run()
 	s.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "redistest: goroutines leaked: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

@@ -1,0 +1,79 @@
+package leaky
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper/internal/redistest"
+)
+
+// TestScriptsOnCluster runs every script on a real 3-master Redis Cluster,
+// over buckets whose keys land on different masters.
+func TestScriptsOnCluster(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	rdb := cl.Client(t)
+	ctx := context.Background()
+	p := New(rdb, Config{})
+	for i := 0; i < 6; i++ {
+		b, err := p.Bucket(fmt.Sprintf("upstream-%d", i), BucketConfig{
+			Limits:      []Limit{PerSecond(100), {Rate: 1000, Per: time.Minute, Cost: "tokens"}},
+			Concurrency: 2,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := b.Reserve(ctx, Costs{"tokens": 5})
+		if err != nil || !r.OK {
+			t.Fatalf("reserve on %s: %+v, %v", b.Name(), r, err)
+		}
+		if _, err := b.Cancel(ctx, r); err != nil {
+			t.Fatalf("cancel: %v", err)
+		}
+		r, err = b.Take(ctx, Costs{"tokens": 5})
+		if err != nil {
+			t.Fatalf("take: %v", err)
+		}
+		if _, err := b.ExtendLease(ctx, r.Lease, time.Second); err != nil {
+			t.Fatalf("extend: %v", err)
+		}
+		if err := b.Release(ctx, r); err != nil {
+			t.Fatalf("release: %v", err)
+		}
+		if _, err := b.Block(ctx, time.Second, "test"); err != nil {
+			t.Fatalf("block: %v", err)
+		}
+		if _, err := b.State(ctx); err != nil {
+			t.Fatalf("state: %v", err)
+		}
+		if err := b.Unblock(ctx); err != nil {
+			t.Fatalf("unblock: %v", err)
+		}
+	}
+	// The buckets really were spread over the masters.
+	var spread []int64
+	for _, n := range cl.Nodes {
+		c := n.Client(t)
+		keys, err := c.Keys(ctx, "shaper:leaky:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		spread = append(spread, int64(len(keys)))
+		for _, k := range keys {
+			if !strings.Contains(k, "{upstream-") {
+				t.Fatalf("key %s lacks the bucket's hash tag", k)
+			}
+		}
+	}
+	empty := 0
+	for _, n := range spread {
+		if n == 0 {
+			empty++
+		}
+	}
+	if empty > 1 {
+		t.Fatalf("keys per master %v: want buckets on at least two masters", spread)
+	}
+}

@@ -1,0 +1,478 @@
+// Package leaky paces outbound calls to a rate-limited upstream across any
+// number of processes: a leaky bucket per upstream, kept in Redis, that hands
+// out send slots at a strict rate.
+//
+// A Bucket holds one or more Limits (say 100 requests per second and 800,000
+// tokens per minute); Reserve books the next slot that satisfies all of them
+// at once, in one Lua script on Redis's clock, and says how long to wait for
+// it. Sends that follow their reservations never put more than a limit's Rate
+// units into any window of its Per, however many replicas reserve, because
+// slots are spaced with a guard for the time a send may slip after its slot
+// (see Limit.Params) and Wait refuses to send a slot that slipped further.
+//
+// Most callers should use Take, which reserves, waits and retries. Reserve and
+// Wait are the parts, for callers (like shaper's dispatcher) that do something
+// else with a long wait than sleep through it. Besides the limits a bucket can
+// be blocked fleet-wide until a time (an upstream said "retry after 30s", or
+// an operator paused it) and can cap how many sends are in flight at once
+// with leases that expire if their holder dies.
+package leaky
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/gcra"
+	"github.com/shaperhq/shaper/internal/script"
+)
+
+// ErrLate is returned by Wait when the caller woke up so long after its slot
+// that sending now could crowd a later slot's send into the same window. The
+// slot is used up; reserve again.
+var ErrLate = errors.New("leaky: woke too late for the reserved slot")
+
+// ErrCostTooLarge is returned by Reserve when a cost exceeds what one of the
+// bucket's limits lets through at once (its Capacity): such a reservation
+// could never be honoured strictly.
+var ErrCostTooLarge = errors.New("leaky: cost exceeds a limit's burst capacity")
+
+// Defaults for BucketConfig's zero values.
+const (
+	DefaultMaxWait  = time.Second
+	DefaultLeaseTTL = time.Minute
+	// DefaultGuard is the guard for limits with Per of a second or more;
+	// shorter limits get Per/100.
+	DefaultGuard = 10 * time.Millisecond
+)
+
+// Config configures a Pacer. The zero value works.
+type Config struct {
+	// Prefix starts every key; default "shaper".
+	Prefix string
+	// Now, when set, replaces Redis's clock with the caller's. Only for
+	// tests and for hosts that forbid TIME in scripts: replicas with skewed
+	// clocks then break the guarantees.
+	Now func() time.Time
+}
+
+// Pacer creates buckets on one Redis (a Client, ClusterClient or Ring: all
+// of a bucket's keys share a hash tag). It is safe for concurrent use.
+type Pacer struct {
+	rdb    redis.Scripter
+	prefix string
+	now    func() time.Time
+}
+
+// New returns a Pacer on rdb. The caller owns rdb and closes it.
+func New(rdb redis.Scripter, cfg Config) *Pacer {
+	prefix := cfg.Prefix
+	if prefix == "" {
+		prefix = "shaper"
+	}
+	return &Pacer{rdb: rdb, prefix: prefix, now: cfg.Now}
+}
+
+// BucketConfig shapes one bucket. Zero values are the documented defaults.
+type BucketConfig struct {
+	// Limits must all allow a send; at least one.
+	Limits []Limit
+	// Guard is how far a send may slip after its slot; see Limit.Params.
+	// Zero means DefaultGuard, or Per/100 of the shortest limit if that is
+	// smaller. Wait treats a slip beyond half the guard as ErrLate, leaving
+	// the other half for the trip to the upstream.
+	Guard time.Duration
+	// Concurrency caps sends in flight across all replicas; 0 is no cap.
+	Concurrency int
+	// LeaseTTL is how long a concurrency lease outlives its slot if its
+	// holder neither releases nor extends it; default DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// MaxWait is the longest wait Reserve books; further slots are refused
+	// with a RetryAfter. Default DefaultMaxWait.
+	MaxWait time.Duration
+}
+
+// Bucket paces one upstream. Build it with Pacer.Bucket.
+type Bucket struct {
+	p      *Pacer
+	name   string
+	cfg    BucketConfig
+	params []gcra.Params
+	keys   []string // block, leases, one TAT per limit
+	clock  *offsetEstimator
+}
+
+// validName is what a bucket name may be; it becomes a Redis hash tag.
+func validName(name string) error {
+	if name == "" || len(name) > 200 || strings.ContainsAny(name, "{}") {
+		return fmt.Errorf("bucket name %q: must be 1-200 characters without braces", name)
+	}
+	return nil
+}
+
+// Bucket returns the bucket called name, validating its config.
+func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	if len(cfg.Limits) == 0 {
+		return nil, fmt.Errorf("bucket %s: at least one limit is required", name)
+	}
+	seen := map[string]bool{}
+	shortest := cfg.Limits[0].Per
+	for i, l := range cfg.Limits {
+		if err := l.Validate(); err != nil {
+			return nil, fmt.Errorf("bucket %s: limit %d (%v): %w", name, i+1, l, err)
+		}
+		id := limitID(l)
+		if seen[id] {
+			return nil, fmt.Errorf("bucket %s: limit %d (%v): two limits count %s per %v", name, i+1, l, l.Unit(), l.Per)
+		}
+		seen[id] = true
+		shortest = min(shortest, l.Per)
+	}
+	if cfg.Guard < 0 {
+		return nil, fmt.Errorf("bucket %s: guard %v must not be negative", name, cfg.Guard)
+	}
+	if cfg.Guard == 0 {
+		cfg.Guard = min(DefaultGuard, shortest/100)
+	}
+	if cfg.Concurrency < 0 {
+		return nil, fmt.Errorf("bucket %s: concurrency %d must not be negative", name, cfg.Concurrency)
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	b := &Bucket{p: p, name: name, cfg: cfg, clock: newOffsetEstimator()}
+	b.keys = append(b.keys, p.key(name, "block"), p.key(name, "leases"))
+	for _, l := range cfg.Limits {
+		prm := l.Params(cfg.Guard)
+		if err := prm.Validate(); err != nil {
+			return nil, fmt.Errorf("bucket %s: limit %v: %w", name, l, err)
+		}
+		b.params = append(b.params, prm)
+		b.keys = append(b.keys, p.key(name, "tat:"+limitID(l)))
+	}
+	return b, nil
+}
+
+// key builds every key the package writes: prefix:leaky:{name}:part, so a
+// bucket's keys share one Redis Cluster slot.
+func (p *Pacer) key(name, part string) string {
+	return p.prefix + ":leaky:{" + name + "}:" + part
+}
+
+// limitID names a limit's state by what it counts and over what window, so
+// that reordering limits in a config, or changing a rate, keeps its history.
+func limitID(l Limit) string {
+	return l.Unit() + ":" + strconv.FormatInt(l.Per.Microseconds(), 10)
+}
+
+// Name is the bucket's name.
+func (b *Bucket) Name() string { return b.name }
+
+// Config is the bucket's config with defaults filled in.
+func (b *Bucket) Config() BucketConfig { return b.cfg }
+
+// Costs are a reservation's amounts by cost name ("tokens": 1200). A limit
+// without a cost name always counts 1; a limit whose cost is missing from
+// Costs counts 0 for this reservation.
+type Costs map[string]int64
+
+// Reason says what decided a reservation's slot, or why none was booked.
+type Reason int
+
+const (
+	// ReasonNone: the slot is now; nothing held it back.
+	ReasonNone Reason = codeNone
+	// ReasonLimit: a limit set the slot (Reservation.Limit says which).
+	ReasonLimit Reason = codeLimit
+	// ReasonBlocked: the bucket is blocked until the slot.
+	ReasonBlocked Reason = codeBlocked
+	// ReasonConcurrency: every concurrency lease is taken.
+	ReasonConcurrency Reason = codeConcurrency
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonNone:
+		return "none"
+	case ReasonLimit:
+		return "limit"
+	case ReasonBlocked:
+		return "blocked"
+	case ReasonConcurrency:
+		return "concurrency"
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// Reservation is the answer to Reserve.
+type Reservation struct {
+	// OK reports whether a slot was booked.
+	OK bool
+	// Delay is the wait from Redis's now until the booked slot (OK).
+	Delay time.Duration
+	// RetryAfter is how long until reserving again can succeed (not OK).
+	RetryAfter time.Duration
+	// Reason says what set the slot or refused it.
+	Reason Reason
+	// Limit is the limit that set the slot when Reason is ReasonLimit.
+	Limit *Limit
+	// Lease is the concurrency lease held from now until Release, or until
+	// LeaseTTL after the slot. Empty without a concurrency cap.
+	Lease string
+	// Now is Redis's clock when the reservation was decided.
+	Now time.Time
+
+	sendAt   time.Time // local time certainly not before the slot
+	earliest time.Time // local time certainly not after the slot
+	tats     []int64   // prev, next per limit, for Cancel
+	bucket   *Bucket
+}
+
+// SendAt is the local time at which to send: certainly not before the slot
+// on Redis's clock (see offsetEstimator), and at most one round trip after.
+func (r *Reservation) SendAt() time.Time { return r.sendAt }
+
+// ReserveOption adjusts one Reserve call.
+type ReserveOption func(*reserveOpts)
+
+type reserveOpts struct {
+	maxWait time.Duration
+	lease   string
+}
+
+// MaxWait overrides the bucket's MaxWait for one call. Zero books only a
+// slot that is free right now.
+func MaxWait(d time.Duration) ReserveOption {
+	return func(o *reserveOpts) { o.maxWait = max(d, 0) }
+}
+
+// WithLease names the concurrency lease (a job id, say) instead of a random
+// one. Reserving again with a lease already held renews it, so a job that
+// lost its slot keeps its place in the concurrency count.
+func WithLease(id string) ReserveOption {
+	return func(o *reserveOpts) { o.lease = id }
+}
+
+// Reserve books the earliest slot at which every limit allows costs and the
+// bucket is not blocked, if that slot is within the max wait (and a
+// concurrency lease is free). Nothing is booked otherwise: the Reservation
+// says when to come back. The caller should send at SendAt, or give the slot
+// back with Cancel; Wait does the former.
+func (b *Bucket) Reserve(ctx context.Context, costs Costs, opts ...ReserveOption) (*Reservation, error) {
+	o := reserveOpts{maxWait: b.cfg.MaxWait}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if b.cfg.Concurrency > 0 && o.lease == "" {
+		o.lease = newLeaseID()
+	}
+	if b.cfg.Concurrency == 0 {
+		o.lease = ""
+	}
+	args := make([]any, 0, 5+4*len(b.params))
+	args = append(args, script.NowArg(b.p.now), o.maxWait.Microseconds(), o.lease, b.cfg.Concurrency,
+		b.cfg.LeaseTTL.Microseconds())
+	for i, l := range b.cfg.Limits {
+		cost, err := b.cost(l, costs)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, b.params[i].Interval, b.params[i].Capacity, cost, l.Per.Microseconds())
+	}
+	issued := time.Now()
+	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, b.keys, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reserve %s: %w", b.name, err)
+	}
+	received := time.Now()
+	n := len(b.params)
+	out, err := script.Ints(v, -1)
+	if err != nil || (len(out) != 5 && len(out) != 5+2*n) {
+		return nil, fmt.Errorf("reserve %s: malformed reply %v: %v", b.name, v, err)
+	}
+	r := &Reservation{
+		OK:     out[0] == 1,
+		Reason: Reason(out[2]),
+		Now:    time.UnixMicro(out[4]),
+		bucket: b,
+	}
+	if i := out[3]; i >= 1 && int(i) <= n {
+		l := b.cfg.Limits[i-1]
+		r.Limit = &l
+	}
+	if r.OK {
+		r.Delay = time.Duration(out[1]) * time.Microsecond
+		r.Lease = o.lease
+		r.tats = out[5:]
+		lo, hi := b.clock.observe(issued, received, out[4])
+		slot := out[4] + out[1]
+		r.sendAt, r.earliest = b.clock.toLocal(slot-lo), b.clock.toLocal(slot-hi)
+	} else {
+		r.RetryAfter = time.Duration(out[1]) * time.Microsecond
+	}
+	return r, nil
+}
+
+func (b *Bucket) cost(l Limit, costs Costs) (int64, error) {
+	if l.Cost == "" {
+		return 1, nil
+	}
+	c := costs[l.Cost]
+	if c < 0 {
+		return 0, fmt.Errorf("reserve %s: cost %s %d: must not be negative", b.name, l.Cost, c)
+	}
+	if c > l.Capacity() {
+		return 0, fmt.Errorf("reserve %s: %s %d over limit %v: %w", b.name, l.Cost, c, l, ErrCostTooLarge)
+	}
+	return c, nil
+}
+
+// CheckCosts reports costs that no reservation on this bucket could carry,
+// so a producer can be told at enqueue time rather than at dispatch.
+func (b *Bucket) CheckCosts(costs Costs) error {
+	for _, l := range b.cfg.Limits {
+		if _, err := b.cost(l, costs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Cancel gives an unused reservation back: its lease is released, and each
+// limit whose state no later reservation has moved is restored. It reports
+// how many limits were restored. Cancel once the slot has begun (on Redis's
+// clock) only releases the lease: the send may already count in some window.
+func (b *Bucket) Cancel(ctx context.Context, r *Reservation) (int, error) {
+	if r == nil || !r.OK {
+		return 0, nil
+	}
+	keys := make([]string, 0, 1+len(b.params))
+	keys = append(keys, b.keys[1])
+	keys = append(keys, b.keys[2:]...)
+	args := []any{script.NowArg(b.p.now), r.Lease, r.Now.Add(r.Delay).UnixMicro()}
+	for i, l := range b.cfg.Limits {
+		args = append(args, r.tats[2*i], r.tats[2*i+1], l.Per.Microseconds())
+	}
+	v, err := script.Run(ctx, b.p.rdb, "leaky.cancel", cancelScript, keys, args...)
+	if err != nil {
+		return 0, fmt.Errorf("cancel reservation on %s: %w", b.name, err)
+	}
+	n, _ := v.(int64)
+	r.OK = false
+	return int(n), nil
+}
+
+// Release ends the reservation's concurrency lease, once its send is done.
+func (b *Bucket) Release(ctx context.Context, r *Reservation) error {
+	if r == nil || r.Lease == "" {
+		return nil
+	}
+	return b.ReleaseLease(ctx, r.Lease)
+}
+
+// ReleaseLease ends a concurrency lease by id.
+func (b *Bucket) ReleaseLease(ctx context.Context, lease string) error {
+	if _, err := script.Run(ctx, b.p.rdb, "leaky.release", releaseScript, b.keys[1:2], lease); err != nil {
+		return fmt.Errorf("release lease on %s: %w", b.name, err)
+	}
+	return nil
+}
+
+// ExtendLease keeps a lease for d more from now. It returns false if the
+// lease already expired, in which case the holder no longer counts.
+func (b *Bucket) ExtendLease(ctx context.Context, lease string, d time.Duration) (bool, error) {
+	v, err := script.Run(ctx, b.p.rdb, "leaky.extend", extendScript, b.keys[1:2], script.NowArg(b.p.now), lease, d.Microseconds())
+	if err != nil {
+		return false, fmt.Errorf("extend lease on %s: %w", b.name, err)
+	}
+	return v == int64(1), nil
+}
+
+// Block holds every later reservation on the bucket, in every process,
+// until d from now on Redis's clock. An existing longer block stays. The
+// reason is shown by State. It returns the block's end.
+func (b *Bucket) Block(ctx context.Context, d time.Duration, reason string) (time.Time, error) {
+	if d <= 0 {
+		return time.Time{}, fmt.Errorf("block %s: duration %v must be positive", b.name, d)
+	}
+	v, err := script.Run(ctx, b.p.rdb, "leaky.block", blockScript, b.keys[:1], script.NowArg(b.p.now), d.Microseconds(), reason)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("block %s: %w", b.name, err)
+	}
+	out, err := script.Ints(v, 2)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("block %s: %w", b.name, err)
+	}
+	return time.UnixMicro(out[0]), nil
+}
+
+// BlockUntil is Block until a wall-clock time (such as an upstream's reset
+// timestamp). It is converted to a duration on this host's clock.
+func (b *Bucket) BlockUntil(ctx context.Context, t time.Time, reason string) (time.Time, error) {
+	return b.Block(ctx, time.Until(t), reason)
+}
+
+// Unblock lifts any block at once.
+func (b *Bucket) Unblock(ctx context.Context) error {
+	if _, err := script.Run(ctx, b.p.rdb, "leaky.unblock", unblockScript, b.keys[:1]); err != nil {
+		return fmt.Errorf("unblock %s: %w", b.name, err)
+	}
+	return nil
+}
+
+// State is a bucket's shared state at one instant.
+type State struct {
+	// Now is Redis's clock.
+	Now time.Time
+	// BlockedUntil is when the block ends; zero when not blocked.
+	BlockedUntil time.Time
+	// BlockReason is what Block was given.
+	BlockReason string
+	// InFlight counts unexpired concurrency leases.
+	InFlight int64
+	// Booked is, per limit, how far ahead of now slots are booked: the
+	// bucket's level expressed as time.
+	Booked []time.Duration
+}
+
+// State reads the bucket without changing it.
+func (b *Bucket) State(ctx context.Context) (State, error) {
+	v, err := script.Run(ctx, b.p.rdb, "leaky.state", stateScript, b.keys, script.NowArg(b.p.now))
+	if err != nil {
+		return State{}, fmt.Errorf("state of %s: %w", b.name, err)
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 4+len(b.params) {
+		return State{}, fmt.Errorf("state of %s: malformed reply %v", b.name, v)
+	}
+	ints := func(i int) int64 { n, _ := arr[i].(int64); return n }
+	now := ints(0)
+	st := State{Now: time.UnixMicro(now), InFlight: ints(3)}
+	if u := ints(1); u > now {
+		st.BlockedUntil = time.UnixMicro(u)
+		st.BlockReason, _ = arr[2].(string)
+	}
+	for i := range b.params {
+		st.Booked = append(st.Booked, time.Duration(max(0, ints(4+i)-now))*time.Microsecond)
+	}
+	return st, nil
+}
+
+func newLeaseID() string {
+	var buf [12]byte
+	rand.Read(buf[:])
+	return hex.EncodeToString(buf[:])
+}

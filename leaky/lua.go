@@ -1,0 +1,231 @@
+package leaky
+
+import (
+	"github.com/shaperhq/shaper/internal/gcra"
+	"github.com/shaperhq/shaper/internal/script"
+)
+
+// Reason codes shared by the scripts and the Go model.
+const (
+	codeNone        = 0
+	codeLimit       = 1
+	codeBlocked     = 2
+	codeConcurrency = 3
+)
+
+// reserveScript reserves the next send slot for every limit of a bucket at
+// once, honouring a fleet-wide block and an optional concurrency lease. It
+// writes nothing unless everything fits within max_wait.
+//
+//	KEYS[1] -> block hash {until=µs, reason=text}
+//	KEYS[2] -> in-flight leases, a sorted set of lease id -> expiry µs
+//	KEYS[3..] -> one TAT string per limit
+//	ARGV[1] -> now override in µs ("" = Redis TIME)
+//	ARGV[2] -> max wait µs
+//	ARGV[3] -> lease id ("" = no concurrency limit)
+//	ARGV[4] -> concurrency limit
+//	ARGV[5] -> lease lifetime µs, counted from the slot
+//	ARGV[6+4i .. 9+4i] -> limit i: interval µs, capacity, cost, per µs
+//
+// Returns {ok, wait, reason, limit, now, prev_1, next_1, ..., prev_n, next_n}:
+// ok is 1 when reserved; wait is the delay until the slot (ok) or how long
+// until trying again can succeed (not ok); reason says what set the slot or
+// refused it (0 none, 1 a limit, 2 the block, 3 concurrency); limit is the
+// 1-based limit that bound the slot; prev_i/next_i are each TAT before and
+// after (prev 0 when the key did not exist), for giving the slot back.
+var reserveScript = script.New(gcra.LuaFunctions, `
+local now = shaper_now(ARGV[1])
+local max_wait = tonumber(ARGV[2])
+local lease = ARGV[3]
+local n = #KEYS - 2
+
+local slot = now
+local reason = 0
+local binding = 0
+
+local blocked = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+if blocked > slot then
+  slot = blocked
+  reason = 2
+end
+
+local prev = {}
+for i = 1, n do
+  local base = 6 + 4 * (i - 1)
+  local interval = tonumber(ARGV[base])
+  local capacity = tonumber(ARGV[base + 1])
+  local cost = tonumber(ARGV[base + 2])
+  local stored = tonumber(redis.call('GET', KEYS[i + 2]) or '0')
+  prev[i] = stored
+  local at = gcra_earliest(stored, now, interval, capacity, cost)
+  if at > slot then
+    slot = at
+    reason = 1
+    binding = i
+  end
+end
+
+local out = {0, 0, reason, binding, now}
+if slot - now > max_wait then
+  out[2] = slot - now - max_wait
+  return out
+end
+
+if lease ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if redis.call('ZSCORE', KEYS[2], lease) == false then
+    local limit = tonumber(ARGV[4])
+    if redis.call('ZCARD', KEYS[2]) >= limit then
+      local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+      out[2] = tonumber(first[2]) - now
+      out[3] = 3
+      out[4] = 0
+      return out
+    end
+  end
+  local expiry = slot + tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[2], expiry, lease)
+  local ttl = math.ceil((expiry - now) / 1000) + 1000
+  if redis.call('PTTL', KEYS[2]) < ttl then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  end
+end
+
+for i = 1, n do
+  local base = 6 + 4 * (i - 1)
+  local interval = tonumber(ARGV[base])
+  local cost = tonumber(ARGV[base + 2])
+  local per = tonumber(ARGV[base + 3])
+  local next_tat = gcra_take(prev[i], slot, interval, cost)
+  redis.call('SET', KEYS[i + 2], shaper_int(next_tat), 'PX', math.ceil((next_tat - now + per) / 1000))
+  out[#out + 1] = prev[i]
+  out[#out + 1] = next_tat
+end
+out[1] = 1
+out[2] = slot - now
+return out
+`)
+
+// cancelScript gives back a reservation that was not used. A limit's TAT is
+// restored only if no later reservation moved it; otherwise that limit keeps
+// the slot, because handing it back would let a newer reservation's send
+// land beside an older one's. Once the slot has begun nothing is restored:
+// the send may already count in some window.
+//
+//	KEYS[1] -> in-flight leases sorted set
+//	KEYS[2..] -> one TAT string per limit
+//	ARGV[1] -> now override in µs ("" = Redis TIME)
+//	ARGV[2] -> lease id ("" = none)
+//	ARGV[3] -> the slot in µs
+//	ARGV[4+3i .. 6+3i] -> limit i: TAT before the reservation (0 = none), TAT after it, per µs
+//
+// Returns the number of limits whose TAT was restored.
+var cancelScript = script.New(`
+local now = shaper_now(ARGV[1])
+if ARGV[2] ~= '' then
+  redis.call('ZREM', KEYS[1], ARGV[2])
+end
+if now >= tonumber(ARGV[3]) then
+  return 0
+end
+local restored = 0
+for i = 1, #KEYS - 1 do
+  local base = 4 + 3 * (i - 1)
+  local prev = tonumber(ARGV[base])
+  local next_tat = ARGV[base + 1]
+  local per = tonumber(ARGV[base + 2])
+  if redis.call('GET', KEYS[i + 1]) == next_tat then
+    if prev > now then
+      redis.call('SET', KEYS[i + 1], shaper_int(prev), 'PX', math.ceil((prev - now + per) / 1000))
+    else
+      redis.call('DEL', KEYS[i + 1])
+    end
+    restored = restored + 1
+  end
+end
+return restored
+`)
+
+// blockScript blocks every reservation on a bucket until a time, keeping a
+// later block if one is already in place.
+//
+//	KEYS[1] -> block hash {until=µs, reason=text}
+//	ARGV[1] -> now override in µs ("" = Redis TIME)
+//	ARGV[2] -> block duration µs (> 0)
+//	ARGV[3] -> reason
+//
+// Returns {until µs, now µs}: the block in force after the call.
+var blockScript = script.New(`
+local now = shaper_now(ARGV[1])
+local want = now + tonumber(ARGV[2])
+local cur = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+if cur >= want then
+  return {cur, now}
+end
+redis.call('HSET', KEYS[1], 'until', shaper_int(want), 'reason', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], math.ceil((want - now) / 1000) + 1)
+return {want, now}
+`)
+
+// unblockScript lifts a block.
+//
+//	KEYS[1] -> block hash
+//
+// Returns 1 if a block was lifted.
+var unblockScript = script.New(`
+return redis.call('DEL', KEYS[1])
+`)
+
+// releaseScript ends a concurrency lease early, when its job is done.
+//
+//	KEYS[1] -> in-flight leases sorted set
+//	ARGV[1] -> lease id
+//
+// Returns 1 if the lease was held, 0 if it had already expired.
+var releaseScript = script.New(`
+return redis.call('ZREM', KEYS[1], ARGV[1])
+`)
+
+// extendScript moves a held lease's expiry, for holders that run longer
+// than they reserved for.
+//
+//	KEYS[1] -> in-flight leases sorted set
+//	ARGV[1] -> now override in µs ("" = Redis TIME)
+//	ARGV[2] -> lease id
+//	ARGV[3] -> new lifetime µs from now
+//
+// Returns 1 if extended, 0 if the lease had expired (its holder must stop).
+var extendScript = script.New(`
+local now = shaper_now(ARGV[1])
+local cur = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if cur == false or tonumber(cur) <= now then
+  return 0
+end
+local expiry = now + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], expiry, ARGV[2])
+local ttl = math.ceil((expiry - now) / 1000) + 1000
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 1
+`)
+
+// stateScript reads a bucket without changing it, for status displays.
+//
+//	KEYS[1] -> block hash
+//	KEYS[2] -> in-flight leases sorted set
+//	KEYS[3..] -> one TAT string per limit
+//	ARGV[1] -> now override in µs ("" = Redis TIME)
+//
+// Returns {now, blocked until (0 none), block reason, leases in flight, tat_1, ..., tat_n}.
+var stateScript = script.New(`
+local now = shaper_now(ARGV[1])
+local out = {now}
+out[2] = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+out[3] = redis.call('HGET', KEYS[1], 'reason') or ''
+out[4] = redis.call('ZCOUNT', KEYS[2], '(' .. shaper_int(now), '+inf')
+for i = 3, #KEYS do
+  out[#out + 1] = tonumber(redis.call('GET', KEYS[i]) or '0')
+end
+return out
+`)
