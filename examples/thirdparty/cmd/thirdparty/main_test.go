@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper/examples/thirdparty"
+)
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		check func(t *testing.T, o options)
+	}{
+		{"defaults", nil, func(t *testing.T, o options) {
+			c := o.cfg
+			if o.listen != "127.0.0.1:8090" || c.Algorithm != thirdparty.SlidingLog || c.Style != thirdparty.StylePlain ||
+				c.Rate != 0 || c.Per != time.Second || c.EndpointLimit != nil || c.CostLimit != nil ||
+				c.IdempotencyHeader != "Idempotency-Key" || c.MaxRecords != thirdparty.DefaultMaxRecords {
+				t.Errorf("defaults: %+v", o)
+			}
+		}},
+		{"everything", []string{
+			"-listen", ":0", "-algorithm", "token_bucket", "-rate", "100", "-per", "2s", "-burst", "10",
+			"-concurrency", "4", "-endpoint-rate", "5", "-endpoint-per", "3s", "-endpoint-burst", "2",
+			"-cost-name", "units", "-cost-header", "X-Units", "-cost-rate", "900", "-cost-per", "1h", "-cost-burst", "50",
+			"-style", "openai", "-latency", "5ms", "-jitter", "2ms", "-fail-rate", "0.1", "-seed", "9",
+			"-idempotency-header", "X-Idem", "-max-records", "1000",
+		}, func(t *testing.T, o options) {
+			want := thirdparty.Config{
+				Algorithm: thirdparty.TokenBucket, Rate: 100, Per: 2 * time.Second, Burst: 10, Concurrency: 4,
+				Style: thirdparty.StyleOpenAI, Latency: 5 * time.Millisecond, Jitter: 2 * time.Millisecond,
+				FailRate: 0.1, Seed: 9, IdempotencyHeader: "X-Idem", MaxRecords: 1000,
+			}
+			c := o.cfg
+			if c.EndpointLimit == nil || *c.EndpointLimit != (thirdparty.Limit{Rate: 5, Per: 3 * time.Second, Burst: 2}) {
+				t.Errorf("endpoint limit %+v", c.EndpointLimit)
+			}
+			if c.CostLimit == nil || *c.CostLimit != (thirdparty.CostLimit{Name: "units", Header: "X-Units", Rate: 900, Per: time.Hour, Burst: 50}) {
+				t.Errorf("cost limit %+v", c.CostLimit)
+			}
+			c.EndpointLimit, c.CostLimit = nil, nil
+			if o.listen != ":0" || c.Algorithm != want.Algorithm || c.Rate != want.Rate || c.Per != want.Per ||
+				c.Burst != want.Burst || c.Concurrency != want.Concurrency || c.Style != want.Style ||
+				c.Latency != want.Latency || c.Jitter != want.Jitter || c.FailRate != want.FailRate ||
+				c.Seed != want.Seed || c.IdempotencyHeader != want.IdempotencyHeader || c.MaxRecords != want.MaxRecords {
+				t.Errorf("got %+v, want %+v", c, want)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parse(tc.args, io.Discard)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			tc.check(t, o)
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		err    error
+		stderr string
+	}{
+		{[]string{"-rate", "many"}, errUsage, `invalid value "many" for flag -rate`},
+		{[]string{"-nope"}, errUsage, "flag provided but not defined: -nope"},
+		{[]string{"extra"}, errUsage, `unexpected argument "extra"`},
+		{[]string{"-h"}, flag.ErrHelp, "usage: thirdparty [flags]"},
+	} {
+		var stderr strings.Builder
+		_, err := parse(tc.args, &stderr)
+		if !errors.Is(err, tc.err) || !strings.Contains(stderr.String(), tc.stderr) {
+			t.Errorf("parse(%q): %v and %q, want %v and %q", tc.args, err, stderr.String(), tc.err, tc.stderr)
+		}
+	}
+}
+
+func TestRunRefusesBadConfig(t *testing.T) {
+	err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-style", "github"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `style "github": want plain, stripe or openai`) {
+		t.Errorf("run: %v, want the bad style named", err)
+	}
+}
+
+// TestRun starts the command, reads the address it prints, sends a request
+// and stops it as a signal would.
+func TestRun(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out, stdout := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-rate", "1", "-style", "stripe"}, stdout, io.Discard)
+		stdout.Close()
+	}()
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() {
+		t.Fatalf("no address printed: %v", <-done)
+	}
+	first := lines.Text()
+	addr, ok := strings.CutPrefix(first, "listening on ")
+	if !ok || !strings.Contains(first, "(sliding_log: 1 request per 1s per key, stripe style)") {
+		t.Fatalf("first line %q", first)
+	}
+	addr, _, _ = strings.Cut(addr, " ")
+	for _, want := range []int{200, 429} {
+		resp, err := http.Post(addr+"/v1/charges", "application/x-www-form-urlencoded", strings.NewReader("amount=1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("status %d, want %d", resp.StatusCode, want)
+		}
+	}
+	cancel()
+	var rest strings.Builder
+	for lines.Scan() {
+		rest.WriteString(lines.Text())
+	}
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+	if !strings.Contains(rest.String(), "2 requests (sliding_log: 1 request per 1s per key), 1× 200, 1× 429") {
+		t.Errorf("summary %q", rest.String())
+	}
+}
