@@ -1,0 +1,110 @@
+// Package queue keeps shaper's jobs in Redis on asynq: one asynq queue per
+// upstream and lane, whose keys carry the queue's name as a hash tag so each
+// lives in one Redis Cluster slot. It defines the job model, enqueues
+// idempotently, bounds each upstream's backlog, and reads jobs and queue
+// statistics back for the API and `shaper status`.
+//
+// The dispatcher package drains these queues; this package only stores.
+package queue
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// TaskType is the asynq task type of every shaper job.
+const TaskType = "shaper:job"
+
+// Job is one call bound for an upstream: an HTTP request relative to the
+// upstream's base URL, or, for upstreams served by a Go handler, a named task
+// with a payload in Body.
+type Job struct {
+	ID       string `json:"id"`
+	Tenant   string `json:"tenant"`
+	Upstream string `json:"upstream"`
+	Lane     string `json:"lane"`
+
+	Method  string            `json:"method,omitempty"`
+	Path    string            `json:"path,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    []byte            `json:"body,omitempty"`
+	// Task names the work for a Go handler upstream.
+	Task string `json:"task,omitempty"`
+
+	// Cost is the job's amounts by name ({"tokens": 1200}); each of the
+	// upstream's limits with a cost name counts its amount, every limit
+	// without one counts the request.
+	Cost map[string]int64 `json:"cost,omitempty"`
+	// IdempotencyKey is sent to the upstream on every attempt; the producer's
+	// key when given, else the job's ID.
+	IdempotencyKey string `json:"idempotency_key"`
+	MaxAttempts    int    `json:"max_attempts"`
+	// NotBefore delays the first attempt.
+	NotBefore time.Time `json:"not_before,omitzero"`
+	// ExpiresAt, when set, is when the job is given up (dead) if it has not
+	// been dispatched by then.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// State is where a job is in its life.
+type State string
+
+const (
+	StateQueued    State = "queued"
+	StateScheduled State = "scheduled"
+	StateActive    State = "active"
+	StateRetrying  State = "retrying"
+	StateSucceeded State = "succeeded"
+	StateDead      State = "dead"
+	StateCancelled State = "cancelled"
+)
+
+// Response is what the upstream answered, as stored with the job.
+type Response struct {
+	Status    int                 `json:"status"`
+	Headers   map[string][]string `json:"headers,omitempty"`
+	Body      []byte              `json:"body,omitempty"`
+	Truncated bool                `json:"truncated,omitempty"`
+}
+
+// namePattern is what upstream and lane names may be: they become queue names
+// and Redis hash tags.
+var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// ValidName reports whether s can name an upstream or a lane.
+func ValidName(s string) bool { return namePattern.MatchString(s) }
+
+// QueueName is the asynq queue of an upstream's lane.
+func QueueName(upstream, lane string) string { return "shaper." + upstream + "." + lane }
+
+// NewID makes a job ID that names its upstream and lane, so a job can be
+// found without an index: "stripe.default.3kq...".
+func NewID(upstream, lane string) string {
+	var b [15]byte
+	rand.Read(b[:])
+	return upstream + "." + lane + "." + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// IdempotentID is the job ID for a producer's idempotency key: the same
+// tenant, upstream, lane and key always give the same ID, so asynq's unique
+// task IDs make a repeated enqueue find the first job.
+func IdempotentID(tenant, upstream, lane, key string) string {
+	sum := sha256.Sum256([]byte(tenant + "\x00" + key))
+	return upstream + "." + lane + ".i" + hex.EncodeToString(sum[:15])
+}
+
+// ParseID splits a job ID into its upstream and lane.
+func ParseID(id string) (upstream, lane string, err error) {
+	parts := strings.Split(id, ".")
+	if len(parts) != 3 || !ValidName(parts[0]) || !ValidName(parts[1]) || parts[2] == "" || len(id) > 200 {
+		return "", "", fmt.Errorf("job id %q: not a shaper job id", id)
+	}
+	return parts[0], parts[1], nil
+}

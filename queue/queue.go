@@ -1,0 +1,483 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors callers branch on.
+var (
+	// ErrNotFound: no such job, or not the caller's tenant's.
+	ErrNotFound = errors.New("job not found")
+	// ErrUnknownUpstream: the job names an upstream the config lacks.
+	ErrUnknownUpstream = errors.New("unknown upstream")
+	// ErrUnknownLane: the job names a lane its upstream lacks.
+	ErrUnknownLane = errors.New("unknown lane")
+	// ErrBacklogFull: the upstream's max_pending is reached (see BacklogFullError).
+	ErrBacklogFull = errors.New("backlog full")
+	// ErrNotCancellable: the job is being dispatched or already finished.
+	ErrNotCancellable = errors.New("job cannot be cancelled")
+)
+
+// BacklogFullError says how full the upstream is, so the API can tell the
+// producer when to come back.
+type BacklogFullError struct {
+	Upstream string
+	Pending  int64
+	Max      int64
+}
+
+func (e *BacklogFullError) Error() string {
+	return fmt.Sprintf("upstream %s: backlog full (%d pending, max_pending %d)", e.Upstream, e.Pending, e.Max)
+}
+
+func (e *BacklogFullError) Unwrap() error { return ErrBacklogFull }
+
+// DeferredPrefix starts the error a dispatcher records when it hands a job
+// back to wait for its upstream (pacing, a 429, a pause) rather than because
+// it failed. Such a job is shown as scheduled, not retrying.
+const DeferredPrefix = "deferred: "
+
+// Upstream is what the queue needs to know of one upstream.
+type Upstream struct {
+	// Lanes are the upstream's lanes; the first is the default.
+	Lanes []string
+	// MaxPending bounds jobs waiting or in flight (not finished ones).
+	MaxPending int64
+	// MaxAttempts is the default for jobs that name none.
+	MaxAttempts int
+	// ResultRetention keeps succeeded jobs and their responses; it also
+	// bounds how long an idempotency key is remembered after success.
+	ResultRetention time.Duration
+	// DeadRetention keeps dead and cancelled jobs.
+	DeadRetention time.Duration
+}
+
+// Config is the queue's view of the config.
+type Config struct {
+	Upstreams map[string]Upstream
+	// Prefix starts shaper's own keys; default "shaper".
+	Prefix string
+}
+
+// Queue enqueues and inspects jobs. Safe for concurrent use.
+type Queue struct {
+	rdb    redis.UniversalClient
+	client *asynq.Client
+	insp   *asynq.Inspector
+	cfg    Config
+	prefix string
+
+	mu      sync.Mutex
+	backlog map[string]backlogSample
+}
+
+type backlogSample struct {
+	at    time.Time
+	count int64
+}
+
+// New returns a Queue on rdb; the caller owns rdb and closes it after Close.
+func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
+	for name, u := range cfg.Upstreams {
+		if !ValidName(name) {
+			return nil, fmt.Errorf("upstream %q: not a valid name", name)
+		}
+		if len(u.Lanes) == 0 {
+			return nil, fmt.Errorf("upstream %s: no lanes", name)
+		}
+		for _, l := range u.Lanes {
+			if !ValidName(l) {
+				return nil, fmt.Errorf("upstream %s: lane %q: not a valid name", name, l)
+			}
+		}
+	}
+	prefix := cfg.Prefix
+	if prefix == "" {
+		prefix = "shaper"
+	}
+	return &Queue{
+		rdb:     rdb,
+		client:  asynq.NewClientFromRedisClient(rdb),
+		insp:    asynq.NewInspectorFromRedisClient(rdb),
+		cfg:     cfg,
+		prefix:  prefix,
+		backlog: map[string]backlogSample{},
+	}, nil
+}
+
+// Close releases the asynq client and inspector (not rdb).
+func (q *Queue) Close() error {
+	return errors.Join(q.client.Close(), q.insp.Close())
+}
+
+// Upstream returns the config of one upstream.
+func (q *Queue) Upstream(name string) (Upstream, bool) {
+	u, ok := q.cfg.Upstreams[name]
+	return u, ok
+}
+
+// Info is a job with what has happened to it.
+type Info struct {
+	Job
+	State         State     `json:"state"`
+	Attempts      int       `json:"attempts"`
+	LastError     string    `json:"last_error,omitempty"`
+	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
+	LastFailedAt  time.Time `json:"last_failed_at,omitzero"`
+	CompletedAt   time.Time `json:"completed_at,omitzero"`
+	Response      *Response `json:"response,omitempty"`
+}
+
+// Prepare fills in a job's defaults and checks it against the config: the
+// upstream and lane exist, an ID is assigned (derived from the idempotency
+// key when there is one). It changes nothing in Redis.
+func (q *Queue) Prepare(job *Job) error {
+	u, ok := q.cfg.Upstreams[job.Upstream]
+	if !ok {
+		return fmt.Errorf("upstream %q: %w", job.Upstream, ErrUnknownUpstream)
+	}
+	if job.Lane == "" {
+		job.Lane = u.Lanes[0]
+	}
+	if !contains(u.Lanes, job.Lane) {
+		return fmt.Errorf("lane %q of upstream %s (lanes: %s): %w", job.Lane, job.Upstream, strings.Join(u.Lanes, ", "), ErrUnknownLane)
+	}
+	if job.MaxAttempts <= 0 {
+		job.MaxAttempts = max(u.MaxAttempts, 1)
+	}
+	if job.CreatedAt.IsZero() {
+		job.CreatedAt = time.Now().UTC()
+	}
+	if job.ID == "" {
+		if job.IdempotencyKey != "" {
+			job.ID = IdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey)
+		} else {
+			job.ID = NewID(job.Upstream, job.Lane)
+		}
+	}
+	if job.IdempotencyKey == "" {
+		job.IdempotencyKey = job.ID
+	}
+	return nil
+}
+
+// Enqueue stores a job for dispatch. If a job with the same ID (the same
+// idempotency key) exists, it is returned with created false and nothing
+// changes. If the upstream's backlog is at max_pending it returns a
+// *BacklogFullError.
+func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
+	if err := q.Prepare(job); err != nil {
+		return nil, false, err
+	}
+	u := q.cfg.Upstreams[job.Upstream]
+	if err := q.checkBacklog(ctx, job.Upstream, u); err != nil {
+		return nil, false, err
+	}
+	payload, err := json.Marshal(job)
+	if err != nil {
+		return nil, false, fmt.Errorf("encode job: %w", err)
+	}
+	opts := []asynq.Option{
+		asynq.Queue(QueueName(job.Upstream, job.Lane)),
+		asynq.TaskID(job.ID),
+		// One retry more than attempts: the dispatcher ends a job's last
+		// attempt itself, so asynq never archives a job that was only
+		// waiting for its upstream.
+		asynq.MaxRetry(job.MaxAttempts),
+		asynq.Retention(u.ResultRetention),
+		// Waits for the upstream happen inside the handler; the upstream's
+		// own timeout bounds each request.
+		asynq.Timeout(24 * time.Hour),
+	}
+	if !job.NotBefore.IsZero() {
+		opts = append(opts, asynq.ProcessAt(job.NotBefore))
+	}
+	_, err = q.client.EnqueueContext(ctx, asynq.NewTask(TaskType, payload), opts...)
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		info, gerr := q.Get(ctx, job.ID, job.Tenant)
+		if gerr != nil {
+			return nil, false, fmt.Errorf("enqueue %s: exists, but: %w", job.ID, gerr)
+		}
+		return info, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
+	}
+	q.noteEnqueued(job.Upstream)
+	info := &Info{Job: *job, State: StateQueued}
+	if !job.NotBefore.IsZero() && job.NotBefore.After(time.Now()) {
+		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
+	}
+	return info, true, nil
+}
+
+// backlogFresh is how long a backlog count may be trusted while the
+// upstream is far from its max_pending; near it, every enqueue counts afresh.
+const (
+	backlogFresh  = 250 * time.Millisecond
+	backlogMargin = 0.9
+)
+
+// checkBacklog refuses an enqueue at max_pending. The count is read from
+// asynq's queue keys; while it is well below the bound a recent count plus
+// this process's own enqueues since stands in for it, so most enqueues cost
+// no extra round trip. Concurrent producers can overshoot the bound by the
+// enqueues in flight at once; it bounds memory, not a rate.
+func (q *Queue) checkBacklog(ctx context.Context, upstream string, u Upstream) error {
+	if u.MaxPending <= 0 {
+		return nil
+	}
+	q.mu.Lock()
+	s, ok := q.backlog[upstream]
+	q.mu.Unlock()
+	if ok && time.Since(s.at) < backlogFresh && float64(s.count) < backlogMargin*float64(u.MaxPending) {
+		return nil
+	}
+	n, err := q.pendingCount(ctx, upstream, u)
+	if err != nil {
+		return err
+	}
+	q.mu.Lock()
+	q.backlog[upstream] = backlogSample{at: time.Now(), count: n}
+	q.mu.Unlock()
+	if n >= u.MaxPending {
+		return &BacklogFullError{Upstream: upstream, Pending: n, Max: u.MaxPending}
+	}
+	return nil
+}
+
+func (q *Queue) noteEnqueued(upstream string) {
+	q.mu.Lock()
+	if s, ok := q.backlog[upstream]; ok {
+		s.count++
+		q.backlog[upstream] = s
+	}
+	q.mu.Unlock()
+}
+
+// asynq's key layout for a queue (see its internal/base): we read sizes
+// straight from it in one pipelined round trip, because its Inspector
+// samples memory usage on every call.
+func asynqKey(qname, part string) string { return "asynq:{" + qname + "}:" + part }
+
+// LaneCounts are one lane's jobs by state.
+type LaneCounts struct {
+	Pending   int64 `json:"pending"`
+	Scheduled int64 `json:"scheduled"`
+	Retry     int64 `json:"retry"`
+	Active    int64 `json:"active"`
+	Dead      int64 `json:"dead"`
+	Succeeded int64 `json:"succeeded"`
+}
+
+// Backlog is the jobs not yet finished: pending, scheduled, retrying and
+// active.
+func (c LaneCounts) Backlog() int64 { return c.Pending + c.Scheduled + c.Retry + c.Active }
+
+// Counts reads every lane's counts for an upstream in one round trip.
+func (q *Queue) Counts(ctx context.Context, upstream string) (map[string]LaneCounts, error) {
+	u, ok := q.cfg.Upstreams[upstream]
+	if !ok {
+		return nil, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+	}
+	type cmds struct{ pending, scheduled, retry, active, dead, done *redis.IntCmd }
+	byLane := map[string]cmds{}
+	pipe := q.rdb.Pipeline()
+	for _, lane := range u.Lanes {
+		qn := QueueName(upstream, lane)
+		byLane[lane] = cmds{
+			pending:   pipe.LLen(ctx, asynqKey(qn, "pending")),
+			scheduled: pipe.ZCard(ctx, asynqKey(qn, "scheduled")),
+			retry:     pipe.ZCard(ctx, asynqKey(qn, "retry")),
+			active:    pipe.LLen(ctx, asynqKey(qn, "active")),
+			dead:      pipe.ZCard(ctx, asynqKey(qn, "archived")),
+			done:      pipe.ZCard(ctx, asynqKey(qn, "completed")),
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("count jobs of %s: %w", upstream, err)
+	}
+	out := map[string]LaneCounts{}
+	for lane, c := range byLane {
+		out[lane] = LaneCounts{
+			Pending: c.pending.Val(), Scheduled: c.scheduled.Val(), Retry: c.retry.Val(),
+			Active: c.active.Val(), Dead: c.dead.Val(), Succeeded: c.done.Val(),
+		}
+	}
+	return out, nil
+}
+
+func (q *Queue) pendingCount(ctx context.Context, upstream string, u Upstream) (int64, error) {
+	counts, err := q.Counts(ctx, upstream)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, c := range counts {
+		n += c.Backlog()
+	}
+	return n, nil
+}
+
+// Get reads a job. With a non-empty tenant, a job of another tenant is
+// reported as not found.
+func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
+	upstream, lane, err := ParseID(id)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, ErrNotFound)
+	}
+	if _, ok := q.cfg.Upstreams[upstream]; !ok {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	ti, err := q.insp.GetTaskInfo(QueueName(upstream, lane), id)
+	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get job %s: %w", id, err)
+	}
+	info, err := infoFromTask(ti)
+	if err != nil {
+		return nil, err
+	}
+	if tenant != "" && info.Tenant != tenant {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if info.State == StateDead {
+		cancelled, err := q.rdb.Exists(ctx, q.cancelKey(id)).Result()
+		if err != nil {
+			return nil, fmt.Errorf("get job %s: %w", id, err)
+		}
+		if cancelled == 1 {
+			info.State = StateCancelled
+		}
+	}
+	return info, nil
+}
+
+func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
+	var job Job
+	if err := json.Unmarshal(ti.Payload, &job); err != nil {
+		return nil, fmt.Errorf("job %s: undecodable payload: %w", ti.ID, err)
+	}
+	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt}
+	deferred := strings.HasPrefix(ti.LastErr, DeferredPrefix)
+	switch ti.State {
+	case asynq.TaskStatePending:
+		info.State, info.Attempts = StateQueued, ti.Retried
+	case asynq.TaskStateScheduled:
+		info.State, info.Attempts, info.NextAttemptAt = StateScheduled, ti.Retried, ti.NextProcessAt
+	case asynq.TaskStateRetry:
+		info.State, info.Attempts, info.NextAttemptAt = StateRetrying, ti.Retried, ti.NextProcessAt
+		if deferred {
+			info.State = StateScheduled
+		}
+	case asynq.TaskStateActive:
+		info.State, info.Attempts = StateActive, ti.Retried+1
+	case asynq.TaskStateCompleted:
+		info.State, info.Attempts = StateSucceeded, ti.Retried+1
+	case asynq.TaskStateArchived:
+		info.State, info.Attempts = StateDead, ti.Retried+1
+	default:
+		info.State = StateQueued
+	}
+	if deferred && info.State != StateDead {
+		// A deferral is not an error the producer needs to see as one.
+		info.LastError = ""
+	}
+	if len(ti.Result) > 0 {
+		var resp Response
+		if err := json.Unmarshal(ti.Result, &resp); err == nil {
+			info.Response = &resp
+		}
+	}
+	return info, nil
+}
+
+func (q *Queue) cancelKey(id string) string {
+	upstream, lane, _ := ParseID(id)
+	return q.prefix + ":cancelled:{" + QueueName(upstream, lane) + "}:" + id
+}
+
+// Cancel stops a job that has not been dispatched: it is kept among the
+// dead, marked cancelled, for the upstream's dead retention. A job being
+// dispatched or already finished cannot be cancelled (ErrNotCancellable).
+func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
+	info, err := q.Get(ctx, id, tenant)
+	if err != nil {
+		return nil, err
+	}
+	switch info.State {
+	case StateQueued, StateScheduled, StateRetrying:
+	case StateCancelled:
+		return info, nil
+	default:
+		return info, fmt.Errorf("job %s is %s: %w", id, info.State, ErrNotCancellable)
+	}
+	u := q.cfg.Upstreams[info.Upstream]
+	ttl := u.DeadRetention
+	if ttl <= 0 {
+		ttl = 7 * 24 * time.Hour
+	}
+	// The mark goes first: a job archived without it would read as dead.
+	if err := q.rdb.Set(ctx, q.cancelKey(id), "1", ttl).Err(); err != nil {
+		return nil, fmt.Errorf("cancel %s: %w", id, err)
+	}
+	if err := q.insp.ArchiveTask(QueueName(info.Upstream, info.Lane), id); err != nil {
+		q.rdb.Del(context.WithoutCancel(ctx), q.cancelKey(id))
+		if errors.Is(err, asynq.ErrTaskNotFound) {
+			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+		}
+		// Most likely a worker took it in the meantime.
+		return nil, fmt.Errorf("cancel %s: %v: %w", id, err, ErrNotCancellable)
+	}
+	info.State = StateCancelled
+	return info, nil
+}
+
+// TrimDead deletes an upstream's dead and cancelled jobs older than its dead
+// retention (asynq itself keeps at most 10,000 for 90 days). It returns how
+// many it deleted.
+func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
+	u, ok := q.cfg.Upstreams[upstream]
+	if !ok || u.DeadRetention <= 0 {
+		return 0, nil
+	}
+	cutoff := time.Now().Add(-u.DeadRetention)
+	deleted := 0
+	for _, lane := range u.Lanes {
+		qn := QueueName(upstream, lane)
+		// The archive is ordered by time of death, oldest first.
+		ids, err := q.rdb.ZRangeByScore(ctx, asynqKey(qn, "archived"), &redis.ZRangeBy{
+			Min: "-inf", Max: fmt.Sprint(cutoff.Unix()), Count: 500,
+		}).Result()
+		if err != nil {
+			return deleted, fmt.Errorf("trim dead jobs of %s: %w", qn, err)
+		}
+		for _, id := range ids {
+			if err := q.insp.DeleteTask(qn, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+				return deleted, fmt.Errorf("trim dead job %s: %w", id, err)
+			}
+			deleted++
+		}
+	}
+	return deleted, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,276 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/redistest"
+)
+
+var srv *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &srv) }
+
+func newQueue(t *testing.T, rdb redis.UniversalClient, ups map[string]Upstream) *Queue {
+	t.Helper()
+	q, err := New(rdb, Config{Upstreams: ups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q
+}
+
+func upstreams(maxPending int64) map[string]Upstream {
+	return map[string]Upstream{
+		"stripe": {Lanes: []string{"default", "bulk"}, MaxPending: maxPending, MaxAttempts: 3,
+			ResultRetention: time.Hour, DeadRetention: time.Hour},
+	}
+}
+
+func TestEnqueueAndGet(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	job := &Job{Tenant: "billing", Upstream: "stripe", Method: "POST", Path: "/v1/charges",
+		Headers: map[string]string{"Content-Type": "application/json"}, Body: []byte(`{"amount":100}`),
+		Cost: map[string]int64{"tokens": 5}}
+	info, created, err := q.Enqueue(ctx, job)
+	if err != nil || !created {
+		t.Fatalf("enqueue: got created %v, %v", created, err)
+	}
+	if info.State != StateQueued || info.Lane != "default" || info.MaxAttempts != 3 || info.IdempotencyKey != info.ID {
+		t.Fatalf("got %+v, want queued on the default lane with 3 attempts and the ID as idempotency key", info)
+	}
+	if up, lane, err := ParseID(info.ID); err != nil || up != "stripe" || lane != "default" {
+		t.Fatalf("ParseID(%s) = %s, %s, %v", info.ID, up, lane, err)
+	}
+	got, err := q.Get(ctx, info.ID, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != StateQueued || got.Path != "/v1/charges" || string(got.Body) != `{"amount":100}` || got.Cost["tokens"] != 5 {
+		t.Fatalf("got %+v", got)
+	}
+	// Another tenant does not see it.
+	if _, err := q.Get(ctx, info.ID, "ops"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("other tenant: got %v, want ErrNotFound", err)
+	}
+	for _, id := range []string{"nope", "stripe.default.none", "other.default.x", "a.b.c.d"} {
+		if _, err := q.Get(ctx, id, ""); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get(%q): got %v, want ErrNotFound", id, err)
+		}
+	}
+	counts, err := q.Counts(ctx, "stripe")
+	if err != nil || counts["default"].Pending != 1 || counts["bulk"].Pending != 0 {
+		t.Fatalf("counts: got %+v, %v", counts, err)
+	}
+}
+
+func TestEnqueueIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	first, created, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-17"})
+	if err != nil || !created {
+		t.Fatalf("first: %v %v", created, err)
+	}
+	again, created, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/different", IdempotencyKey: "order-17"})
+	if err != nil || created {
+		t.Fatalf("repeat: got created %v, %v; want the existing job", created, err)
+	}
+	if again.ID != first.ID || again.Path != "/a" || again.IdempotencyKey != "order-17" {
+		t.Fatalf("repeat returned %+v, want the first job %s", again, first.ID)
+	}
+	// The same key from another tenant is another job.
+	other, created, err := q.Enqueue(ctx, &Job{Tenant: "ops", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-17"})
+	if err != nil || !created || other.ID == first.ID {
+		t.Fatalf("other tenant: got %+v, %v, %v; want a new job", other, created, err)
+	}
+	if n, _ := q.Counts(ctx, "stripe"); n["default"].Pending != 2 {
+		t.Fatalf("pending: got %d, want 2", n["default"].Pending)
+	}
+}
+
+func TestEnqueueRefusesBadJobsAndFullBacklog(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(3))
+	if _, _, err := q.Enqueue(ctx, &Job{Upstream: "nope"}); !errors.Is(err, ErrUnknownUpstream) {
+		t.Fatalf("unknown upstream: got %v", err)
+	}
+	if _, _, err := q.Enqueue(ctx, &Job{Upstream: "stripe", Lane: "vip"}); !errors.Is(err, ErrUnknownLane) || !strings.Contains(err.Error(), "default, bulk") {
+		t.Fatalf("unknown lane: got %v, want ErrUnknownLane naming the lanes", err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, _, err := q.Enqueue(ctx, &Job{Upstream: "stripe", Lane: []string{"default", "bulk"}[i%2]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, err := q.Enqueue(ctx, &Job{Upstream: "stripe"})
+	var full *BacklogFullError
+	if !errors.As(err, &full) || full.Pending != 3 || full.Max != 3 || !errors.Is(err, ErrBacklogFull) {
+		t.Fatalf("got %v, want a BacklogFullError at 3 of 3", err)
+	}
+	if n, _ := q.pendingCount(ctx, "stripe", q.cfg.Upstreams["stripe"]); n != 3 {
+		t.Fatalf("after refusal: %d jobs, want 3 (nothing enqueued)", n)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	info, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe", NotBefore: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State != StateScheduled {
+		t.Fatalf("got %s, want scheduled", info.State)
+	}
+	if _, err := q.Cancel(ctx, info.ID, "other"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("cancel by another tenant: got %v, want ErrNotFound", err)
+	}
+	got, err := q.Cancel(ctx, info.ID, "t")
+	if err != nil || got.State != StateCancelled {
+		t.Fatalf("cancel: got %+v, %v", got, err)
+	}
+	again, err := q.Get(ctx, info.ID, "t")
+	if err != nil || again.State != StateCancelled {
+		t.Fatalf("after cancel: got %+v, %v; want cancelled", again, err)
+	}
+	if ttl := rdb.TTL(ctx, q.cancelKey(info.ID)).Val(); ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("cancel mark TTL %v, want the dead retention (1h)", ttl)
+	}
+	if n, _ := q.Counts(ctx, "stripe"); n["default"].Backlog() != 0 || n["default"].Dead != 1 {
+		t.Fatalf("counts after cancel: %+v", n["default"])
+	}
+}
+
+// TestWorkerSeesDeferralAsScheduled checks the states a real asynq worker
+// leaves a job in, including a deferral that spends no attempt.
+func TestStatesThroughAsynq(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	deferred, _, _ := q.Enqueue(ctx, &Job{Upstream: "stripe", Path: "/defer"})
+	done, _, _ := q.Enqueue(ctx, &Job{Upstream: "stripe", Path: "/ok"})
+	dead, _, _ := q.Enqueue(ctx, &Job{Upstream: "stripe", Path: "/dead"})
+	finished := make(chan string, 3)
+	asrv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Queues:            map[string]int{QueueName("stripe", "default"): 1},
+		TaskCheckInterval: 10 * time.Millisecond,
+		IsFailure:         func(err error) bool { return !strings.HasPrefix(err.Error(), DeferredPrefix) },
+		RetryDelayFunc:    func(int, error, *asynq.Task) time.Duration { return time.Hour },
+		LogLevel:          asynq.FatalLevel,
+	})
+	err := asrv.Start(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		id := t.ResultWriter().TaskID()
+		defer func() { finished <- id }()
+		switch id {
+		case deferred.ID:
+			return errors.New(DeferredPrefix + "upstream blocked")
+		case done.ID:
+			t.ResultWriter().Write([]byte(`{"status":200,"body":"b2s="}`))
+			return nil
+		}
+		return fmt.Errorf("upstream said 400: %w", asynq.SkipRetry)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		select {
+		case <-finished:
+		case <-time.After(10 * time.Second):
+			t.Fatal("asynq did not run the jobs")
+		}
+	}
+	asrv.Shutdown()
+	want := map[string]State{deferred.ID: StateScheduled, done.ID: StateSucceeded, dead.ID: StateDead}
+	for id, state := range want {
+		var info *Info
+		// asynq records the outcome just after the handler returns.
+		for i := 0; i < 100; i++ {
+			info, err = q.Get(ctx, id, "")
+			if err == nil && info.State == state {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil || info.State != state {
+			t.Fatalf("job %s: got %+v, %v; want %s", id, info, err, state)
+		}
+		switch state {
+		case StateScheduled:
+			if info.Attempts != 0 || info.LastError != "" {
+				t.Errorf("deferred job: got %d attempts and error %q, want none", info.Attempts, info.LastError)
+			}
+		case StateSucceeded:
+			if info.Response == nil || info.Response.Status != 200 || string(info.Response.Body) != "ok" {
+				t.Errorf("succeeded job: got response %+v", info.Response)
+			}
+		case StateDead:
+			if info.Attempts != 1 || !strings.Contains(info.LastError, "400") {
+				t.Errorf("dead job: got %d attempts, error %q", info.Attempts, info.LastError)
+			}
+		}
+	}
+}
+
+func TestIDs(t *testing.T) {
+	a := IdempotentID("t", "stripe", "default", "k")
+	if a != IdempotentID("t", "stripe", "default", "k") || a == IdempotentID("u", "stripe", "default", "k") {
+		t.Fatal("idempotent IDs must depend on tenant and key only")
+	}
+	if NewID("s", "l") == NewID("s", "l") {
+		t.Fatal("two new IDs were equal")
+	}
+	for _, tc := range []struct {
+		id string
+		ok bool
+	}{{a, true}, {"stripe.default.x", true}, {"Stripe.default.x", false}, {"stripe..x", false}, {"", false}} {
+		if _, _, err := ParseID(tc.id); (err == nil) != tc.ok {
+			t.Errorf("ParseID(%q): got %v, want ok=%v", tc.id, err, tc.ok)
+		}
+	}
+}
+
+func TestOnCluster(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	ctx := context.Background()
+	q := newQueue(t, cl.Client(t), map[string]Upstream{
+		"a": {Lanes: []string{"default", "low"}, MaxPending: 10},
+		"b": {Lanes: []string{"default"}, MaxPending: 10},
+	})
+	for _, up := range []string{"a", "b"} {
+		info, _, err := q.Enqueue(ctx, &Job{Upstream: up, IdempotencyKey: "k"})
+		if err != nil {
+			t.Fatalf("enqueue on %s: %v", up, err)
+		}
+		if _, _, err := q.Enqueue(ctx, &Job{Upstream: up, IdempotencyKey: "k"}); err != nil {
+			t.Fatalf("repeat on %s: %v", up, err)
+		}
+		if _, err := q.Get(ctx, info.ID, ""); err != nil {
+			t.Fatalf("get on %s: %v", up, err)
+		}
+		if _, err := q.Counts(ctx, up); err != nil {
+			t.Fatalf("counts on %s: %v", up, err)
+		}
+		if _, err := q.Cancel(ctx, info.ID, ""); err != nil {
+			t.Fatalf("cancel on %s: %v", up, err)
+		}
+	}
+}
