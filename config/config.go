@@ -1,0 +1,369 @@
+// Package config reads shaper's YAML config: which Redis to use, how the
+// enqueue API admits producers, how workers run, and each upstream's limits.
+// Parsing is strict — an unknown key, a wrong type or an impossible value is
+// an error naming the field and what is allowed, and every problem in a file
+// is reported at once. ${ENV} references in values are expanded after the
+// YAML is parsed, so a variable's value is always data, never structure.
+// A parsed Config has every default filled in.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// DefaultLane is the lane of jobs that name none, and the only lane of an
+// upstream whose config lists no lanes.
+const DefaultLane = "default"
+
+// Config is a whole shaper config file. Every zero field of a parsed Config
+// has been replaced by the default its documentation gives.
+type Config struct {
+	Redis Redis `yaml:"redis"`
+	API   API   `yaml:"api"`
+	// Work configures `shaper work` replicas.
+	Work Work `yaml:"work"`
+	// Upstreams are the third-party APIs shaper calls, by name. The name is
+	// part of queue names and Redis hash tags, so it is restricted to
+	// lowercase letters, digits, _ and - (at most 63). At least one.
+	Upstreams map[string]*Upstream `yaml:"upstreams"`
+
+	// file and lines locate fields for problems found after parsing
+	// (ResolveKeys).
+	file  string
+	lines map[string]int
+}
+
+// Redis says which Redis holds shaper's queues and limiter state: one of a
+// single server (URL), a Redis Cluster (Cluster) or a Sentinel-managed
+// primary (Sentinel). With none of them it is redis://127.0.0.1:6379/0.
+type Redis struct {
+	// URL is redis://[user:password@]host:port/db, rediss:// for TLS, or
+	// unix:///path/to/socket. go-redis URL options (?dial_timeout=3s&…) work.
+	URL string `yaml:"url"`
+	// Cluster is a seed list of host:port addresses of Redis Cluster nodes;
+	// one is enough, the client discovers the rest.
+	Cluster []string `yaml:"cluster"`
+	// Sentinel finds the primary through Redis Sentinel.
+	Sentinel Sentinel `yaml:"sentinel"`
+	// Username and Password authenticate to the data nodes of a cluster or
+	// sentinel setup, or fill in a URL that has no credentials (a password
+	// with @ or / in it is awkward to escape inside a URL).
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	// TLS connects to cluster or sentinel-managed nodes over TLS; a URL says
+	// so with rediss:// instead.
+	TLS bool `yaml:"tls"`
+	// DB is the database of a sentinel-managed primary; a URL names it in
+	// its path and a cluster has only database 0.
+	DB int `yaml:"db"`
+	// Prefix starts every Redis key shaper owns, so that several
+	// deployments can share one Redis. Default "shaper".
+	Prefix string `yaml:"prefix"`
+}
+
+// Sentinel names a primary monitored by Redis Sentinel.
+type Sentinel struct {
+	// Master is the name the sentinels know the primary by.
+	Master string `yaml:"master"`
+	// Addrs are host:port addresses of sentinels.
+	Addrs []string `yaml:"addrs"`
+	// Username and Password authenticate to the sentinels themselves; the
+	// data nodes use Redis.Username and Redis.Password.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+}
+
+// API configures `shaper serve`.
+type API struct {
+	// Listen is the HTTP address. Default ":8080".
+	Listen string `yaml:"listen"`
+	// MaxBodyBytes caps a request body; larger ones get 413. Default 1048576.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// Keys are the producers allowed to enqueue. Their secrets come from
+	// the environment (see ResolveKeys), never from the file.
+	Keys      []Key     `yaml:"keys"`
+	Admission Admission `yaml:"admission"`
+	// ShutdownTimeout is how long a stopping server waits for requests in
+	// progress. Default 30s.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+}
+
+// Key is one producer's API key as configured.
+type Key struct {
+	// Name identifies the key in logs and metrics. Required, unique.
+	Name string `yaml:"name"`
+	// Tenant scopes which jobs the key can see. Default Name.
+	Tenant string `yaml:"tenant"`
+	// KeyEnv is the environment variable holding the secret. Required,
+	// unique.
+	KeyEnv string `yaml:"key_env"`
+	// Admin keys may also pause and resume upstreams.
+	Admin bool `yaml:"admin"`
+}
+
+// Admission is the token bucket each API key's enqueues pass through.
+type Admission struct {
+	// Capacity is the burst a key may send at once. Default 100.
+	Capacity int64 `yaml:"capacity"`
+	// RefillPerSecond is the sustained enqueue rate per key; fractions are
+	// allowed. Default 10.
+	RefillPerSecond float64 `yaml:"refill_per_second"`
+	// OnRedisError is what admission does when Redis cannot answer: allow
+	// (the default), deny or local; see shaper.ParseOnRedisError.
+	OnRedisError shaper.OnRedisError `yaml:"on_redis_error"`
+}
+
+// Work configures `shaper work` replicas.
+type Work struct {
+	// MetricsListen is the address of the worker's /metrics listener.
+	// Default ":9091"; an explicit "" in the file turns it off.
+	MetricsListen string `yaml:"metrics_listen"`
+	// ShutdownTimeout is how long a stopping worker lets jobs in flight
+	// finish before handing them back to the queue. Default 30s.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// Horizon is the longest pacing wait a worker sits out holding a job;
+	// a job whose slot is further away goes back to the queue scheduled
+	// for it, so memory and leases are not tied up waiting. Default 2s.
+	Horizon Duration `yaml:"horizon"`
+}
+
+// Upstream is one third-party API and the limits it imposes.
+type Upstream struct {
+	// Name is the upstream's key under upstreams; filled in by Parse.
+	Name string `yaml:"-"`
+	// BaseURL is the absolute http(s) URL a job's path is relative to, with
+	// no query, fragment or credentials; a trailing / is dropped. Required
+	// unless Handler is set.
+	BaseURL string `yaml:"base_url"`
+	// Handler means jobs are run by a Go function registered for this
+	// upstream instead of an HTTP call; BaseURL and Headers must be empty.
+	Handler bool `yaml:"handler"`
+	// Limits must all allow a job before it is sent; each is a leaky
+	// bucket. At least one.
+	Limits []Limit `yaml:"limits"`
+	// Guard is the slack each limit's spacing leaves for a send to slip
+	// (see leaky.Limit.Params). Default 10ms, but never more than a tenth
+	// of the shortest limit's per; an explicit guard may not exceed that.
+	Guard Duration `yaml:"guard"`
+	// Concurrency caps jobs in flight across all replicas; 0 is unlimited.
+	Concurrency int `yaml:"concurrency"`
+	// Timeout bounds one attempt. Default 30s.
+	Timeout Duration `yaml:"timeout"`
+	// MaxPending bounds the backlog; enqueues beyond it get 503.
+	// Default 100000.
+	MaxPending int64 `yaml:"max_pending"`
+	Retry      Retry `yaml:"retry"`
+	// Headers are added to every request by workers only (credentials
+	// belong here, through ${ENV}). Names are HTTP tokens; values may not
+	// hold line breaks.
+	Headers map[string]string `yaml:"headers"`
+	// IdempotencyHeader carries the job's idempotency key, the same on
+	// every attempt. Default "Idempotency-Key"; an explicit "" in the file
+	// sends none.
+	IdempotencyHeader string `yaml:"idempotency_header"`
+	// Lanes are the upstream's queues by name, each with a weight: a lane
+	// of weight 3 is picked three times as often as one of weight 1. Must
+	// include DefaultLane. Default {default: 1}.
+	Lanes map[string]int `yaml:"lanes"`
+	// Workers is how many goroutines per replica take jobs. Default
+	// max(Concurrency, 10), at most 200.
+	Workers int `yaml:"workers"`
+	// MaxResponseBytes caps how much of a response body is kept as the
+	// job's result. Default 1048576.
+	MaxResponseBytes int64 `yaml:"max_response_bytes"`
+	// ResultRetention is how long a succeeded job and its result are kept.
+	// Default 24h.
+	ResultRetention Duration `yaml:"result_retention"`
+	// DeadRetention is how long a job that failed for good is kept.
+	// Default 168h.
+	DeadRetention Duration `yaml:"dead_retention"`
+	// PushbackDefault is how long the upstream is paused after a 429 that
+	// does not say when to retry. Default 1s.
+	PushbackDefault Duration `yaml:"pushback_default"`
+}
+
+// Limit is one limit as written in the config; see leaky.Limit for the
+// meaning of each field.
+type Limit struct {
+	// Rate is the most units in any window of length Per. Required.
+	Rate int64 `yaml:"rate"`
+	// Per is the window. Required, at least 1ms.
+	Per Duration `yaml:"per"`
+	// Cost names the job cost the limit counts ("tokens"); empty counts
+	// requests.
+	Cost string `yaml:"cost"`
+	// Burst is how many units may go at one instant; 0 spaces sends evenly
+	// (for a cost limit, 0 means 1% of Rate).
+	Burst int64 `yaml:"burst"`
+}
+
+// Leaky is the limit as the pacing limiter takes it.
+func (l Limit) Leaky() leaky.Limit {
+	return leaky.Limit{Rate: l.Rate, Per: time.Duration(l.Per), Cost: l.Cost, Burst: l.Burst}
+}
+
+// Retry bounds how a job that failed (not one that was rate limited) is
+// tried again: exponential backoff with full jitter between the bounds.
+type Retry struct {
+	// MaxAttempts counts the first attempt too. Default 8.
+	MaxAttempts int `yaml:"max_attempts"`
+	// MinBackoff is the first retry's delay ceiling. Default 1s.
+	MinBackoff Duration `yaml:"min_backoff"`
+	// MaxBackoff caps the delay. Default 5m; at least MinBackoff.
+	MaxBackoff Duration `yaml:"max_backoff"`
+}
+
+// maxFileBytes keeps a mistaken path (a log, a binary) from being read whole.
+const maxFileBytes = 4 << 20
+
+// Load reads and parses the config file at path; see Parse. A nil lookupEnv
+// means os.LookupEnv. An invalid config is an *Error with File set.
+func Load(path string, lookupEnv func(string) (string, bool)) (*Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if len(data) > maxFileBytes {
+		return nil, fmt.Errorf("config %s: larger than %d bytes", path, maxFileBytes)
+	}
+	c, err := Parse(data, lookupEnv)
+	if e, ok := errors.AsType[*Error](err); ok {
+		e.File = path
+	}
+	if c != nil {
+		c.file = path
+	}
+	return c, err
+}
+
+// Parse reads a config from YAML, expands ${ENV} references in values with
+// lookupEnv (nil means os.LookupEnv), validates it and fills in defaults.
+// An invalid config is an *Error listing every problem found.
+//
+// API key secrets are not looked up here — `shaper work` has no use for
+// them; the API server calls ResolveKeys.
+func Parse(data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	if lookupEnv == nil {
+		lookupEnv = os.LookupEnv
+	}
+	ps := newProblems()
+	c := &Config{}
+	root, err := parseYAML(data)
+	if err != nil {
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			line, msg := atoi(m[1]), m[2]
+			if lines := bytes.Split(data, []byte("\n")); line >= 1 && line <= len(lines) && bytes.Contains(lines[line-1], []byte("\t")) {
+				msg += " (YAML indents with spaces, not tabs)"
+			}
+			ps.addAt(line, "", "%s", msg)
+		} else {
+			ps.add("", "%s", trimYAML(err.Error()))
+		}
+		return nil, ps.err("")
+	}
+	if root != nil {
+		d := &decoder{env: lookupEnv, ps: ps, budget: maxNodes, expanding: map[*yaml.Node]bool{}}
+		d.decode(root, "", reflect.ValueOf(c).Elem())
+	}
+	check(c, ps)
+	if err := ps.err(""); err != nil {
+		return nil, err
+	}
+	applyDefaults(c, ps.lines)
+	c.lines = ps.lines
+	return c, nil
+}
+
+// parseYAML returns the single document's root node, nil for an empty file.
+func parseYAML(data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("yaml: line %d: a second YAML document; a config is one document (remove the ---)", next.Line)
+	}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		return doc.Content[0], nil
+	}
+	return &doc, nil
+}
+
+// Validate checks a Config built or changed in Go. Zero fields count as
+// their defaults, so a parsed Config always passes.
+func (c *Config) Validate() error {
+	ps := newProblems()
+	check(c, ps)
+	return ps.err("")
+}
+
+// UpstreamNames lists the configured upstreams in order.
+func (c *Config) UpstreamNames() []string {
+	names := make([]string, 0, len(c.Upstreams))
+	for n := range c.Upstreams {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Limits returns the named upstream's limits as the pacing limiter takes
+// them, nil for an unknown upstream.
+func (c *Config) Limits(name string) []leaky.Limit {
+	u, ok := c.Upstreams[name]
+	if !ok || u == nil {
+		return nil
+	}
+	out := make([]leaky.Limit, len(u.Limits))
+	for i, l := range u.Limits {
+		out[i] = l.Leaky()
+	}
+	return out
+}
+
+// Compiled patterns are the package's only variables.
+var (
+	// plainKey is a mapping key that reads unambiguously in a dotted path.
+	plainKey = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+	// upstreamName and laneName become parts of Redis keys, hash tags and
+	// asynq queue names, and label values in metrics.
+	upstreamName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	// keyName is an API key's name or tenant: it appears in logs, metrics
+	// and job records.
+	keyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	// prefixName may not hold { or }, which would change Redis Cluster
+	// hash slots of every key.
+	prefixName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$`)
+	envName    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	bareVar    = regexp.MustCompile(`^\$[A-Za-z_][A-Za-z0-9_]*`)
+	// headerName is an RFC 9110 token.
+	headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	bareNumber = regexp.MustCompile(`^[+-]?[0-9]+(\.[0-9]*)?$`)
+	yamlLine   = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+)

@@ -1,0 +1,134 @@
+// Package metrics defines every Prometheus metric shaper exports, registered
+// on a registry the caller injects (never the global one). Components take a
+// *Metrics; given nil they record into a private registry nobody scrapes.
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics holds shaper's collectors.
+type Metrics struct {
+	AdmissionDecisions *prometheus.CounterVec   // result
+	AdmissionFailOpen  prometheus.Counter       //
+	JobsEnqueued       *prometheus.CounterVec   // upstream, lane
+	JobsRejected       *prometheus.CounterVec   // upstream, reason
+	Dispatches         *prometheus.CounterVec   // upstream, outcome
+	UpstreamResponses  *prometheus.CounterVec   // upstream, class
+	PacingWait         *prometheus.HistogramVec // upstream
+	LateSlots          *prometheus.CounterVec   // upstream
+	InFlight           *prometheus.GaugeVec     // upstream
+	UpstreamPaused     *prometheus.GaugeVec     // upstream
+	UpstreamBlocks     *prometheus.CounterVec   // upstream, reason
+	RedisErrors        *prometheus.CounterVec   // component
+	RequestDuration    *prometheus.HistogramVec // upstream
+}
+
+// New creates the metrics and registers them on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		AdmissionDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_admission_decisions_total",
+			Help: "Admission decisions on the enqueue API by result (allowed, denied, fail_open, fail_closed, local).",
+		}, []string{"result"}),
+		AdmissionFailOpen: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shaper_admission_fail_open_total",
+			Help: "Requests admitted without a decision because Redis could not answer.",
+		}),
+		JobsEnqueued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_jobs_enqueued_total",
+			Help: "Jobs accepted for dispatch by upstream and lane.",
+		}, []string{"upstream", "lane"}),
+		JobsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_jobs_rejected_total",
+			Help: "Jobs refused at enqueue by upstream and reason.",
+		}, []string{"upstream", "reason"}),
+		Dispatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_dispatches_total",
+			Help: "Dispatch attempts by upstream and outcome (succeeded, retry, dead, deferred, expired, handed_back).",
+		}, []string{"upstream", "outcome"}),
+		UpstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_upstream_responses_total",
+			Help: "Upstream answers by status class (2xx, 3xx, 4xx, 429, 5xx, error).",
+		}, []string{"upstream", "class"}),
+		PacingWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shaper_pacing_wait_seconds",
+			Help:    "Time from a job's pickup to its send slot.",
+			Buckets: []float64{0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60},
+		}, []string{"upstream"}),
+		LateSlots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_pacing_late_slots_total",
+			Help: "Send slots skipped because the worker woke too long after them (the pacing guard at work).",
+		}, []string{"upstream"}),
+		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shaper_dispatch_in_flight",
+			Help: "Requests this replica is sending to the upstream right now.",
+		}, []string{"upstream"}),
+		UpstreamPaused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shaper_upstream_paused",
+			Help: "1 while the upstream is blocked or paused fleet-wide, as this replica last saw it.",
+		}, []string{"upstream"}),
+		UpstreamBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_upstream_blocks_total",
+			Help: "Fleet-wide blocks this replica placed on an upstream by reason (429, quota_exhausted, pause).",
+		}, []string{"upstream", "reason"}),
+		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shaper_redis_errors_total",
+			Help: "Redis operations that failed, by component (admission, enqueue, pacing, status).",
+		}, []string{"component"}),
+		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "shaper_upstream_request_duration_seconds",
+			Help:    "Time the upstream took to answer.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"upstream"}),
+	}
+	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
+		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
+		m.RedisErrors, m.RequestDuration)
+	return m
+}
+
+// OrDiscard returns m, or metrics on a private registry when m is nil.
+func OrDiscard(m *Metrics) *Metrics {
+	if m != nil {
+		return m
+	}
+	return New(prometheus.NewRegistry())
+}
+
+// Backlog reports each upstream's backlog by lane at scrape time.
+type Backlog func(ctx context.Context) (map[string]map[string]int64, error)
+
+// backlogCollector reads backlogs from Redis when scraped, so every replica
+// exports the fleet's truth rather than its own guess.
+type backlogCollector struct {
+	read Backlog
+	desc *prometheus.Desc
+}
+
+// RegisterBacklog exports shaper_backlog_jobs{upstream,lane}, read by fn at
+// each scrape (with a short timeout; a failed read exports nothing).
+func RegisterBacklog(reg prometheus.Registerer, fn Backlog) error {
+	return reg.Register(&backlogCollector{read: fn, desc: prometheus.NewDesc(
+		"shaper_backlog_jobs", "Jobs waiting or in flight by upstream and lane, all replicas together.",
+		[]string{"upstream", "lane"}, nil)})
+}
+
+func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	byUpstream, err := c.read(ctx)
+	if err != nil {
+		return
+	}
+	for up, lanes := range byUpstream {
+		for lane, n := range lanes {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), up, lane)
+		}
+	}
+}
