@@ -1,0 +1,107 @@
+package dispatcher
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestClassify(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	h := func(kv ...string) http.Header {
+		out := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			out.Set(kv[i], kv[i+1])
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		status int
+		h      http.Header
+		want   verdict
+	}{
+		{"ok", 200, h(), verdict{kind: kindDone}},
+		{"created", 201, h(), verdict{kind: kindDone}},
+		{"ok but requests exhausted", 200, h("x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "6m0s"),
+			verdict{kind: kindDone, block: 6 * time.Minute, blockReason: "quota_exhausted"}},
+		{"ok with tokens left", 200, h("x-ratelimit-remaining-tokens", "10", "x-ratelimit-reset-tokens", "1s"), verdict{kind: kindDone}},
+		{"ok, generic remaining 0, delta reset", 200, h("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "30"),
+			verdict{kind: kindDone, block: 30 * time.Second, blockReason: "quota_exhausted"}},
+		{"ok, generic remaining 0, unix reset", 200, h("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1795953645"),
+			verdict{kind: kindDone, block: 45 * time.Second, blockReason: "quota_exhausted"}},
+		{"429 retry-after seconds", 429, h("Retry-After", "7"),
+			verdict{kind: kindPushback, wait: 7 * time.Second, block: 7 * time.Second, blockReason: "429", reason: "429 from upstream"}},
+		{"429 retry-after date", 429, h("Retry-After", now.Add(90*time.Second).Format(http.TimeFormat)),
+			verdict{kind: kindPushback, wait: 90 * time.Second, block: 90 * time.Second, blockReason: "429", reason: "429 from upstream"}},
+		{"429 openai reset in ms", 429, h("x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "12ms"),
+			verdict{kind: kindPushback, wait: 12 * time.Millisecond, block: 12 * time.Millisecond, blockReason: "429", reason: "429 from upstream"}},
+		{"429 openai tokens longer than requests", 429, h("x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "1s",
+			"x-ratelimit-remaining-tokens", "0", "x-ratelimit-reset-tokens", "1m30.5s"),
+			verdict{kind: kindPushback, wait: 90500 * time.Millisecond, block: 90500 * time.Millisecond, blockReason: "429", reason: "429 from upstream"}},
+		{"429 bare", 429, h(), verdict{kind: kindPushback, wait: 2 * time.Second, block: 2 * time.Second, blockReason: "429", reason: "429 from upstream"}},
+		{"429 stripe global", 429, h("Stripe-Rate-Limited-Reason", "global-rate"),
+			verdict{kind: kindPushback, wait: 2 * time.Second, block: 2 * time.Second, blockReason: "429", reason: "429 from upstream (global-rate)"}},
+		{"429 stripe global concurrency", 429, h("Stripe-Rate-Limited-Reason", "global-concurrency"),
+			verdict{kind: kindPushback, wait: 2 * time.Second, block: 2 * time.Second, blockReason: "429", reason: "429 from upstream (global-concurrency)"}},
+		{"429 stripe endpoint only delays the job", 429, h("Stripe-Rate-Limited-Reason", "endpoint-rate"),
+			verdict{kind: kindPushback, wait: 2 * time.Second, reason: "429 from upstream (endpoint-rate)"}},
+		{"503 with retry-after", 503, h("Retry-After", "3"), verdict{kind: kindRetry, wait: 3 * time.Second, reason: "upstream answered 503"}},
+		{"500", 500, h(), verdict{kind: kindRetry, reason: "upstream answered 500"}},
+		{"408", 408, h(), verdict{kind: kindRetry, reason: "upstream answered 408"}},
+		{"425", 425, h(), verdict{kind: kindRetry, reason: "upstream answered 425"}},
+		{"400", 400, h(), verdict{kind: kindDead, reason: "upstream answered 400"}},
+		{"404", 404, h(), verdict{kind: kindDead, reason: "upstream answered 404"}},
+		{"302", 302, h("Location", "https://elsewhere"), verdict{kind: kindDead, reason: "upstream answered 302 (redirects are not followed)"}},
+	} {
+		got := classify(tc.status, tc.h, now, 2*time.Second)
+		if got != tc.want {
+			t.Errorf("%s: got %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestTarget(t *testing.T) {
+	base, _ := url.Parse("https://api.example.com/v2/")
+	for _, tc := range []struct {
+		path, want, err string
+	}{
+		{"/charges", "https://api.example.com/v2/charges", ""},
+		{"/charges?limit=3&x=%20y", "https://api.example.com/v2/charges?limit=3&x=%20y", ""},
+		{"/a/b/", "https://api.example.com/v2/a/b/", ""},
+		{"charges", "", "single /"},
+		{"", "", "single /"},
+		{"//evil.com/x", "", "single /"},
+		{"https://evil.com/x", "", "single /"},
+		{"/a/../../x", "", ". or .."},
+		{"/a/%2e%2e/x", "", ". or .."},
+		{"/a//b", "", "empty segments"},
+		{"/a\\b", "", "single /"},
+		{"/a\r\nHost: x", "", "single /"},
+	} {
+		got, err := Target(base, tc.path)
+		if tc.err == "" && (err != nil || got != tc.want) {
+			t.Errorf("Target(%q) = %q, %v; want %q", tc.path, got, err, tc.want)
+		}
+		if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("Target(%q) = %q, %v; want an error about %q", tc.path, got, err, tc.err)
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	for n := 1; n <= 12; n++ {
+		ceiling := min(time.Second<<(n-1), time.Minute)
+		for i := 0; i < 50; i++ {
+			d := backoff(n, time.Second, time.Minute)
+			if d < time.Second || d > ceiling {
+				t.Fatalf("backoff(%d) = %v, want within [1s, %v]", n, d, ceiling)
+			}
+		}
+	}
+	if d := backoff(1, time.Second, time.Minute); d != time.Second {
+		t.Fatalf("first retry: got %v, want the minimum", d)
+	}
+}

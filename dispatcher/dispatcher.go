@@ -1,0 +1,380 @@
+// Package dispatcher drains shaper's queues: per upstream, workers take a
+// job, reserve its send slot in the upstream's leaky bucket for all of its
+// limits at once, wait for the slot, send, and read the answer. However many
+// replicas run, the upstream sees no more than its limits, and pushback from
+// the upstream (429s, exhausted quotas) pauses every replica.
+//
+// Jobs come from asynq (package queue): one asynq server per upstream, so a
+// slow upstream's waiting workers never starve another's. Waiting for the
+// limiter never spends a job's attempts: a short wait happens in the worker;
+// a long one (a 429 with a long Retry-After, a pause) is held briefly and
+// then handed back to asynq, scheduled for when the upstream expects it.
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/metrics"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// Upstream is one upstream as the dispatcher needs it.
+type Upstream struct {
+	Name string
+	// BaseURL is where job paths are sent; empty for a Go handler upstream.
+	BaseURL string
+	// Limits must all allow each send.
+	Limits []leaky.Limit
+	// Guard is the pacing guard (leaky.BucketConfig.Guard); 0 is the default.
+	Guard time.Duration
+	// Concurrency caps requests in flight across all replicas; 0 is none.
+	Concurrency int
+	// Timeout bounds each request; default 30s.
+	Timeout time.Duration
+	// Lanes weigh the upstream's lanes against each other (asynq queue
+	// priorities); default {"default": 1}.
+	Lanes map[string]int
+	// Workers is how many jobs one replica works on at once; default
+	// max(Concurrency, 10), at most 200.
+	Workers int
+	// MinBackoff and MaxBackoff bound retries after failures; defaults 1s
+	// and 5m.
+	MinBackoff, MaxBackoff time.Duration
+	// Headers are added to every request by the worker (credentials);
+	// they replace a job's headers of the same name.
+	Headers map[string]string
+	// IdempotencyHeader carries the job's idempotency key; default
+	// "Idempotency-Key", "-" for none.
+	IdempotencyHeader string
+	// MaxResponseBytes caps the stored response body; default 1 MiB.
+	MaxResponseBytes int64
+	// PushbackDefault is how long a 429 without timing headers blocks the
+	// upstream; default 1s.
+	PushbackDefault time.Duration
+}
+
+// Config configures a Dispatcher; zero values are the documented defaults.
+type Config struct {
+	Upstreams []Upstream
+	// Horizon is the longest pacing wait a worker books ahead; default 2s.
+	Horizon time.Duration
+	// MaxHold is how long a worker keeps a job whose upstream cannot take
+	// it within the horizon (blocked, paused) before handing it back to the
+	// queue; default 10s.
+	MaxHold time.Duration
+	// PollInterval is how often an idle upstream's queue is checked for new
+	// jobs (asynq's default is 1s); default 10ms.
+	PollInterval time.Duration
+	// ForwardInterval is how often scheduled and handed-back jobs become
+	// due (asynq's default is 5s); default 100ms.
+	ForwardInterval time.Duration
+	// ShutdownTimeout bounds the wait for in-flight requests on shutdown;
+	// jobs still running then go back to their queue. Default 30s.
+	ShutdownTimeout time.Duration
+	// Prefix starts shaper's own keys; default "shaper".
+	Prefix string
+	Logger *slog.Logger
+	// Metrics receive the dispatcher's measurements; nil discards them.
+	Metrics *metrics.Metrics
+	// Transport sends HTTP jobs; nil uses a transport sized per upstream.
+	Transport http.RoundTripper
+}
+
+// Dispatcher drains every configured upstream. Build it with New, register
+// Go handlers with Handle, then Run.
+type Dispatcher struct {
+	rdb   redis.UniversalClient
+	cfg   Config
+	log   *slog.Logger
+	m     *metrics.Metrics
+	drain *drain.Recorder
+	ups   map[string]*upstream
+	order []string
+
+	stopping    context.Context // cancelled when shutdown begins
+	stopWaiting context.CancelFunc
+}
+
+type upstream struct {
+	cfg     Upstream
+	base    *url.URL
+	bucket  *leaky.Bucket
+	client  *http.Client
+	handler Handler
+	srv     *asynq.Server
+}
+
+// New validates the config and prepares a Dispatcher on rdb (which the
+// caller owns and closes after Run returns).
+func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
+	if len(cfg.Upstreams) == 0 {
+		return nil, errors.New("dispatcher: no upstreams")
+	}
+	cfg.Horizon = orDefault(cfg.Horizon, 2*time.Second)
+	cfg.MaxHold = orDefault(cfg.MaxHold, 10*time.Second)
+	cfg.PollInterval = orDefault(cfg.PollInterval, 10*time.Millisecond)
+	cfg.ForwardInterval = orDefault(cfg.ForwardInterval, 100*time.Millisecond)
+	cfg.ShutdownTimeout = orDefault(cfg.ShutdownTimeout, 30*time.Second)
+	if cfg.Prefix == "" {
+		cfg.Prefix = "shaper"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	stopping, stop := context.WithCancel(context.Background())
+	d := &Dispatcher{
+		rdb: rdb, cfg: cfg, log: log, m: metrics.OrDiscard(cfg.Metrics),
+		drain: drain.NewRecorder(rdb, cfg.Prefix), ups: map[string]*upstream{},
+		stopping: stopping, stopWaiting: stop,
+	}
+	pacer := leaky.New(rdb, leaky.Config{Prefix: cfg.Prefix})
+	for _, uc := range cfg.Upstreams {
+		if _, dup := d.ups[uc.Name]; dup {
+			return nil, fmt.Errorf("dispatcher: upstream %s configured twice", uc.Name)
+		}
+		u, err := d.newUpstream(pacer, uc)
+		if err != nil {
+			return nil, fmt.Errorf("dispatcher: upstream %s: %w", uc.Name, err)
+		}
+		d.ups[uc.Name] = u
+		d.order = append(d.order, uc.Name)
+	}
+	return d, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc Upstream) (*upstream, error) {
+	if !queue.ValidName(uc.Name) {
+		return nil, fmt.Errorf("not a valid upstream name")
+	}
+	uc.Timeout = orDefault(uc.Timeout, 30*time.Second)
+	uc.MinBackoff = orDefault(uc.MinBackoff, time.Second)
+	uc.MaxBackoff = orDefault(uc.MaxBackoff, 5*time.Minute)
+	uc.PushbackDefault = orDefault(uc.PushbackDefault, time.Second)
+	if uc.MaxResponseBytes <= 0 {
+		uc.MaxResponseBytes = 1 << 20
+	}
+	if uc.IdempotencyHeader == "" {
+		uc.IdempotencyHeader = "Idempotency-Key"
+	}
+	if len(uc.Lanes) == 0 {
+		uc.Lanes = map[string]int{"default": 1}
+	}
+	if uc.Workers <= 0 {
+		uc.Workers = min(max(uc.Concurrency, 10), 200)
+	}
+	bucket, err := pacer.Bucket(uc.Name, leaky.BucketConfig{
+		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
+		// A lease lives through the wait for its slot and the request.
+		LeaseTTL: uc.Timeout + d.cfg.Horizon + 10*time.Second,
+		MaxWait:  d.cfg.Horizon,
+	})
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{cfg: uc, bucket: bucket}
+	if uc.BaseURL != "" {
+		base, err := url.Parse(uc.BaseURL)
+		if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+			return nil, fmt.Errorf("base URL %q: want an absolute http or https URL", uc.BaseURL)
+		}
+		u.base = base
+		transport := d.cfg.Transport
+		if transport == nil {
+			transport = &http.Transport{
+				Proxy:               http.ProxyFromEnvironment,
+				DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+				MaxIdleConns:        uc.Workers * 2,
+				MaxIdleConnsPerHost: uc.Workers * 2,
+				IdleConnTimeout:     90 * time.Second,
+				TLSHandshakeTimeout: 10 * time.Second,
+				ForceAttemptHTTP2:   true,
+			}
+		}
+		u.client = &http.Client{
+			Transport: transport,
+			// A redirect is the upstream telling us something is off; the
+			// job records it instead of following it blindly.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	return u, nil
+}
+
+// Handle registers the Go handler for an upstream configured without a base
+// URL. Call it before Run.
+func (d *Dispatcher) Handle(upstream string, h Handler) error {
+	u, ok := d.ups[upstream]
+	if !ok {
+		return fmt.Errorf("dispatcher: no upstream %s to handle", upstream)
+	}
+	if u.base != nil {
+		return fmt.Errorf("dispatcher: upstream %s sends HTTP to %s; it takes no handler", upstream, u.base)
+	}
+	u.handler = h
+	return nil
+}
+
+// Bucket is an upstream's pacing bucket, for status and pause/resume.
+func (d *Dispatcher) Bucket(upstream string) (*leaky.Bucket, bool) {
+	u, ok := d.ups[upstream]
+	if !ok {
+		return nil, false
+	}
+	return u.bucket, true
+}
+
+// Run drains every upstream until ctx ends, then shuts down gracefully:
+// no new jobs are taken, jobs waiting for their slot are handed back to the
+// queue at once without spending an attempt, and requests in flight get up
+// to ShutdownTimeout to finish before their jobs are put back too.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	for _, name := range d.order {
+		if u := d.ups[name]; u.base == nil && u.handler == nil {
+			return fmt.Errorf("dispatcher: upstream %s has neither a base URL nor a handler", name)
+		}
+	}
+	drainCtx, stopDrain := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		d.drain.Run(drainCtx, time.Second)
+	}()
+	started := []*asynq.Server{}
+	var startErr error
+	for _, name := range d.order {
+		u := d.ups[name]
+		u.srv = asynq.NewServerFromRedisClient(d.rdb, d.asynqConfig(u))
+		if err := u.srv.Start(asynq.HandlerFunc(d.processor(u))); err != nil {
+			startErr = fmt.Errorf("dispatcher: start %s: %w", name, err)
+			break
+		}
+		started = append(started, u.srv)
+		d.log.Info("draining upstream", "upstream", name, "limits", limitsString(u.cfg.Limits),
+			"workers", u.cfg.Workers, "concurrency", u.cfg.Concurrency)
+	}
+	if startErr == nil {
+		<-ctx.Done()
+		d.log.Info("shutting down: handing back waiting jobs, finishing requests in flight", "timeout", d.cfg.ShutdownTimeout)
+	}
+	for _, s := range started {
+		s.Stop()
+	}
+	d.stopWaiting()
+	var wg sync.WaitGroup
+	for _, s := range started {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.Shutdown()
+		}()
+	}
+	wg.Wait()
+	stopDrain()
+	bg.Wait()
+	return startErr
+}
+
+func limitsString(ls []leaky.Limit) string {
+	parts := make([]string, len(ls))
+	for i, l := range ls {
+		parts[i] = l.String()
+	}
+	return strings.Join(parts, " and ")
+}
+
+func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
+	queues := map[string]int{}
+	for lane, w := range u.cfg.Lanes {
+		queues[queue.QueueName(u.cfg.Name, lane)] = max(w, 1)
+	}
+	return asynq.Config{
+		Concurrency:              u.cfg.Workers,
+		Queues:                   queues,
+		TaskCheckInterval:        d.cfg.PollInterval,
+		DelayedTaskCheckInterval: d.cfg.ForwardInterval,
+		ShutdownTimeout:          d.cfg.ShutdownTimeout,
+		IsFailure: func(err error) bool {
+			var df *deferral
+			return !errors.As(err, &df)
+		},
+		RetryDelayFunc: func(n int, err error, _ *asynq.Task) time.Duration {
+			var df *deferral
+			if errors.As(err, &df) {
+				return df.delay
+			}
+			var rl *retryLater
+			if errors.As(err, &rl) {
+				return rl.delay
+			}
+			return backoff(n+1, u.cfg.MinBackoff, u.cfg.MaxBackoff)
+		},
+		Logger:   asynqLogger{d.log.With("upstream", u.cfg.Name)},
+		LogLevel: asynq.WarnLevel,
+	}
+}
+
+// deferral hands a job back to its queue to wait for its upstream; it
+// spends no attempt (asynq's IsFailure says no).
+type deferral struct {
+	delay time.Duration
+	why   string
+}
+
+func (e *deferral) Error() string { return queue.DeferredPrefix + e.why }
+
+// retryLater is a failed attempt with the delay before the next one.
+type retryLater struct {
+	delay time.Duration
+	why   string
+}
+
+func (e *retryLater) Error() string { return e.why }
+
+// backoff is the delay before attempt n+1 after n failed ones: exponential
+// from min, capped at max, with full jitter above min.
+func backoff(n int, min, max time.Duration) time.Duration {
+	ceiling := min
+	for i := 1; i < n && ceiling < max; i++ {
+		ceiling *= 2
+	}
+	if ceiling > max {
+		ceiling = max
+	}
+	if ceiling <= min {
+		return min
+	}
+	return min + rand.N(ceiling-min+1)
+}
+
+// asynqLogger routes asynq's logs into slog.
+type asynqLogger struct{ l *slog.Logger }
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq", "fatal", true) }

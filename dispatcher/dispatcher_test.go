@@ -1,0 +1,330 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
+)
+
+var srv *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &srv) }
+
+// harness is one upstream served by a fake third-party API, a queue and a
+// running dispatcher, all on a fresh Redis database.
+type harness struct {
+	t      *testing.T
+	rdb    *redis.Client
+	q      *queue.Queue
+	fake   *thirdparty.Server
+	url    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(discard{}, &slog.HandlerOptions{Level: slog.LevelError + 100}))
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func newHarness(t *testing.T, fakeCfg thirdparty.Config, up Upstream, maxAttempts int) *harness {
+	t.Helper()
+	rdb := srv.Client(t)
+	rdb.FlushAll(context.Background())
+	fake, err := thirdparty.New(fakeCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(fake)
+	t.Cleanup(hs.Close)
+	if up.Name == "" {
+		up.Name = "api"
+	}
+	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
+		up.Name: {Lanes: []string{"default"}, MaxPending: 100000, MaxAttempts: maxAttempts, ResultRetention: time.Hour, DeadRetention: time.Hour},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return &harness{t: t, rdb: rdb, q: q, fake: fake, url: hs.URL}
+}
+
+func (h *harness) start(cfg Config, handlers map[string]Handler) *Dispatcher {
+	h.t.Helper()
+	cfg.Logger = quietLogger()
+	for i := range cfg.Upstreams {
+		if cfg.Upstreams[i].BaseURL == "" && cfg.Upstreams[i].Name != "mail" {
+			cfg.Upstreams[i].BaseURL = h.url
+		}
+	}
+	d, err := New(h.rdb, cfg)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for name, fn := range handlers {
+		if err := d.Handle(name, fn); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done = cancel, make(chan error, 1)
+	go func() { h.done <- d.Run(ctx) }()
+	h.t.Cleanup(h.stop)
+	return d
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	h.cancel = nil
+	if err := <-h.done; err != nil {
+		h.t.Errorf("Run: %v", err)
+	}
+}
+
+func (h *harness) enqueue(job *queue.Job) *queue.Info {
+	h.t.Helper()
+	info, _, err := h.q.Enqueue(context.Background(), job)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return info
+}
+
+// waitFor polls until every job reaches a final state or the deadline,
+// which only bounds a hang: the tests assert on outcomes, not on time.
+func (h *harness) waitFor(ids []string, final ...queue.State) map[string]*queue.Info {
+	h.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	out := map[string]*queue.Info{}
+	for len(out) < len(ids) {
+		for _, id := range ids {
+			if out[id] != nil {
+				continue
+			}
+			info, err := h.q.Get(context.Background(), id, "")
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			for _, s := range final {
+				if info.State == s {
+					out[id] = info
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("only %d of %d jobs reached %v", len(out), len(ids), final)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return out
+}
+
+func TestHTTPJobSucceedsWithItsHeaders(t *testing.T) {
+	var mu sync.Mutex
+	var seen []http.Header
+	h := newHarness(t, thirdparty.Config{Style: thirdparty.StyleOpenAI}, Upstream{}, 3)
+	// Wrap the fake to see the headers exactly as sent.
+	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Clone())
+		mu.Unlock()
+		h.fake.ServeHTTP(w, r)
+	}))
+	defer rec.Close()
+	h.start(Config{Upstreams: []Upstream{{
+		Name: "api", BaseURL: rec.URL, Limits: []leaky.Limit{leaky.PerSecond(100)},
+		Headers: map[string]string{"Authorization": "Bearer worker-secret"},
+	}}}, nil)
+	info := h.enqueue(&queue.Job{Upstream: "api", Method: "POST", Path: "/v1/chat?x=1", Body: []byte(`{"max_tokens":5}`),
+		Headers:        map[string]string{"Authorization": "Bearer producer-tries", "X-Trace": "t1"},
+		IdempotencyKey: "order-9"})
+	got := h.waitFor([]string{info.ID}, queue.StateSucceeded, queue.StateDead)[info.ID]
+	if got.State != queue.StateSucceeded || got.Attempts != 1 {
+		t.Fatalf("got %s after %d attempts (%s), want succeeded after 1", got.State, got.Attempts, got.LastError)
+	}
+	if got.Response == nil || got.Response.Status != 200 || !strings.Contains(string(got.Response.Body), "order-9") {
+		t.Fatalf("stored response: %+v", got.Response)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 {
+		t.Fatalf("upstream saw %d requests, want 1", len(seen))
+	}
+	if a := seen[0].Get("Authorization"); a != "Bearer worker-secret" {
+		t.Errorf("Authorization %q: the worker's configured header must win", a)
+	}
+	if k := seen[0].Get("Idempotency-Key"); k != "order-9" {
+		t.Errorf("Idempotency-Key %q, want the job's key", k)
+	}
+	if x := seen[0].Get("X-Trace"); x != "t1" {
+		t.Errorf("X-Trace %q, want the job's header passed on", x)
+	}
+}
+
+func TestFailuresRetryThenDie(t *testing.T) {
+	h := newHarness(t, thirdparty.Config{FailRate: 1, Seed: 1}, Upstream{}, 3)
+	h.start(Config{Upstreams: []Upstream{{
+		Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)},
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+	}}}, nil)
+	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/boom"})
+	got := h.waitFor([]string{info.ID}, queue.StateDead)[info.ID]
+	if got.Attempts != 3 || !strings.Contains(got.LastError, "gave up after 3 attempts") {
+		t.Fatalf("got %d attempts, error %q; want dead after 3", got.Attempts, got.LastError)
+	}
+	if n := h.fake.Report().Total; n != 3 {
+		t.Fatalf("upstream saw %d requests, want 3", n)
+	}
+}
+
+func TestClientErrorIsDeadAtOnce(t *testing.T) {
+	h := newHarness(t, thirdparty.Config{CostLimit: &thirdparty.CostLimit{Name: "tokens", Rate: 1e6, Per: time.Minute}}, Upstream{}, 5)
+	h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
+	// A malformed cost header makes the fake answer 400.
+	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"X-Cost-Tokens": "lots"}})
+	got := h.waitFor([]string{info.ID}, queue.StateDead)[info.ID]
+	if got.Attempts != 1 || !strings.Contains(got.LastError, "400") || got.Response == nil || got.Response.Status != 400 {
+		t.Fatalf("got %+v, want dead after one attempt with the 400 stored", got)
+	}
+}
+
+// TestPushbackSpendsNoAttempt runs jobs at twice what the upstream allows:
+// its 429s must pause the upstream, and every job still succeeds on its
+// first counted attempt.
+func TestPushbackSpendsNoAttempt(t *testing.T) {
+	h := newHarness(t, thirdparty.Config{Rate: 5, Per: time.Second, Style: thirdparty.StyleOpenAI}, Upstream{}, 1)
+	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(10)}}}}, nil)
+	var ids []string
+	for i := 0; i < 15; i++ {
+		ids = append(ids, h.enqueue(&queue.Job{Upstream: "api", Path: fmt.Sprintf("/j/%d", i)}).ID)
+	}
+	for id, info := range h.waitFor(ids, queue.StateSucceeded, queue.StateDead) {
+		if info.State != queue.StateSucceeded || info.Attempts != 1 {
+			t.Fatalf("job %s: %s after %d attempts (%s); want succeeded with max_attempts 1", id, info.State, info.Attempts, info.LastError)
+		}
+	}
+	rep := h.fake.Report()
+	if rep.Rejected == 0 {
+		t.Fatalf("the upstream rejected nothing; the test did not exercise pushback")
+	}
+	if got := testMetric(t, d, "deferred"); got == 0 {
+		t.Fatalf("no deferrals counted")
+	}
+}
+
+func testMetric(t *testing.T, d *Dispatcher, outcome string) float64 {
+	t.Helper()
+	return counterValue(d.m.Dispatches.WithLabelValues("api", outcome))
+}
+
+func TestGoHandler(t *testing.T) {
+	h := newHarness(t, thirdparty.Config{}, Upstream{Name: "mail"}, 4)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	h.start(Config{Upstreams: []Upstream{{Name: "mail", Limits: []leaky.Limit{leaky.PerSecond(1000)},
+		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PushbackDefault: 10 * time.Millisecond}}},
+		map[string]Handler{"mail": func(ctx context.Context, job *queue.Job) (*queue.Response, error) {
+			mu.Lock()
+			calls[job.Task]++
+			n := calls[job.Task]
+			mu.Unlock()
+			switch job.Task {
+			case "flaky":
+				if n < 3 {
+					return nil, errors.New("smtp: try later")
+				}
+			case "bounce":
+				return nil, Permanent(errors.New("550 no such user"))
+			case "slow-down":
+				if n < 3 {
+					return nil, Pushback(0, errors.New("421 too many"))
+				}
+			}
+			return &queue.Response{Status: 250, Body: []byte("queued as " + job.Task)}, nil
+		}})
+	flaky := h.enqueue(&queue.Job{Upstream: "mail", Task: "flaky"}).ID
+	bounce := h.enqueue(&queue.Job{Upstream: "mail", Task: "bounce"}).ID
+	slow := h.enqueue(&queue.Job{Upstream: "mail", Task: "slow-down", MaxAttempts: 1}).ID
+	got := h.waitFor([]string{flaky, bounce, slow}, queue.StateSucceeded, queue.StateDead)
+	if g := got[flaky]; g.State != queue.StateSucceeded || g.Attempts != 3 || string(g.Response.Body) != "queued as flaky" {
+		t.Errorf("flaky: %+v", g)
+	}
+	if g := got[bounce]; g.State != queue.StateDead || g.Attempts != 1 || !strings.Contains(g.LastError, "550") {
+		t.Errorf("bounce: %+v", g)
+	}
+	if g := got[slow]; g.State != queue.StateSucceeded || g.Attempts != 1 {
+		t.Errorf("slow-down: got %s after %d attempts, want succeeded without spending attempts on pushback", g.State, g.Attempts)
+	}
+}
+
+// TestShutdownHandsBackWaitingJobs blocks the upstream for a minute, so the
+// workers hold their jobs; shutting down must return them to the queue at
+// once, with no attempt spent.
+func TestShutdownHandsBackWaitingJobs(t *testing.T) {
+	h := newHarness(t, thirdparty.Config{}, Upstream{}, 2)
+	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 3}},
+		MaxHold: time.Hour, ShutdownTimeout: 5 * time.Second}, nil)
+	b, _ := d.Bucket("api")
+	if _, err := b.Block(context.Background(), time.Minute, "test pause"); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := 0; i < 5; i++ {
+		ids = append(ids, h.enqueue(&queue.Job{Upstream: "api", Path: "/x"}).ID)
+	}
+	// Wait until workers hold three of them.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, _ := h.q.Counts(context.Background(), "api")
+		if c["default"].Active == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workers never held 3 jobs: %+v", c)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.stop()
+	for _, id := range ids {
+		info, err := h.q.Get(context.Background(), id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State != queue.StateQueued && info.State != queue.StateScheduled || info.Attempts != 0 {
+			t.Errorf("job %s after shutdown: %s with %d attempts; want waiting with none spent", id, info.State, info.Attempts)
+		}
+	}
+	if n := h.fake.Report().Total; n != 0 {
+		t.Fatalf("the blocked upstream received %d requests", n)
+	}
+}
+
+func counterValue(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,299 @@
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// processor is the asynq handler for one upstream's jobs.
+func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) error {
+	name := u.cfg.Name
+	return func(ctx context.Context, task *asynq.Task) error {
+		var job queue.Job
+		if err := json.Unmarshal(task.Payload(), &job); err != nil {
+			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
+			return fmt.Errorf("undecodable job: %v: %w", err, asynq.SkipRetry)
+		}
+		if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
+			d.m.Dispatches.WithLabelValues(name, "expired").Inc()
+			return fmt.Errorf("expired at %s before it could be dispatched: %w", job.ExpiresAt.Format(time.RFC3339), asynq.SkipRetry)
+		}
+		retried, _ := asynq.GetRetryCount(ctx)
+		attempt := retried + 1
+
+		r, err := d.pace(ctx, u, &job)
+		if err != nil {
+			var df *deferral
+			if errors.As(err, &df) {
+				d.m.Dispatches.WithLabelValues(name, "handed_back").Inc()
+			}
+			if u.cfg.Concurrency > 0 {
+				// A slot skipped as late keeps the job's lease; let it go.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+				u.bucket.ReleaseLease(rctx, job.ID)
+				cancel()
+			}
+			return err
+		}
+
+		v, resp := d.send(ctx, u, &job)
+		if r.Lease != "" {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			if err := u.bucket.Release(rctx, r); err != nil {
+				d.m.RedisErrors.WithLabelValues("pacing").Inc()
+			}
+			cancel()
+		}
+		if resp != nil {
+			if b, err := json.Marshal(resp); err == nil {
+				if _, err := task.ResultWriter().Write(b); err != nil {
+					d.log.Warn("could not store a job's response", "job", job.ID, "err", err)
+				}
+			}
+		}
+		if v.block > 0 {
+			d.block(ctx, u, v.block, v.blockReason)
+		}
+		switch v.kind {
+		case kindDone:
+			d.m.Dispatches.WithLabelValues(name, "succeeded").Inc()
+			return nil
+		case kindPushback:
+			d.m.Dispatches.WithLabelValues(name, "deferred").Inc()
+			return &deferral{delay: v.wait, why: v.reason}
+		case kindRetry:
+			if attempt < job.MaxAttempts {
+				d.m.Dispatches.WithLabelValues(name, "retry").Inc()
+				delay := max(backoff(attempt, u.cfg.MinBackoff, u.cfg.MaxBackoff), v.wait)
+				return &retryLater{delay: delay, why: fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)}
+			}
+			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
+			return fmt.Errorf("gave up after %d attempts: %s: %w", attempt, v.reason, asynq.SkipRetry)
+		default:
+			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
+			return fmt.Errorf("%s: %w", v.reason, asynq.SkipRetry)
+		}
+	}
+}
+
+// block pauses the upstream for every replica.
+func (d *Dispatcher) block(ctx context.Context, u *upstream, dur time.Duration, reason string) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	until, err := u.bucket.Block(bctx, dur, reason)
+	if err != nil {
+		d.m.RedisErrors.WithLabelValues("pacing").Inc()
+		d.log.Error("could not block upstream after pushback", "upstream", u.cfg.Name, "for", dur, "err", err)
+		return
+	}
+	d.m.UpstreamBlocks.WithLabelValues(u.cfg.Name, reason).Inc()
+	d.log.Warn("upstream pushed back; blocked fleet-wide", "upstream", u.cfg.Name, "reason", reason, "until", until.Format(time.RFC3339Nano))
+}
+
+// pace waits for the job's slot. It returns the reservation to send under,
+// or a deferral when the job should go back to the queue (shutdown, or the
+// upstream will not take it within MaxHold).
+func (d *Dispatcher) pace(ctx context.Context, u *upstream, job *queue.Job) (*leaky.Reservation, error) {
+	start := time.Now()
+	name := u.cfg.Name
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(d.stopping, cancel)
+	defer stop()
+
+	costs := leaky.Costs(job.Cost)
+	redisPause := 50 * time.Millisecond
+	paused := false
+	defer func() {
+		if paused {
+			d.m.UpstreamPaused.WithLabelValues(name).Set(0)
+		}
+	}()
+	for {
+		if waitCtx.Err() != nil {
+			return nil, handBack(0, "worker shutting down")
+		}
+		r, err := u.bucket.Reserve(waitCtx, costs, leaky.WithLease(job.ID))
+		switch {
+		case errors.Is(err, leaky.ErrCostTooLarge):
+			return nil, fmt.Errorf("%v: %w", err, asynq.SkipRetry)
+		case err != nil:
+			if waitCtx.Err() != nil {
+				continue
+			}
+			// Pacing fails closed: no send without a reservation.
+			d.m.RedisErrors.WithLabelValues("pacing").Inc()
+			d.log.Error("cannot reserve a send slot; holding the job", "upstream", name, "job", job.ID, "err", err)
+			if time.Since(start) > d.cfg.MaxHold {
+				return nil, handBack(time.Second, "pacing store unreachable")
+			}
+			sleep(waitCtx, redisPause)
+			redisPause = min(2*redisPause, 2*time.Second)
+			continue
+		case !r.OK:
+			if r.Reason == leaky.ReasonBlocked && !paused {
+				paused = true
+				d.m.UpstreamPaused.WithLabelValues(name).Set(1)
+			}
+			switch {
+			case r.Reason == leaky.ReasonConcurrency:
+				// Leases free up as requests finish, not on a schedule.
+				sleep(waitCtx, min(r.RetryAfter, 5*time.Millisecond)+rand.N(5*time.Millisecond))
+			case r.RetryAfter <= d.cfg.Horizon:
+				sleep(waitCtx, r.RetryAfter)
+			case time.Since(start)+r.RetryAfter > d.cfg.MaxHold:
+				return nil, handBack(r.RetryAfter, fmt.Sprintf("upstream %s until about %s", r.Reason, time.Now().Add(r.RetryAfter+d.cfg.Horizon).Format(time.RFC3339)))
+			default:
+				// Look again now and then: a resume lifts a block early.
+				sleep(waitCtx, min(r.RetryAfter, time.Second))
+			}
+			continue
+		}
+		if err := r.Wait(waitCtx); err != nil {
+			if errors.Is(err, leaky.ErrLate) {
+				d.m.LateSlots.WithLabelValues(name).Inc()
+				continue
+			}
+			continue // ctx ended; Wait gave the slot back
+		}
+		d.m.PacingWait.WithLabelValues(name).Observe(time.Since(start).Seconds())
+		return r, nil
+	}
+}
+
+// handBack returns the job to its queue after delay, spending no attempt.
+func handBack(delay time.Duration, why string) error {
+	return &deferral{delay: delay, why: why}
+}
+
+// send performs the job and reads the outcome.
+func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job) (verdict, *queue.Response) {
+	name := u.cfg.Name
+	d.m.InFlight.WithLabelValues(name).Inc()
+	defer d.m.InFlight.WithLabelValues(name).Dec()
+	start := time.Now()
+	defer func() {
+		d.drain.Sent(name, time.Now())
+		d.m.RequestDuration.WithLabelValues(name).Observe(time.Since(start).Seconds())
+	}()
+
+	if u.handler != nil {
+		hctx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
+		defer cancel()
+		resp, err := u.handler(hctx, job)
+		class := "2xx"
+		if err != nil {
+			class = "error"
+		}
+		d.m.UpstreamResponses.WithLabelValues(name, class).Inc()
+		return handlerVerdict(err, u.cfg.PushbackDefault), resp
+	}
+	resp, err := u.do(ctx, job)
+	if err != nil {
+		d.m.UpstreamResponses.WithLabelValues(name, "error").Inc()
+		var pe *permanentError
+		if errors.As(err, &pe) {
+			return verdict{kind: kindDead, reason: err.Error()}, nil
+		}
+		return verdict{kind: kindRetry, reason: err.Error()}, nil
+	}
+	d.m.UpstreamResponses.WithLabelValues(name, responseClass(resp.Status)).Inc()
+	return classify(resp.Status, http.Header(resp.Headers), time.Now(), u.cfg.PushbackDefault), resp
+}
+
+// Target resolves a job's path against the upstream's base URL. The path
+// must be relative: an absolute URL or a "//host" path could send the
+// upstream's credentials elsewhere.
+func Target(base *url.URL, p string) (string, error) {
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\\r\n") {
+		return "", fmt.Errorf("path %q: must start with a single / and stay on the upstream", p)
+	}
+	rel, err := url.Parse(p)
+	if err != nil || rel.Scheme != "" || rel.Host != "" || rel.User != nil {
+		return "", fmt.Errorf("path %q: must be relative to the upstream's base URL", p)
+	}
+	if clean := path.Clean(rel.Path); clean != rel.Path && clean+"/" != rel.Path {
+		return "", fmt.Errorf("path %q: must not contain . or .. segments or empty segments", p)
+	}
+	u := *base
+	u.Path = strings.TrimSuffix(base.Path, "/") + rel.Path
+	u.RawPath = ""
+	u.RawQuery = rel.RawQuery
+	u.Fragment = ""
+	return u.String(), nil
+}
+
+// do sends an HTTP job.
+func (u *upstream) do(ctx context.Context, job *queue.Job) (*queue.Response, error) {
+	target, err := Target(u.base, job.Path)
+	if err != nil {
+		return nil, Permanent(err)
+	}
+	method := job.Method
+	if method == "" {
+		// As curl does: POST with a body, GET without.
+		method = http.MethodGet
+		if len(job.Body) > 0 {
+			method = http.MethodPost
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, method, target, bytes.NewReader(job.Body))
+	if err != nil {
+		return nil, Permanent(fmt.Errorf("build request: %w", err))
+	}
+	for k, v := range job.Headers {
+		req.Header.Set(k, v)
+	}
+	for k, v := range u.cfg.Headers {
+		req.Header.Set(k, v)
+	}
+	if u.cfg.IdempotencyHeader != "-" {
+		req.Header.Set(u.cfg.IdempotencyHeader, job.IdempotencyKey)
+	}
+	resp, err := u.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("send to %s: %w", u.cfg.Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, u.cfg.MaxResponseBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read answer of %s: %w", u.cfg.Name, err)
+	}
+	out := &queue.Response{Status: resp.StatusCode, Headers: resp.Header}
+	if int64(len(body)) > u.cfg.MaxResponseBytes {
+		body, out.Truncated = body[:u.cfg.MaxResponseBytes], true
+	}
+	out.Body = body
+	// Drain what is left so the connection can be reused.
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<20))
+	return out, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
