@@ -103,6 +103,7 @@ type Dispatcher struct {
 	log   *slog.Logger
 	m     *metrics.Metrics
 	drain *drain.Recorder
+	pacer *leaky.Pacer
 	ups   map[string]*upstream
 	order []string
 
@@ -144,6 +145,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 		stopping: stopping, stopWaiting: stop,
 	}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: cfg.Prefix})
+	d.pacer = pacer
 	for _, uc := range cfg.Upstreams {
 		if _, dup := d.ups[uc.Name]; dup {
 			return nil, fmt.Errorf("dispatcher: upstream %s configured twice", uc.Name)
@@ -258,10 +260,21 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	drainCtx, stopDrain := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
-	bg.Add(1)
+	bg.Add(2)
 	go func() {
 		defer bg.Done()
 		d.drain.Run(drainCtx, time.Second)
+	}()
+	go func() {
+		defer bg.Done()
+		// Blocks placed by other replicas reach slots already booked here.
+		for drainCtx.Err() == nil {
+			if err := d.pacer.Watch(drainCtx); err != nil {
+				d.log.Warn("cannot watch for upstream blocks", "err", err)
+				return
+			}
+			sleep(drainCtx, time.Second)
+		}
 	}()
 	started := []*asynq.Server{}
 	var startErr error

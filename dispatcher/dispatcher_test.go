@@ -215,7 +215,7 @@ func TestClientErrorIsDeadAtOnce(t *testing.T) {
 // its 429s must pause the upstream, and every job still succeeds on its
 // first counted attempt.
 func TestPushbackSpendsNoAttempt(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{Rate: 5, Per: time.Second, Style: thirdparty.StyleOpenAI}, Upstream{}, 1)
+	h := newHarness(t, thirdparty.Config{Rate: 5, Per: time.Second, Style: thirdparty.StylePlain}, Upstream{}, 1)
 	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(10)}}}}, nil)
 	var ids []string
 	for i := 0; i < 15; i++ {

@@ -167,9 +167,10 @@ func (d *Dispatcher) pace(ctx context.Context, u *upstream, job *queue.Job) (*le
 		if err := r.Wait(waitCtx); err != nil {
 			if errors.Is(err, leaky.ErrLate) {
 				d.m.LateSlots.WithLabelValues(name).Inc()
-				continue
 			}
-			continue // ctx ended; Wait gave the slot back
+			// ErrBlocked: the upstream was paused after the slot was booked.
+			// Otherwise ctx ended and Wait gave the slot back.
+			continue
 		}
 		d.m.PacingWait.WithLabelValues(name).Observe(time.Since(start).Seconds())
 		return r, nil

@@ -69,6 +69,7 @@ type Pacer struct {
 	rdb    redis.Scripter
 	prefix string
 	now    func() time.Time
+	blocks *blockBoard
 }
 
 // New returns a Pacer on rdb. The caller owns rdb and closes it.
@@ -77,7 +78,7 @@ func New(rdb redis.Scripter, cfg Config) *Pacer {
 	if prefix == "" {
 		prefix = "shaper"
 	}
-	return &Pacer{rdb: rdb, prefix: prefix, now: cfg.Now}
+	return &Pacer{rdb: rdb, prefix: prefix, now: cfg.Now, blocks: newBlockBoard()}
 }
 
 // BucketConfig shapes one bucket. Zero values are the documented defaults.
@@ -408,7 +409,8 @@ func (b *Bucket) Block(ctx context.Context, d time.Duration, reason string) (tim
 	if d <= 0 {
 		return time.Time{}, fmt.Errorf("block %s: duration %v must be positive", b.name, d)
 	}
-	v, err := script.Run(ctx, b.p.rdb, "leaky.block", blockScript, b.keys[:1], script.NowArg(b.p.now), d.Microseconds(), reason)
+	v, err := script.Run(ctx, b.p.rdb, "leaky.block", blockScript, b.keys[:1], script.NowArg(b.p.now), d.Microseconds(), reason,
+		b.p.blocksChannel(), b.name)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("block %s: %w", b.name, err)
 	}
@@ -416,6 +418,7 @@ func (b *Bucket) Block(ctx context.Context, d time.Duration, reason string) (tim
 	if err != nil {
 		return time.Time{}, fmt.Errorf("block %s: %w", b.name, err)
 	}
+	b.p.blocks.set(b.name, out[0])
 	return time.UnixMicro(out[0]), nil
 }
 
@@ -427,9 +430,10 @@ func (b *Bucket) BlockUntil(ctx context.Context, t time.Time, reason string) (ti
 
 // Unblock lifts any block at once.
 func (b *Bucket) Unblock(ctx context.Context) error {
-	if _, err := script.Run(ctx, b.p.rdb, "leaky.unblock", unblockScript, b.keys[:1]); err != nil {
+	if _, err := script.Run(ctx, b.p.rdb, "leaky.unblock", unblockScript, b.keys[:1], b.p.blocksChannel(), b.name); err != nil {
 		return fmt.Errorf("unblock %s: %w", b.name, err)
 	}
+	b.p.blocks.set(b.name, 0)
 	return nil
 }
 

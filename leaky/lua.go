@@ -147,12 +147,15 @@ return restored
 `)
 
 // blockScript blocks every reservation on a bucket until a time, keeping a
-// later block if one is already in place.
+// later block if one is already in place, and announces the block so that
+// workers holding slots booked before it hold off too.
 //
 //	KEYS[1] -> block hash {until=µs, reason=text}
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
 //	ARGV[2] -> block duration µs (> 0)
 //	ARGV[3] -> reason
+//	ARGV[4] -> announcement channel
+//	ARGV[5] -> bucket name
 //
 // Returns {until µs, now µs}: the block in force after the call.
 var blockScript = script.New(`
@@ -164,15 +167,19 @@ if cur >= want then
 end
 redis.call('HSET', KEYS[1], 'until', shaper_int(want), 'reason', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], math.ceil((want - now) / 1000) + 1)
+redis.call('PUBLISH', ARGV[4], ARGV[5] .. ' ' .. shaper_int(want))
 return {want, now}
 `)
 
-// unblockScript lifts a block.
+// unblockScript lifts a block and announces it.
 //
 //	KEYS[1] -> block hash
+//	ARGV[1] -> announcement channel
+//	ARGV[2] -> bucket name
 //
 // Returns 1 if a block was lifted.
 var unblockScript = script.New(`
+redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' 0')
 return redis.call('DEL', KEYS[1])
 `)
 

@@ -32,6 +32,12 @@ func (r *Reservation) Wait(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+	if r.bucket.p.blocks.covers(r.bucket.name, r.Now.Add(r.Delay).UnixMicro()) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		r.bucket.Cancel(cctx, r)
+		cancel()
+		return ErrBlocked
+	}
 	if r.Late() > r.bucket.lateness() {
 		return ErrLate
 	}
@@ -75,7 +81,7 @@ func (b *Bucket) Take(ctx context.Context, costs Costs, opts ...ReserveOption) (
 		switch err := r.Wait(ctx); err {
 		case nil:
 			return r, nil
-		case ErrLate:
+		case ErrLate, ErrBlocked:
 			continue
 		default:
 			return nil, err

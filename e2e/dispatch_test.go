@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// arrivals are the times requests reached the fake upstream.
+func arrivals(fake *thirdparty.Server) []time.Duration {
+	var out []time.Duration
+	for _, r := range fake.Records() {
+		out = append(out, r.At)
+	}
+	return out
+}
+
+// TestFourWorkersAtTheLimit: 4 `shaper work` processes drain a deep backlog
+// for 30 s into an upstream enforcing L requests per sliding second, with
+// shaper configured at L per second. The upstream must reject nothing and
+// receive at least 97% of L per second.
+func TestFourWorkersAtTheLimit(t *testing.T) {
+	t.Parallel()
+	const L = 100
+	const runFor = 30 * time.Second
+	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: L, Per: time.Second}, redistest.Options{})
+	e.writeConfig(`
+redis: {url: "{{REDIS}}"}
+upstreams:
+  api:
+    base_url: "{{UPSTREAM}}"
+    limits: [{rate: 100, per: 1s}]
+`)
+	e.enqueue(int(L*runFor.Seconds()*1.3), func(i int) *queue.Job {
+		return &queue.Job{Upstream: "api", Method: "POST", Path: "/v1/things/" + strconv.Itoa(i)}
+	})
+	for i := 0; i < 4; i++ {
+		e.startWorker()
+	}
+	waitUntil(t, 30*time.Second, "the first request", func() bool { return e.fake.Report().Total > 0 })
+	first := arrivals(e.fake)[0]
+	time.Sleep(runFor)
+	e.stopAll()
+
+	var window []time.Duration
+	for _, at := range arrivals(e.fake) {
+		if at >= first && at < first+runFor {
+			window = append(window, at)
+		}
+	}
+	rep := e.fake.Report()
+	most := thirdparty.MaxInWindow(window, time.Second)
+	rate := float64(len(window)) / runFor.Seconds()
+	t.Logf("L=%d/s for %v: received %d (%.1f/s, %.1f%%), most in any 1s %d, in any 100ms %d, rejected %d; gaps %+v",
+		L, runFor, len(window), rate, 100*rate/L, most, thirdparty.MaxInWindow(window, 100*time.Millisecond), rep.Rejected, thirdparty.GapPercentiles(window))
+	if rep.Rejected != 0 {
+		t.Errorf("the upstream rejected %d requests, want none", rep.Rejected)
+	}
+	if most > L {
+		t.Errorf("the upstream received %d requests in one second, want at most %d", most, L)
+	}
+	if rate < 0.97*L {
+		t.Errorf("the upstream received %.1f/s, want at least 97%% of %d", rate, L)
+	}
+}
+
+// TestUpstreamAtHalfTheConfiguredRate: the upstream allows half of what
+// shaper is configured for. Its 429s must pause every replica, every job
+// still succeeds, and none spends an attempt on rate limiting (they are
+// allowed only one).
+func TestUpstreamAtHalfTheConfiguredRate(t *testing.T) {
+	t.Parallel()
+	// Stripe's 429s say nothing about when to retry, so each one blocks the
+	// upstream for pushback_default.
+	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: 10, Per: time.Second, Style: thirdparty.StyleStripe}, redistest.Options{})
+	e.writeConfig(`
+redis: {url: "{{REDIS}}"}
+upstreams:
+  api:
+    base_url: "{{UPSTREAM}}"
+    limits: [{rate: 20, per: 1s}]
+    retry: {max_attempts: 1}
+    pushback_default: 1s
+`)
+	ids := e.enqueue(120, func(i int) *queue.Job { return &queue.Job{Upstream: "api", Path: "/x/" + strconv.Itoa(i)} })
+	e.startWorker()
+	e.startWorker()
+	e.startWorker()
+	done := e.waitDone(ids, 90*time.Second)
+	for id, info := range done {
+		if info.State != queue.StateSucceeded || info.Attempts != 1 {
+			t.Fatalf("job %s: %s after %d attempts (%s); want succeeded on its only attempt", id, info.State, info.Attempts, info.LastError)
+		}
+	}
+	rep := e.fake.Report()
+	t.Logf("upstream: %d requests, %d rejected with 429, %.1f/s", rep.Total, rep.Rejected, rep.RatePerSecond)
+	if rep.Rejected == 0 {
+		t.Fatal("the upstream never pushed back; the test proved nothing")
+	}
+	// Shared pushback: after a 429 every replica holds off for the 1s
+	// block. Requests already on their way may still land just after it.
+	recs := e.fake.Records()
+	for _, r := range recs {
+		if r.Status != 429 {
+			continue
+		}
+		for _, o := range recs {
+			if o.At > r.At+150*time.Millisecond && o.At < r.At+900*time.Millisecond {
+				t.Fatalf("a request arrived %v after a 429, inside the 1s pause every replica should keep", o.At-r.At)
+			}
+		}
+	}
+}
+
+// TestTwoLimitsAtOnce: 20 requests per second and 10,000 tokens per 10
+// seconds, with jobs costing 10 to 400 tokens. The upstream enforces both
+// exactly and must reject nothing.
+func TestTwoLimitsAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: 20, Per: time.Second, Style: thirdparty.StyleOpenAI,
+		CostLimit: &thirdparty.CostLimit{Name: "tokens", Rate: 10000, Per: 10 * time.Second}}, redistest.Options{})
+	e.writeConfig(`
+redis: {url: "{{REDIS}}"}
+upstreams:
+  api:
+    base_url: "{{UPSTREAM}}"
+    limits:
+      - {rate: 20, per: 1s}
+      - {rate: 10000, per: 10s, cost: tokens, burst: 400}
+    retry: {max_attempts: 1}
+`)
+	rng := rand.New(rand.NewPCG(7, 7))
+	ids := e.enqueue(260, func(i int) *queue.Job {
+		cost := int64(10)
+		if i%2 == 0 {
+			cost = 10 + rng.Int64N(391)
+		}
+		return &queue.Job{Upstream: "api", Path: "/v1/chat", Method: "POST",
+			Body: []byte(fmt.Sprintf(`{"max_tokens": %d}`, cost)), Cost: map[string]int64{"tokens": cost}}
+	})
+	e.startWorker()
+	e.startWorker()
+	done := e.waitDone(ids, 3*time.Minute)
+	for id, info := range done {
+		if info.State != queue.StateSucceeded {
+			t.Fatalf("job %s: %s (%s)", id, info.State, info.LastError)
+		}
+	}
+	rep := e.fake.Report()
+	t.Logf("upstream: %d requests at %.1f/s, %d rejected, most in 1s %d", rep.Total, rep.RatePerSecond, rep.Rejected, rep.MaxInWindow)
+	if rep.Rejected != 0 {
+		t.Fatalf("the upstream rejected %d requests, want none", rep.Rejected)
+	}
+}

@@ -1,0 +1,225 @@
+// Package e2e tests shaper as users run it: real `shaper` processes built
+// from this tree, a real redis-server, and the fake third-party API from
+// examples/thirdparty listening on this host.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/config"
+	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// shaperBin is the shaper binary built for this test run.
+var shaperBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "shaper-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	shaperBin = filepath.Join(dir, "shaper")
+	build := exec.Command("go", "build", "-o", shaperBin, "../cmd/shaper")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building shaper: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one test's world: a Redis, a fake upstream, a config file.
+type env struct {
+	t      *testing.T
+	redis  *redistest.Server
+	rdb    *redis.Client
+	fake   *thirdparty.Server
+	fakeHS *httptest.Server
+	dir    string
+	cfg    string
+	q      *queue.Queue
+
+	mu      sync.Mutex
+	workers []*worker
+}
+
+type worker struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  *bytes.Buffer
+}
+
+func newEnv(t *testing.T, fakeCfg thirdparty.Config, redisOpts redistest.Options) *env {
+	t.Helper()
+	e := &env{t: t, redis: redistest.New(t, redisOpts), dir: t.TempDir()}
+	e.rdb = e.redis.Client(t)
+	fake, err := thirdparty.New(fakeCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fake = fake
+	e.fakeHS = httptest.NewServer(fake)
+	t.Cleanup(e.fakeHS.Close)
+	t.Cleanup(e.stopAll)
+	return e
+}
+
+// writeConfig writes the config with {{REDIS}} and {{UPSTREAM}} filled in
+// and opens a queue on it.
+func (e *env) writeConfig(yaml string) {
+	e.t.Helper()
+	yaml = strings.ReplaceAll(yaml, "{{REDIS}}", e.redis.URL())
+	yaml = strings.ReplaceAll(yaml, "{{UPSTREAM}}", e.fakeHS.URL)
+	e.cfg = filepath.Join(e.dir, "shaper.yaml")
+	if err := os.WriteFile(e.cfg, []byte(yaml), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	cfg, err := config.Load(e.cfg, func(string) (string, bool) { return "", false })
+	if err != nil {
+		e.t.Fatalf("test config: %v", err)
+	}
+	qc := queue.Config{Upstreams: map[string]queue.Upstream{}}
+	for name, u := range cfg.Upstreams {
+		qc.Upstreams[name] = queue.Upstream{Lanes: []string{"default"}, MaxPending: u.MaxPending,
+			MaxAttempts: u.Retry.MaxAttempts, ResultRetention: time.Duration(u.ResultRetention), DeadRetention: time.Duration(u.DeadRetention)}
+	}
+	q, err := queue.New(e.rdb, qc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.q = q
+	e.t.Cleanup(func() { q.Close() })
+}
+
+// startWorker runs `shaper work` and returns it.
+func (e *env) startWorker(args ...string) *worker {
+	e.t.Helper()
+	all := append([]string{"work", "--config", e.cfg, "--metrics-listen", "off", "--log-level", "warn"}, args...)
+	cmd := exec.Command(shaperBin, all...)
+	w := &worker{cmd: cmd, done: make(chan struct{}), log: &bytes.Buffer{}}
+	cmd.Stdout = w.log
+	cmd.Stderr = w.log
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		cmd.Wait()
+		close(w.done)
+	}()
+	e.mu.Lock()
+	e.workers = append(e.workers, w)
+	e.mu.Unlock()
+	return w
+}
+
+// stop sends SIGTERM and waits for a graceful exit.
+func (w *worker) stop(t *testing.T) {
+	t.Helper()
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-w.done:
+	case <-time.After(60 * time.Second):
+		w.cmd.Process.Kill()
+		t.Errorf("worker did not stop within 60s of SIGTERM; log:\n%s", w.log)
+	}
+	if st := w.cmd.ProcessState; st != nil && !st.Success() {
+		t.Errorf("worker exited with %v; log:\n%s", st, w.log)
+	}
+}
+
+// kill ends a worker with SIGKILL, as a crash would.
+func (w *worker) kill() {
+	w.cmd.Process.Kill()
+	<-w.done
+}
+
+func (e *env) stopAll() {
+	e.mu.Lock()
+	ws := e.workers
+	e.workers = nil
+	e.mu.Unlock()
+	for _, w := range ws {
+		select {
+		case <-w.done:
+		default:
+			w.stop(e.t)
+		}
+	}
+}
+
+// enqueue puts n jobs on the upstream, made by mk.
+func (e *env) enqueue(n int, mk func(i int) *queue.Job) []string {
+	e.t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		info, _, err := e.q.Enqueue(context.Background(), mk(i))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		ids[i] = info.ID
+	}
+	return ids
+}
+
+// waitDone waits until every job is finished (succeeded or dead) and
+// returns them. The deadline only stops a hang; outcomes are what count.
+func (e *env) waitDone(ids []string, within time.Duration) map[string]*queue.Info {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	out := map[string]*queue.Info{}
+	for {
+		for _, id := range ids {
+			if out[id] != nil {
+				continue
+			}
+			info, err := e.q.Get(context.Background(), id, "")
+			if err != nil {
+				continue // Redis may be restarting
+			}
+			if info.State == queue.StateSucceeded || info.State == queue.StateDead {
+				out[id] = info
+			}
+		}
+		if len(out) == len(ids) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			e.mu.Lock()
+			for i, w := range e.workers {
+				e.t.Logf("worker %d log:\n%s", i, w.log)
+			}
+			e.mu.Unlock()
+			e.t.Fatalf("after %v only %d of %d jobs finished", within, len(out), len(ids))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitUntil polls cond until it holds or the deadline passes.
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s after %v", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,139 @@
+// Package cli is the shaper command line: one cobra command per verb, each
+// built by a newCmdX function from a Factory (streams, environment), with
+// its flags in an options struct and its work in an xRun function, so that
+// commands can be tested by feeding arguments and reading output.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/shaperhq/shaper/config"
+)
+
+// Version is set at build time with -ldflags "-X ...cli.Version=v1.2.3".
+var Version = "dev"
+
+// Factory is what every command gets from its surroundings.
+type Factory struct {
+	In     io.Reader
+	Out    io.Writer
+	ErrOut io.Writer
+	// LookupEnv reads the environment; tests pass their own.
+	LookupEnv func(string) (string, bool)
+
+	// Set by the root command's persistent flags.
+	redisURL  string
+	logLevel  string
+	logFormat string
+}
+
+// Main runs the shaper command line and returns the process's exit code.
+func Main(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer) int {
+	f := &Factory{In: in, Out: out, ErrOut: errOut, LookupEnv: os.LookupEnv}
+	root := NewRootCmd(f)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		var ec exitCode
+		if errors.As(err, &ec) {
+			return int(ec)
+		}
+		fmt.Fprintf(errOut, "shaper: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// exitCode ends the process with a code after the command printed its own
+// explanation.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// NewRootCmd builds the command tree.
+func NewRootCmd(f *Factory) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "shaper",
+		Short: "Call rate-limited third-party APIs at their limit, from any number of workers",
+		Long: `shaper queues calls bound for rate-limited third-party APIs in Redis and
+drains each upstream's queue at a strict leaky-bucket rate, however many
+worker replicas run. An enqueue API with per-key token-bucket admission takes
+jobs in; the status command shows drain rates, backlog and time to drain.
+
+Start with "shaper dev": everything in one process, no setup.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       Version,
+	}
+	root.SetIn(f.In)
+	root.SetOut(f.Out)
+	root.SetErr(f.ErrOut)
+	pf := root.PersistentFlags()
+	pf.StringVar(&f.redisURL, "redis", "", "Redis URL, overriding the config's redis section (also $SHAPER_REDIS_URL)")
+	pf.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	pf.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+
+	root.AddCommand(
+		newCmdWork(f),
+		newCmdConfig(f),
+		newCmdVersion(f),
+	)
+	return root
+}
+
+// redisOverride is --redis, else $SHAPER_REDIS_URL.
+func (f *Factory) redisOverride() string {
+	if f.redisURL != "" {
+		return f.redisURL
+	}
+	if v, ok := f.LookupEnv("SHAPER_REDIS_URL"); ok {
+		return v
+	}
+	return ""
+}
+
+// logger builds the process's logger from the global flags.
+func (f *Factory) logger() (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(f.logFormat) {
+	case "text":
+		return slog.New(slog.NewTextHandler(f.ErrOut, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(f.ErrOut, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", f.logFormat)
+}
+
+// loadConfig reads and validates a config file.
+func (f *Factory) loadConfig(path string) (*config.Config, error) {
+	if path == "" {
+		return nil, errors.New("--config FILE is required")
+	}
+	return config.Load(path, f.LookupEnv)
+}
+
+// redisClient connects to the config's Redis (or the override) and checks
+// that it answers.
+func (f *Factory) redisClient(ctx context.Context, cfg *config.Config) (redis.UniversalClient, error) {
+	rdb, err := cfg.Redis.NewClient(f.redisOverride())
+	if err != nil {
+		return nil, err
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("redis does not answer: %w", err)
+	}
+	return rdb, nil
+}

@@ -1,0 +1,206 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/shaperhq/shaper/dispatcher"
+	"github.com/shaperhq/shaper/metrics"
+	"github.com/shaperhq/shaper/queue"
+)
+
+type workOptions struct {
+	configPath    string
+	upstreams     []string
+	metricsListen string
+}
+
+func newCmdWork(f *Factory) *cobra.Command {
+	opts := &workOptions{}
+	cmd := &cobra.Command{
+		Use:   "work --config FILE [--upstream NAME]...",
+		Short: "Run one worker replica that drains the upstreams' queues at their limits",
+		Long: `Run one worker replica. It drains every configured upstream (or only those
+named with --upstream), reserving each job's send slot in the upstream's
+shared leaky bucket so that all replicas together stay within its limits.
+
+Run as many replicas as you like; they coordinate through Redis alone. On
+SIGINT or SIGTERM a replica stops taking jobs, hands jobs that are waiting for
+their slot back to the queue at once, and lets requests in flight finish
+(up to work.shutdown_timeout) before handing the rest back too.
+
+Upstreams served by Go handlers (handler: true) need your own program; see
+the dispatcher package. This command skips them unless named, and refuses
+them when named.`,
+		Example: `  shaper work --config shaper.yaml
+  shaper work --config shaper.yaml --upstream stripe --upstream openai
+  SHAPER_REDIS_URL=redis://10.0.0.5:6379/0 shaper work --config shaper.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return workRun(cmd.Context(), f, opts)
+		},
+	}
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML)")
+	cmd.Flags().StringArrayVar(&opts.upstreams, "upstream", nil, "drain only this upstream (repeatable)")
+	cmd.Flags().StringVar(&opts.metricsListen, "metrics-listen", "", "override work.metrics_listen (\"off\" disables)")
+	cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
+	log, err := f.logger()
+	if err != nil {
+		return err
+	}
+	cfg, err := f.loadConfig(opts.configPath)
+	if err != nil {
+		return err
+	}
+	ups, err := selectUpstreams(cfg, opts.upstreams)
+	if err != nil {
+		return err
+	}
+	var chosen []dispatcher.Upstream
+	for _, u := range ups {
+		if u.Handler {
+			if len(opts.upstreams) > 0 {
+				return fmt.Errorf("upstream %s is served by a Go handler (handler: true); run it from your own program with dispatcher.Handle", u.Name)
+			}
+			log.Warn("skipping an upstream served by a Go handler; run it from your own program", "upstream", u.Name)
+			continue
+		}
+		chosen = append(chosen, dispatcherUpstream(u))
+	}
+	if len(chosen) == 0 {
+		return errors.New("no HTTP upstreams to drain")
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rdb, err := f.redisClient(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+	q, err := queue.New(rdb, queueConfig(cfg))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+
+	d, err := dispatcher.New(rdb, dispatcher.Config{
+		Upstreams:       chosen,
+		Horizon:         time.Duration(cfg.Work.Horizon),
+		ShutdownTimeout: time.Duration(cfg.Work.ShutdownTimeout),
+		Prefix:          cfg.Redis.Prefix,
+		Logger:          log,
+		Metrics:         m,
+	})
+	if err != nil {
+		return err
+	}
+
+	listen := cfg.Work.MetricsListen
+	if opts.metricsListen != "" {
+		listen = opts.metricsListen
+	}
+	if listen == "off" {
+		listen = ""
+	}
+	var wg sync.WaitGroup
+	runCtx, cancelBackground := context.WithCancel(context.Background())
+	defer func() {
+		cancelBackground()
+		wg.Wait()
+	}()
+	if listen != "" {
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		log.Info("metrics listening", "addr", ln.Addr().String())
+		hs := &http.Server{Handler: workerMux(reg, rdb), ReadHeaderTimeout: 5 * time.Second}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics listener failed", "err", err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			<-runCtx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			hs.Shutdown(sctx)
+			cancel()
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		trimDeadLoop(runCtx, q, chosen, log)
+	}()
+
+	log.Info("worker starting", "upstreams", len(chosen), "version", Version)
+	err = d.Run(ctx)
+	log.Info("worker stopped")
+	return err
+}
+
+// workerMux serves /metrics and /healthz (the process is alive and Redis answers).
+func workerMux(reg *prometheus.Registry, rdb redis.UniversalClient) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			http.Error(w, "redis: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// trimDeadLoop enforces dead_retention every minute.
+func trimDeadLoop(ctx context.Context, q *queue.Queue, ups []dispatcher.Upstream, log *slog.Logger) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		for _, u := range ups {
+			if n, err := q.TrimDead(ctx, u.Name); err != nil && ctx.Err() == nil {
+				log.Warn("could not trim dead jobs", "upstream", u.Name, "err", err)
+			} else if n > 0 {
+				log.Info("trimmed dead jobs past retention", "upstream", u.Name, "deleted", n)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
