@@ -203,4 +203,3 @@ func trimDeadLoop(ctx context.Context, q *queue.Queue, ups []dispatcher.Upstream
 		}
 	}
 }
-
