@@ -155,8 +155,9 @@ type Upstream struct {
 	// bucket. At least one.
 	Limits []Limit `yaml:"limits"`
 	// Guard is the slack each limit's spacing leaves for a send to slip
-	// (see leaky.Limit.Params). Default 10ms, but never more than a tenth
-	// of the shortest limit's per; an explicit guard may not exceed that.
+	// (see leaky.Limit.Params). Default leaky.DefaultGuardFor the limits:
+	// 20ms, or a fiftieth of the shortest limit's per if that is smaller.
+	// An explicit guard may not exceed a tenth of the shortest per.
 	Guard Duration `yaml:"guard"`
 	// Concurrency caps jobs in flight across all replicas; 0 is unlimited.
 	Concurrency int `yaml:"concurrency"`

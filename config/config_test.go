@@ -135,10 +135,10 @@ upstreams:
 	}
 	want.Upstreams = map[string]*Upstream{
 		// The trailing / is dropped; workers follow concurrency within 10..200;
-		// the guard shrinks to a tenth of a short per.
-		"s":    upstream("s", "https://api.example.com/v1", 0, 10, 10*time.Millisecond, Limit{Rate: 100, Per: Duration(time.Second)}),
-		"fast": upstream("fast", "https://fast.example.com", 500, 200, 5*time.Millisecond, Limit{Rate: 10, Per: Duration(50 * time.Millisecond)}),
-		"many": upstream("many", "https://many.example.com", 50, 50, 10*time.Millisecond, Limit{Rate: 10, Per: Duration(time.Second)}),
+		// the guard shrinks to a fiftieth of a short per.
+		"s":    upstream("s", "https://api.example.com/v1", 0, 10, 20*time.Millisecond, Limit{Rate: 100, Per: Duration(time.Second)}),
+		"fast": upstream("fast", "https://fast.example.com", 500, 200, time.Millisecond, Limit{Rate: 10, Per: Duration(50 * time.Millisecond)}),
+		"many": upstream("many", "https://many.example.com", 50, 50, 20*time.Millisecond, Limit{Rate: 10, Per: Duration(time.Second)}),
 	}
 	c.lines, c.file = nil, ""
 	if !reflect.DeepEqual(*c, want) {
@@ -566,9 +566,9 @@ upstreams:
 	want := `redis: redis://:xxxxx@redis.internal:6379/1, keys under shaper
 api: listen :8080, 2 keys (1 admin), admission per key: burst 100 then 10/s, on Redis error allow, bodies up to 1048576 bytes
 work: metrics on :9091, holds a job for pacing waits up to 2s, shutdown within 30s
-upstream mail: Go handler at 1 requests per 2s (drains at 0.995 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
-upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4999/min); 800000 tokens per 1m0s (burst 8000) (drains at 789474/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
-upstream stripe: https://api.stripe.com at 100 requests per 1s (drains at 99.0/s); concurrency 20, 20 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream mail: Go handler at 1 requests per 2s (drains at 0.990 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4998/min); 800000 tokens per 1m0s (burst 8000) (drains at 789474/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream stripe: https://api.stripe.com at 100 requests per 1s (drains at 98.0/s); concurrency 20, 20 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 `
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/shaperhq/shaper/leaky"
 	"net"
 	"net/url"
 	"slices"
@@ -24,7 +25,7 @@ const (
 	defaultShutdownTimeout   = Duration(30 * time.Second)
 	defaultMetricsListen     = ":9091"
 	defaultHorizon           = Duration(2 * time.Second)
-	defaultGuard             = Duration(10 * time.Millisecond)
+	defaultGuard             = Duration(leaky.DefaultGuard)
 	defaultTimeout           = Duration(30 * time.Second)
 	defaultMaxPending        = 100_000
 	defaultMaxAttempts       = 8
@@ -530,10 +531,11 @@ func applyDefaults(c *Config, lines map[string]int) {
 			u.BaseURL = strings.TrimRight(u.BaseURL, "/")
 		}
 		if u.Guard == 0 {
-			u.Guard = defaultGuard
+			var ls []leaky.Limit
 			for _, l := range u.Limits {
-				u.Guard = min(u.Guard, l.Per/10)
+				ls = append(ls, l.Leaky())
 			}
+			u.Guard = Duration(leaky.DefaultGuardFor(ls))
 		}
 		setDefault(&u.Timeout, defaultTimeout)
 		setDefault(&u.MaxPending, defaultMaxPending)

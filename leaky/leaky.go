@@ -48,10 +48,21 @@ var ErrCostTooLarge = errors.New("leaky: cost exceeds a limit's burst capacity")
 const (
 	DefaultMaxWait  = time.Second
 	DefaultLeaseTTL = time.Minute
-	// DefaultGuard is the guard for limits with Per of a second or more;
-	// shorter limits get Per/100.
-	DefaultGuard = 10 * time.Millisecond
+	// DefaultGuard is the guard for limits with Per of a second or more
+	// (see DefaultGuardFor): it leaves 10ms for a worker to wake up late and
+	// 10ms for the request's trip, at a cost of 2% of a per-second rate.
+	DefaultGuard = 20 * time.Millisecond
 )
+
+// DefaultGuardFor is the guard a bucket with these limits gets by default:
+// DefaultGuard, or a fiftieth of the shortest Per if that is smaller.
+func DefaultGuardFor(limits []Limit) time.Duration {
+	g := DefaultGuard
+	for _, l := range limits {
+		g = min(g, l.Per/50)
+	}
+	return g
+}
 
 // Config configures a Pacer. The zero value works.
 type Config struct {
@@ -86,9 +97,8 @@ type BucketConfig struct {
 	// Limits must all allow a send; at least one.
 	Limits []Limit
 	// Guard is how far a send may slip after its slot; see Limit.Params.
-	// Zero means DefaultGuard, or Per/100 of the shortest limit if that is
-	// smaller. Wait treats a slip beyond half the guard as ErrLate, leaving
-	// the other half for the trip to the upstream.
+	// Zero means DefaultGuardFor(Limits). Wait treats a slip beyond half the
+	// guard as ErrLate, leaving the other half for the trip to the upstream.
 	Guard time.Duration
 	// Concurrency caps sends in flight across all replicas; 0 is no cap.
 	Concurrency int
@@ -127,7 +137,6 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 		return nil, fmt.Errorf("bucket %s: at least one limit is required", name)
 	}
 	seen := map[string]bool{}
-	shortest := cfg.Limits[0].Per
 	for i, l := range cfg.Limits {
 		if err := l.Validate(); err != nil {
 			return nil, fmt.Errorf("bucket %s: limit %d (%v): %w", name, i+1, l, err)
@@ -137,13 +146,12 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 			return nil, fmt.Errorf("bucket %s: limit %d (%v): two limits count %s per %v", name, i+1, l, l.Unit(), l.Per)
 		}
 		seen[id] = true
-		shortest = min(shortest, l.Per)
 	}
 	if cfg.Guard < 0 {
 		return nil, fmt.Errorf("bucket %s: guard %v must not be negative", name, cfg.Guard)
 	}
 	if cfg.Guard == 0 {
-		cfg.Guard = min(DefaultGuard, shortest/100)
+		cfg.Guard = DefaultGuardFor(cfg.Limits)
 	}
 	if cfg.Concurrency < 0 {
 		return nil, fmt.Errorf("bucket %s: concurrency %d must not be negative", name, cfg.Concurrency)

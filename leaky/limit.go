@@ -105,8 +105,8 @@ func (l Limit) Validate() error {
 // With capacity C the bucket lets C units out at once, and any window of
 // length W then holds fewer than C + W/interval units; the formula makes
 // that at most Rate for W = Per + guard. The sustained rate is therefore
-// (Rate−C+1)/Rate × Per/(Per+guard) of Rate: about 99% for a 10ms guard on
-// a per-second limit with even spacing.
+// (Rate−C+1)/Rate × Per/(Per+guard) of Rate: 98% for the default 20ms guard
+// on a per-second limit with even spacing.
 func (l Limit) Params(guard time.Duration) gcra.Params {
 	c := l.Capacity()
 	span := l.Per.Microseconds() + guard.Microseconds()

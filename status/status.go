@@ -1,0 +1,190 @@
+// Package status reads what `shaper status` and GET /v1/upstreams show about
+// each upstream, from Redis alone: its limits, the rate all replicas
+// together drained it at over the last 10 and 60 seconds, its backlog by
+// lane, jobs in flight, retrying and dead, whether it is paused, and how long
+// the backlog will take to drain at the current rate.
+package status
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// Limit is one configured limit as shown.
+type Limit struct {
+	Rate        int64  `json:"rate"`
+	Per         string `json:"per"`
+	Cost        string `json:"cost,omitempty"`
+	Burst       int64  `json:"burst"`
+	Description string `json:"description"`
+	// SustainedPerSecond is the rate a full backlog drains at under this
+	// limit, after the pacing guard, in units per second.
+	SustainedPerSecond float64 `json:"sustained_per_second"`
+}
+
+// Backlog is an upstream's unfinished jobs.
+type Backlog struct {
+	Total int64                       `json:"total"`
+	Lanes map[string]queue.LaneCounts `json:"lanes"`
+}
+
+// Upstream is one upstream's status. The JSON is the stable output of
+// `shaper status --json` and GET /v1/upstreams/{name}.
+type Upstream struct {
+	Name        string      `json:"name"`
+	Limits      []Limit     `json:"limits"`
+	Concurrency int         `json:"concurrency"`
+	DrainRate   drain.Rates `json:"drain_rate"`
+	Backlog     Backlog     `json:"backlog"`
+	// InFlight counts jobs taken by workers: concurrency leases when the
+	// upstream has a cap, else jobs active in the queue (which includes
+	// jobs waiting for their send slot).
+	InFlight int64 `json:"in_flight"`
+	// Retrying counts jobs waiting to try again, including jobs handed back
+	// while the upstream was paused.
+	Retrying  int64 `json:"retrying"`
+	Dead      int64 `json:"dead"`
+	Succeeded int64 `json:"succeeded"`
+	// PausedUntil is set while the upstream is blocked (pushback) or paused.
+	PausedUntil *time.Time `json:"paused_until"`
+	PauseReason string     `json:"pause_reason,omitempty"`
+	// TimeToDrainSeconds is the backlog over the last 10 seconds' drain
+	// rate; null when there is a backlog but nothing has drained lately.
+	TimeToDrainSeconds *float64 `json:"time_to_drain_seconds"`
+	// AtLimitSeconds is how long the backlog takes at the configured
+	// sustained rate, the best case.
+	AtLimitSeconds float64 `json:"time_to_drain_at_limit_seconds"`
+}
+
+// Source is one upstream's shape as status needs it.
+type Source struct {
+	Name        string
+	Limits      []leaky.Limit
+	Guard       time.Duration
+	Concurrency int
+}
+
+// Reader reads statuses. Safe for concurrent use.
+type Reader struct {
+	rdb     redis.UniversalClient
+	q       *queue.Queue
+	prefix  string
+	sources map[string]Source
+	buckets map[string]*leaky.Bucket
+	names   []string
+}
+
+// NewReader prepares a Reader for the given upstreams.
+func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string, sources []Source) (*Reader, error) {
+	if prefix == "" {
+		prefix = "shaper"
+	}
+	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]Source{}, buckets: map[string]*leaky.Bucket{}}
+	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix})
+	for _, s := range sources {
+		b, err := pacer.Bucket(s.Name, leaky.BucketConfig{Limits: s.Limits, Guard: s.Guard, Concurrency: s.Concurrency})
+		if err != nil {
+			return nil, fmt.Errorf("status of %s: %w", s.Name, err)
+		}
+		r.sources[s.Name] = s
+		r.buckets[s.Name] = b
+		r.names = append(r.names, s.Name)
+	}
+	sort.Strings(r.names)
+	return r, nil
+}
+
+// Names lists the upstreams, sorted.
+func (r *Reader) Names() []string { return r.names }
+
+// Bucket is an upstream's pacing bucket, for pause and resume.
+func (r *Reader) Bucket(name string) (*leaky.Bucket, bool) {
+	b, ok := r.buckets[name]
+	return b, ok
+}
+
+// All reads every upstream, sorted by name.
+func (r *Reader) All(ctx context.Context) ([]Upstream, error) {
+	out := make([]Upstream, 0, len(r.names))
+	for _, n := range r.names {
+		u, err := r.Upstream(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// Upstream reads one upstream's status.
+func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
+	src, ok := r.sources[name]
+	if !ok {
+		return Upstream{}, fmt.Errorf("upstream %q: %w", name, queue.ErrUnknownUpstream)
+	}
+	b := r.buckets[name]
+	st, err := b.State(ctx)
+	if err != nil {
+		return Upstream{}, err
+	}
+	counts, err := r.q.Counts(ctx, name)
+	if err != nil {
+		return Upstream{}, err
+	}
+	rates, err := drain.Read(ctx, r.rdb, r.prefix, name, st.Now)
+	if err != nil {
+		return Upstream{}, err
+	}
+	u := Upstream{
+		Name: name, Concurrency: src.Concurrency, DrainRate: rates,
+		Backlog: Backlog{Lanes: counts},
+	}
+	guard := b.Config().Guard
+	sustained := 0.0
+	for _, l := range src.Limits {
+		per := l.SustainedRate(guard) / l.Per.Seconds()
+		u.Limits = append(u.Limits, Limit{
+			Rate: l.Rate, Per: l.Per.String(), Cost: l.Cost, Burst: l.Burst,
+			Description: l.String(), SustainedPerSecond: per,
+		})
+		if l.Cost == "" && (sustained == 0 || per < sustained) {
+			sustained = per
+		}
+	}
+	var active int64
+	for _, c := range counts {
+		u.Backlog.Total += c.Backlog()
+		u.Retrying += c.Retry
+		u.Dead += c.Dead
+		u.Succeeded += c.Succeeded
+		active += c.Active
+	}
+	u.InFlight = active
+	if src.Concurrency > 0 {
+		u.InFlight = st.InFlight
+	}
+	if !st.BlockedUntil.IsZero() {
+		t := st.BlockedUntil.UTC()
+		u.PausedUntil, u.PauseReason = &t, st.BlockReason
+	}
+	switch {
+	case u.Backlog.Total == 0:
+		zero := 0.0
+		u.TimeToDrainSeconds = &zero
+	case rates.Last10s > 0:
+		s := float64(u.Backlog.Total) / rates.Last10s
+		u.TimeToDrainSeconds = &s
+	}
+	if sustained > 0 {
+		u.AtLimitSeconds = float64(u.Backlog.Total) / sustained
+	}
+	return u, nil
+}
