@@ -566,7 +566,7 @@ upstreams:
 	want := `redis: redis://:xxxxx@redis.internal:6379/1, keys under shaper
 api: listen :8080, 2 keys (1 admin), admission per key: burst 100 then 10/s, on Redis error allow, bodies up to 1048576 bytes
 work: metrics on :9091, holds a job for pacing waits up to 2s, shutdown within 30s
-upstream mail: Go handler at 1 requests per 2s (drains at 0.990 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream mail: Go handler at 1 requests per 2s (drains at 0.99 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4998/min); 800000 tokens per 1m0s (burst 8000) (drains at 789474/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream stripe: https://api.stripe.com at 100 requests per 1s (drains at 98.0/s); concurrency 20, 20 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 `
