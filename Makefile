@@ -7,7 +7,7 @@ build:
 	go build -o bin/shaper ./cmd/shaper
 
 bench:
-	cd bench && go run ./cmd/shaperbench
+	cd bench && go run ./cmd/admission
 
 fmt:
 	gofmt -l -w .

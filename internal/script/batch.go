@@ -1,0 +1,285 @@
+package script
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Batcher coalesces concurrent calls so they share Redis round trips. Redis
+// runs small scripts several times faster when they arrive together than one
+// round trip at a time, and admission traffic is many small decisions at once.
+//
+// It is group commit without a background goroutine: a caller that finds
+// fewer than MaxInFlight batches running leads at once, taking every call
+// waiting at that moment, so a lone caller never waits for company. Callers
+// that arrive while MaxInFlight batches run queue up; when a batch ends, its
+// leader hands the lead to the oldest waiting caller, who takes the whole
+// queue with it. Every goroutine involved is a caller's own, so there is
+// nothing to start or stop.
+//
+// The zero value is not usable; build one with NewBatcher.
+type Batcher[Q, R any] struct {
+	run         func(ctx context.Context, calls []*Call[Q, R])
+	maxBatch    int
+	maxInFlight int
+
+	mu       sync.Mutex
+	pending  []*Call[Q, R]
+	inFlight int
+}
+
+// Call is one caller's request in a batch. The batch function sets Res or
+// Err on every call it is given.
+type Call[Q, R any] struct {
+	Req Q
+	Res R
+	Err error
+
+	state callState     // guarded by Batcher.mu
+	wake  chan struct{} // for waiting callers only: one token, "you lead" or "you are done"
+}
+
+type callState uint8
+
+const (
+	waiting   callState = iota // queued in pending
+	leading                    // counted in inFlight; runs the next batch
+	taken                      // in a running batch
+	done                       // Res and Err are final
+	abandoned                  // the caller's context ended first
+)
+
+// BatchOptions shape a Batcher. Zero values are the documented defaults.
+type BatchOptions struct {
+	// MaxBatch bounds how many calls share one round trip; zero means 128.
+	// Bigger batches hold Redis longer in one script without saving much more.
+	MaxBatch int
+	// MaxInFlight bounds how many batches run at once; zero means 2. One
+	// batch in flight leaves Redis idle while the client reads replies and
+	// writes the next batch; two overlap those, and more only split the
+	// queue into smaller batches.
+	MaxInFlight int
+}
+
+// ErrBatchPanicked is what the other calls of a batch get when the batch
+// function panicked in their leader's goroutine.
+var ErrBatchPanicked = errors.New("batch function panicked")
+
+// NewBatcher returns a Batcher that runs batches with run. run receives the
+// leader's context without its cancellation, because the batch serves other
+// callers too; each caller still stops waiting when its own context ends.
+func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls []*Call[Q, R])) *Batcher[Q, R] {
+	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight}
+	if b.maxBatch <= 0 {
+		b.maxBatch = 128
+	}
+	if b.maxInFlight <= 0 {
+		b.maxInFlight = 2
+	}
+	return b
+}
+
+// Do runs req in the next batch and returns its result. When ctx ends
+// before the result arrives, Do returns ctx.Err(); if the request was
+// already sent it may still take effect in Redis.
+func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
+	c := &Call[Q, R]{Req: req}
+	b.mu.Lock()
+	if b.inFlight < b.maxInFlight {
+		b.inFlight++
+		c.state = leading
+		b.mu.Unlock()
+		b.lead(ctx, c)
+		return c.Res, c.Err
+	}
+	c.state = waiting
+	c.wake = make(chan struct{}, 1) // only a caller who waits is woken
+	b.pending = append(b.pending, c)
+	b.mu.Unlock()
+
+	select {
+	case <-c.wake:
+		b.mu.Lock()
+		st := c.state
+		b.mu.Unlock()
+		if st == leading {
+			b.lead(ctx, c)
+		}
+		return c.Res, c.Err
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	switch c.state {
+	case done:
+		b.mu.Unlock()
+		return c.Res, c.Err
+	case leading:
+		// Promoted just as the caller gave up: pass the lead on so the
+		// queue does not stall behind a caller who has left.
+		b.inFlight--
+		b.promoteLocked()
+	}
+	c.state = abandoned
+	b.mu.Unlock()
+	var zero R
+	return zero, ctx.Err()
+}
+
+// lead runs one batch headed by first, then hands the lead on.
+func (b *Batcher[Q, R]) lead(ctx context.Context, first *Call[Q, R]) {
+	b.mu.Lock()
+	batch := make([]*Call[Q, R], 1, min(b.maxBatch, 1+len(b.pending)))
+	batch[0] = first
+	first.state = taken
+	i := 0
+	for ; i < len(b.pending) && len(batch) < b.maxBatch; i++ {
+		if c := b.pending[i]; c.state == waiting {
+			c.state = taken
+			batch = append(batch, c)
+		}
+	}
+	n := copy(b.pending, b.pending[i:])
+	clear(b.pending[n:])
+	b.pending = b.pending[:n]
+	b.mu.Unlock()
+
+	finished := false
+	defer func() {
+		b.mu.Lock()
+		for _, c := range batch {
+			if !finished {
+				c.Err = ErrBatchPanicked
+			}
+			if c.state == taken {
+				c.state = done
+				if c.wake != nil {
+					c.wake <- struct{}{}
+				}
+			}
+		}
+		b.inFlight--
+		b.promoteLocked()
+		b.mu.Unlock()
+	}()
+	b.run(context.WithoutCancel(ctx), batch)
+	finished = true
+}
+
+// promoteLocked wakes waiting callers to lead while there is room.
+func (b *Batcher[Q, R]) promoteLocked() {
+	for b.inFlight < b.maxInFlight && len(b.pending) > 0 {
+		c := b.pending[0]
+		n := copy(b.pending, b.pending[1:])
+		b.pending[n] = nil
+		b.pending = b.pending[:n]
+		if c.state != waiting {
+			continue
+		}
+		c.state = leading
+		b.inFlight++
+		c.wake <- struct{}{}
+	}
+}
+
+// Invocation is one run of a script in a pipeline.
+type Invocation struct {
+	Keys []string
+	Args []any
+}
+
+// RunPipelined runs every invocation of s in one pipeline and returns each
+// one's reply or error, in order. Scripts missing from a node's cache
+// (NOSCRIPT: a restarted or failed-over node) are loaded and those
+// invocations sent again with EVAL, which is safe because a NOSCRIPT reply
+// means the script did not run. It works on a ClusterClient too, as long as
+// each invocation's keys share one slot.
+func RunPipelined(ctx context.Context, rdb redis.UniversalClient, name string, s *redis.Script, invs []Invocation) ([]any, []error) {
+	vals := make([]any, len(invs))
+	errs := make([]error, len(invs))
+	cmds := make([]*redis.Cmd, len(invs))
+	pipe := rdb.Pipeline()
+	for i, inv := range invs {
+		cmds[i] = s.EvalSha(ctx, pipe, inv.Keys, inv.Args...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+
+	var retry []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			retry = append(retry, i)
+			continue
+		}
+		vals[i], errs[i] = cmd.Result()
+	}
+	if len(retry) > 0 {
+		// Loading is for the batches after this one; this one goes by EVAL
+		// whether or not the load worked.
+		_ = s.Load(ctx, rdb).Err()
+		pipe := rdb.Pipeline()
+		for _, i := range retry {
+			cmds[i] = s.Eval(ctx, pipe, invs[i].Keys, invs[i].Args...)
+		}
+		_, _ = pipe.Exec(ctx)
+		for _, i := range retry {
+			vals[i], errs[i] = cmds[i].Result()
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			errs[i] = fmt.Errorf("script %s: %w", name, err)
+		}
+	}
+	return vals, errs
+}
+
+// Sharding is how a client spreads keys, which decides what one script call
+// may touch.
+type Sharding int
+
+const (
+	// OneNode: every key is on one server, so one script may take any keys.
+	OneNode Sharding = iota
+	// BySlot: Redis Cluster; one script's keys must share a hash slot.
+	BySlot
+	// ByKey: a client-side ring or an unknown client; one key per script.
+	ByKey
+)
+
+// ShardingOf tells how rdb spreads keys.
+func ShardingOf(rdb redis.UniversalClient) Sharding {
+	switch rdb.(type) {
+	case *redis.Client:
+		return OneNode
+	case *redis.ClusterClient:
+		return BySlot
+	}
+	return ByKey
+}
+
+// Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of the key, or
+// of its hash tag (the text between the first '{' and the next '}', when
+// non-empty), modulo 16384.
+func Slot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for bit := 0; bit < 8; bit++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
+}

@@ -1,0 +1,259 @@
+package script
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/shaperhq/shaper/internal/redistest"
+)
+
+var srv *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &srv) }
+
+func noLeaks(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+// gate is a batch function that records batch sizes. With started set,
+// each batch announces itself and waits for a token on release.
+type gate struct {
+	mu      sync.Mutex
+	sizes   []int
+	started chan struct{}
+	release chan struct{}
+}
+
+func (g *gate) run(ctx context.Context, calls []*Call[int, int]) {
+	g.mu.Lock()
+	g.sizes = append(g.sizes, len(calls))
+	g.mu.Unlock()
+	if g.started != nil {
+		g.started <- struct{}{}
+		<-g.release
+	}
+	for _, c := range calls {
+		c.Res = c.Req * 2
+	}
+}
+
+func (b *Batcher[Q, R]) pendingLen() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, c := range b.pending {
+		if c.state == waiting {
+			n++
+		}
+	}
+	return n
+}
+
+// waitPending blocks until n callers are queued. It polls a condition that
+// must become true, so it asserts nothing about time.
+func waitPending[Q, R any](b *Batcher[Q, R], n int) {
+	for b.pendingLen() < n {
+		runtime.Gosched()
+	}
+}
+
+func TestLoneCallerRunsAlone(t *testing.T) {
+	noLeaks(t)
+	g := &gate{}
+	b := NewBatcher(BatchOptions{}, g.run)
+	for i := 1; i <= 3; i++ {
+		got, err := b.Do(context.Background(), i)
+		if err != nil || got != 2*i {
+			t.Fatalf("Do(%d): got %d, %v; want %d", i, got, err, 2*i)
+		}
+	}
+	if fmt.Sprint(g.sizes) != "[1 1 1]" {
+		t.Fatalf("got batch sizes %v, want [1 1 1]: a lone caller must never wait for company", g.sizes)
+	}
+}
+
+func TestWaitingCallersShareOneBatch(t *testing.T) {
+	noLeaks(t)
+	g := &gate{started: make(chan struct{}, 16), release: make(chan struct{})}
+	b := NewBatcher(BatchOptions{MaxInFlight: 1, MaxBatch: 4}, g.run)
+	var wg sync.WaitGroup
+	results := make([]int, 10)
+	do := func(i int) {
+		wg.Go(func() {
+			r, err := b.Do(context.Background(), i)
+			if err != nil {
+				t.Error(err)
+			}
+			results[i] = r
+		})
+	}
+	do(0)
+	<-g.started // the first caller leads alone and holds the only slot
+	for i := 1; i < 10; i++ {
+		do(i)
+	}
+	waitPending(b, 9)
+	for i := 0; i < 3; i++ {
+		g.release <- struct{}{}
+		<-g.started
+	}
+	g.release <- struct{}{}
+	wg.Wait()
+	if fmt.Sprint(g.sizes) != "[1 4 4 1]" {
+		t.Fatalf("got batch sizes %v, want [1 4 4 1]", g.sizes)
+	}
+	for i, r := range results {
+		if r != 2*i {
+			t.Fatalf("caller %d got %d, want %d", i, r, 2*i)
+		}
+	}
+}
+
+func TestCancelledWaiterIsSkipped(t *testing.T) {
+	noLeaks(t)
+	g := &gate{started: make(chan struct{}, 16), release: make(chan struct{})}
+	b := NewBatcher(BatchOptions{MaxInFlight: 1}, g.run)
+	var wg sync.WaitGroup
+	wg.Go(func() { b.Do(context.Background(), 1) })
+	<-g.started
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, 2); errc <- err }()
+	waitPending(b, 1)
+	var third int
+	wg.Go(func() { third, _ = b.Do(context.Background(), 3) })
+	waitPending(b, 2)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: got %v, want context.Canceled", err)
+	}
+	g.release <- struct{}{}
+	<-g.started
+	g.release <- struct{}{}
+	wg.Wait()
+	if fmt.Sprint(g.sizes) != "[1 1]" || third != 6 {
+		t.Fatalf("got batch sizes %v and third result %d, want [1 1] and 6: the cancelled call must not run", g.sizes, third)
+	}
+}
+
+func TestPanickingBatchReleasesWaiters(t *testing.T) {
+	noLeaks(t)
+	started := make(chan struct{})
+	release := make(chan struct{})
+	b := NewBatcher(BatchOptions{MaxInFlight: 1}, func(ctx context.Context, calls []*Call[int, int]) {
+		if calls[0].Req == 1 {
+			close(started)
+			<-release
+			panic("boom")
+		}
+		for _, c := range calls {
+			c.Res = c.Req
+		}
+	})
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		b.Do(context.Background(), 1)
+	}()
+	<-started
+	errc := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), 2); errc <- err }()
+	waitPending(b, 1)
+	// Caller 2 is queued behind the batch that will panic, so it leads the
+	// next batch and must succeed; a caller taken into the panicking batch
+	// would get ErrBatchPanicked instead.
+	close(release)
+	if p := <-panicked; p != "boom" {
+		t.Fatalf("got panic %v, want boom in the leader's goroutine", p)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("waiter after a panicked batch: got %v, want its own batch to run", err)
+	}
+	if got, err := b.Do(context.Background(), 5); err != nil || got != 5 {
+		t.Fatalf("after a panic: got %d, %v; want 5", got, err)
+	}
+}
+
+func TestSlot(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		want uint16
+	}{
+		{"123456789", 12739}, // CRC16/XMODEM check value 0x31C3
+		{"foo", 12182},
+		{"{user1000}.following", 3443},
+		{"x{user1000}y", 3443},
+		{"{}user1000", Slot("{}user1000")},
+		{"", 0},
+	} {
+		if got := Slot(tc.key); got != tc.want {
+			t.Errorf("Slot(%q): got %d, want %d", tc.key, got, tc.want)
+		}
+	}
+	if Slot("a{}b") == Slot("") {
+		t.Error(`Slot("a{}b") hashed the empty tag, want the whole key hashed`)
+	}
+}
+
+func TestRunPipelinedAfterScriptFlush(t *testing.T) {
+	noLeaks(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	s := New(`return redis.call('INCRBY', KEYS[1], ARGV[1])`)
+	run := time.Now().UnixNano() // fresh keys on every -count
+	a, b := fmt.Sprintf("p:%d:a", run), fmt.Sprintf("p:%d:b", run)
+	for round := 0; round < 2; round++ {
+		if round == 0 {
+			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		invs := []Invocation{{Keys: []string{a}, Args: []any{1}}, {Keys: []string{b}, Args: []any{2}}, {Keys: []string{a}, Args: []any{3}}}
+		vals, errs := RunPipelined(ctx, rdb, "incr", s, invs)
+		want := []int64{1, 2, 4}
+		if round == 1 {
+			want = []int64{5, 4, 8}
+		}
+		for i := range invs {
+			if errs[i] != nil || vals[i] != want[i] {
+				t.Fatalf("round %d invocation %d: got %v, %v; want %d", round, i, vals[i], errs[i], want[i])
+			}
+		}
+	}
+	exists, err := rdb.ScriptExists(ctx, s.Hash()).Result()
+	if err != nil || !exists[0] {
+		t.Fatalf("got script cached %v (%v) after NOSCRIPT recovery, want it loaded", exists, err)
+	}
+	bad := New(`return redis.call('NOSUCHCOMMAND')`)
+	_, errs := RunPipelined(ctx, rdb, "bad", bad, []Invocation{{Keys: []string{"p:c"}}})
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "script bad") {
+		t.Fatalf("got %v, want an error naming the script", errs[0])
+	}
+}
+
+func TestShardingOf(t *testing.T) {
+	rdb := srv.Client(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr}})
+	defer ring.Close()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
+	defer cc.Close()
+	for _, tc := range []struct {
+		rdb  redis.UniversalClient
+		want Sharding
+	}{{rdb, OneNode}, {cc, BySlot}, {ring, ByKey}} {
+		if got := ShardingOf(tc.rdb); got != tc.want {
+			t.Errorf("ShardingOf(%T): got %v, want %v", tc.rdb, got, tc.want)
+		}
+	}
+}
