@@ -82,7 +82,13 @@ Start with "shaper dev": everything in one process, no setup.`,
 	pf.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 
 	root.AddCommand(
+		newCmdDev(f),
+		newCmdServe(f),
 		newCmdWork(f),
+		newCmdStatus(f),
+		newCmdEnqueue(f),
+		newCmdPause(f),
+		newCmdResume(f),
 		newCmdConfig(f),
 		newCmdVersion(f),
 	)

@@ -1,0 +1,235 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaperhq/shaper/client"
+)
+
+// apiFlags are how a command reaches a running API.
+type apiFlags struct {
+	api    string
+	apiKey string
+}
+
+func (a *apiFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&a.api, "api", "", "API base URL (default $SHAPER_API_URL)")
+	cmd.Flags().StringVar(&a.apiKey, "api-key", "", "API key (default $SHAPER_API_KEY)")
+}
+
+func (a *apiFlags) url(f *Factory) string {
+	if a.api != "" {
+		return a.api
+	}
+	v, _ := f.LookupEnv("SHAPER_API_URL")
+	return v
+}
+
+func (a *apiFlags) client(f *Factory) (*client.Client, error) {
+	url := a.url(f)
+	if url == "" {
+		return nil, errors.New("--api URL (or $SHAPER_API_URL) is required, e.g. http://localhost:8080")
+	}
+	key := a.apiKey
+	if key == "" {
+		key, _ = f.LookupEnv("SHAPER_API_KEY")
+	}
+	if key == "" {
+		return nil, errors.New("--api-key (or $SHAPER_API_KEY) is required")
+	}
+	return client.New(url, key, client.WithUserAgent("shaper-cli/"+Version))
+}
+
+type enqueueOptions struct {
+	api            apiFlags
+	upstream       string
+	method         string
+	path           string
+	headers        []string
+	data           string
+	dataFile       string
+	costs          []string
+	lane           string
+	idempotencyKey string
+	maxAttempts    int
+	notBefore      string
+	ttl            time.Duration
+	task           string
+	wait           bool
+	waitTimeout    time.Duration
+	json           bool
+	retry          int
+}
+
+func newCmdEnqueue(f *Factory) *cobra.Command {
+	opts := &enqueueOptions{}
+	cmd := &cobra.Command{
+		Use:   "enqueue --upstream NAME (--path PATH | --task NAME) [flags]",
+		Short: "Enqueue one job through the API",
+		Long: `Enqueue one job through a running API (shaper serve or shaper dev) and print
+its id and state. With --wait, wait until the job succeeds, dies or is
+cancelled, print the outcome, and exit 1 unless it succeeded.
+
+The request body comes from --data, or --data-file (- for stdin).`,
+		Example: `  shaper enqueue --api http://localhost:8080 --api-key "$KEY" --upstream demo --path /v1/hello --data '{"hi":1}'
+  shaper enqueue --upstream openai --method POST --path /v1/chat/completions \
+      --header 'Content-Type: application/json' --data-file prompt.json --cost tokens=1200 --wait
+  shaper enqueue --upstream stripe --path /v1/refunds --idempotency-key refund-42 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return enqueueRun(cmd.Context(), f, opts)
+		},
+	}
+	fl := cmd.Flags()
+	opts.api.register(cmd)
+	fl.StringVarP(&opts.upstream, "upstream", "u", "", "upstream name (required)")
+	fl.StringVarP(&opts.method, "method", "X", "", "HTTP method (default: POST with a body, else GET)")
+	fl.StringVarP(&opts.path, "path", "p", "", "path relative to the upstream's base URL")
+	fl.StringArrayVarP(&opts.headers, "header", "H", nil, "header 'Name: value' (repeatable)")
+	fl.StringVarP(&opts.data, "data", "d", "", "request body")
+	fl.StringVar(&opts.dataFile, "data-file", "", "read the body from a file (- for stdin)")
+	fl.StringArrayVar(&opts.costs, "cost", nil, "cost NAME=N, e.g. tokens=1200 (repeatable)")
+	fl.StringVar(&opts.lane, "lane", "", "lane (default: the upstream's default lane)")
+	fl.StringVar(&opts.idempotencyKey, "idempotency-key", "", "idempotency key; a repeat returns the first job")
+	fl.IntVar(&opts.maxAttempts, "max-attempts", 0, "attempts before the job dies (default: the upstream's)")
+	fl.StringVar(&opts.notBefore, "not-before", "", "first attempt no earlier than this RFC 3339 time")
+	fl.DurationVar(&opts.ttl, "ttl", 0, "give the job up if not dispatched within this long")
+	fl.StringVar(&opts.task, "task", "", "task name, for upstreams served by a Go handler")
+	fl.BoolVar(&opts.wait, "wait", false, "wait for the job to finish")
+	fl.DurationVar(&opts.waitTimeout, "wait-timeout", 10*time.Minute, "give up waiting after this long")
+	fl.BoolVar(&opts.json, "json", false, "print the job as JSON")
+	fl.IntVar(&opts.retry, "retry", 3, "retries of a 429 or 503, honouring Retry-After")
+	cmd.MarkFlagRequired("upstream")
+	return cmd
+}
+
+func enqueueRun(ctx context.Context, f *Factory, opts *enqueueOptions) error {
+	req := client.JobRequest{
+		Upstream: opts.upstream, Method: opts.method, Path: opts.path, Lane: opts.lane,
+		IdempotencyKey: opts.idempotencyKey, MaxAttempts: opts.maxAttempts, TTL: opts.ttl, Task: opts.task,
+	}
+	if opts.path == "" && opts.task == "" {
+		return errors.New("give --path (an HTTP upstream) or --task (a Go handler upstream)")
+	}
+	for _, h := range opts.headers {
+		name, value, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return fmt.Errorf("--header %q: want 'Name: value'", h)
+		}
+		if req.Headers == nil {
+			req.Headers = map[string]string{}
+		}
+		req.Headers[strings.TrimSpace(name)] = strings.TrimSpace(value)
+	}
+	switch {
+	case opts.data != "" && opts.dataFile != "":
+		return errors.New("give --data or --data-file, not both")
+	case opts.data != "":
+		req.Body = []byte(opts.data)
+	case opts.dataFile == "-":
+		b, err := io.ReadAll(f.In)
+		if err != nil {
+			return fmt.Errorf("read the body from stdin: %w", err)
+		}
+		req.Body = b
+	case opts.dataFile != "":
+		b, err := os.ReadFile(opts.dataFile)
+		if err != nil {
+			return err
+		}
+		req.Body = b
+	}
+	for _, c := range opts.costs {
+		name, v, ok := strings.Cut(c, "=")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if !ok || name == "" || err != nil {
+			return fmt.Errorf("--cost %q: want NAME=N, e.g. tokens=1200", c)
+		}
+		if req.Cost == nil {
+			req.Cost = map[string]int64{}
+		}
+		req.Cost[name] = n
+	}
+	if opts.notBefore != "" {
+		t, err := time.Parse(time.RFC3339, opts.notBefore)
+		if err != nil {
+			return fmt.Errorf("--not-before %q: want an RFC 3339 time such as 2026-12-01T09:00:00Z", opts.notBefore)
+		}
+		req.NotBefore = t
+	}
+	url := opts.api.url(f)
+	key := opts.api.apiKey
+	if key == "" {
+		key, _ = f.LookupEnv("SHAPER_API_KEY")
+	}
+	if url == "" || key == "" {
+		_, err := opts.api.client(f)
+		return err
+	}
+	c, err := client.New(url, key, client.WithUserAgent("shaper-cli/"+Version), client.WithRetry(opts.retry))
+	if err != nil {
+		return err
+	}
+	job, err := c.Enqueue(ctx, req)
+	if err != nil {
+		return err
+	}
+	if opts.wait {
+		wctx, cancel := context.WithTimeout(ctx, opts.waitTimeout)
+		defer cancel()
+		if !opts.json {
+			fmt.Fprintf(f.ErrOut, "enqueued %s; waiting for it to finish\n", job.ID)
+		}
+		if job, err = c.Wait(wctx, job.ID); err != nil {
+			return fmt.Errorf("waiting for %s: %w", job.ID, err)
+		}
+	}
+	if opts.json {
+		enc := json.NewEncoder(f.Out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(job); err != nil {
+			return err
+		}
+	} else {
+		printJob(f.Out, job)
+	}
+	if opts.wait && job.State != client.StateSucceeded {
+		return exitCode(1)
+	}
+	return nil
+}
+
+func printJob(w io.Writer, j *client.Job) {
+	what := "enqueued"
+	if j.Existing {
+		what = "already enqueued under this idempotency key"
+	}
+	fmt.Fprintf(w, "%s %s: %s on %s/%s", what, j.ID, j.State, j.Upstream, j.Lane)
+	if j.Attempts > 0 {
+		fmt.Fprintf(w, " after %d attempt(s)", j.Attempts)
+	}
+	fmt.Fprintln(w)
+	if j.LastError != "" {
+		fmt.Fprintf(w, "last error: %s\n", j.LastError)
+	}
+	if j.Response != nil {
+		fmt.Fprintf(w, "upstream answered %d\n", j.Response.Status)
+		if len(j.Response.Body) > 0 {
+			body := j.Response.Body
+			if len(body) > 2000 {
+				body = append(body[:2000:2000], "…"...)
+			}
+			fmt.Fprintf(w, "%s\n", body)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/server"
+)
+
+type pauseOptions struct {
+	configPath string
+	duration   time.Duration
+	api        apiFlags
+}
+
+func newCmdPause(f *Factory) *cobra.Command {
+	opts := &pauseOptions{}
+	cmd := &cobra.Command{
+		Use:   "pause NAME [--for D]",
+		Short: "Pause one upstream for every worker replica",
+		Long: `Pause one upstream fleet-wide: no replica sends to it until the pause ends
+or "shaper resume" lifts it. Jobs keep queueing; workers hold or hand back
+the jobs they have, spending no attempts. Without --for the pause lasts
+until resumed.
+
+Works directly on Redis with --config, or through the API with --api and an
+admin key (--api-key or $SHAPER_API_KEY).`,
+		Example: `  shaper pause stripe --for 10m --config shaper.yaml
+  shaper pause openai --api http://localhost:8080 --api-key "$ADMIN_KEY"`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return pauseRun(cmd.Context(), f, opts, args[0], true)
+		},
+	}
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to pause through Redis")
+	cmd.Flags().DurationVar(&opts.duration, "for", 0, "how long to pause (default: until resumed)")
+	opts.api.register(cmd)
+	return cmd
+}
+
+func newCmdResume(f *Factory) *cobra.Command {
+	opts := &pauseOptions{}
+	cmd := &cobra.Command{
+		Use:   "resume NAME",
+		Short: "Lift a pause (or an upstream's pushback block) at once",
+		Long: `Lift any pause or pushback block on one upstream: every replica may send to
+it again at its configured rate.`,
+		Example: `  shaper resume stripe --config shaper.yaml
+  shaper resume openai --api http://localhost:8080`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return pauseRun(cmd.Context(), f, opts, args[0], false)
+		},
+	}
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to resume through Redis")
+	opts.api.register(cmd)
+	return cmd
+}
+
+func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, pause bool) error {
+	if opts.duration < 0 {
+		return fmt.Errorf("--for %v: must be positive", opts.duration)
+	}
+	if opts.duration > server.Indefinitely {
+		return fmt.Errorf("--for %v: at most a year; leave --for out to pause until resumed", opts.duration)
+	}
+	if opts.configPath == "" && opts.api.url(f) == "" {
+		return errors.New("give --config FILE (through Redis) or --api URL (through the API)")
+	}
+	if opts.configPath == "" {
+		c, err := opts.api.client(f)
+		if err != nil {
+			return err
+		}
+		if pause {
+			_, err = c.Pause(ctx, name, opts.duration)
+		} else {
+			_, err = c.Resume(ctx, name)
+		}
+		if err != nil {
+			return err
+		}
+		return reportPause(f, name, pause, opts.duration)
+	}
+	cfg, err := f.loadConfig(opts.configPath)
+	if err != nil {
+		return err
+	}
+	u, ok := cfg.Upstreams[name]
+	if !ok {
+		return fmt.Errorf("no upstream %q in %s (have: %v)", name, opts.configPath, cfg.UpstreamNames())
+	}
+	rdb, err := f.redisClient(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	b, err := leaky.New(rdb, leaky.Config{Prefix: cfg.Redis.Prefix}).Bucket(name, leaky.BucketConfig{
+		Limits: limitsOf(u), Guard: time.Duration(u.Guard), Concurrency: u.Concurrency,
+	})
+	if err != nil {
+		return err
+	}
+	if !pause {
+		if err := b.Unblock(ctx); err != nil {
+			return err
+		}
+		return reportPause(f, name, false, 0)
+	}
+	d := opts.duration
+	if d == 0 {
+		d = server.Indefinitely
+	}
+	if _, err := b.Block(ctx, d, "paused from the command line"); err != nil {
+		return err
+	}
+	return reportPause(f, name, true, opts.duration)
+}
+
+func reportPause(f *Factory, name string, pause bool, d time.Duration) error {
+	switch {
+	case !pause:
+		fmt.Fprintf(f.Out, "resumed %s\n", name)
+	case d == 0:
+		fmt.Fprintf(f.Out, "paused %s until resumed\n", name)
+	default:
+		fmt.Fprintf(f.Out, "paused %s for %v\n", name, d)
+	}
+	return nil
+}

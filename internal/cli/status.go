@@ -1,0 +1,202 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/status"
+)
+
+type statusOptions struct {
+	configPath string
+	json       bool
+	watch      bool
+	interval   time.Duration
+	upstreams  []string
+}
+
+func newCmdStatus(f *Factory) *cobra.Command {
+	opts := &statusOptions{}
+	cmd := &cobra.Command{
+		Use:   "status --config FILE [--json] [--watch]",
+		Short: "Show each upstream's limits, drain rate, backlog and time to drain",
+		Long: `Show, per upstream and across all replicas: the configured limits, the rate
+jobs were sent at over the last 10 and 60 seconds, the backlog by lane, jobs
+in flight, retrying and dead, whether the upstream is paused (and until
+when), and how long the backlog takes to drain at the current rate.
+
+Everything comes from Redis: workers record what they send there, so status
+needs no running worker or API. --json prints the same fields as
+GET /v1/upstreams, stable for scripts. --watch redraws in place until
+interrupted.`,
+		Example: `  shaper status --config shaper.yaml
+  shaper status --config shaper.yaml --watch --interval 1s
+  shaper status --config shaper.yaml --json --upstream stripe | jq .upstreams[0].drain_rate`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return statusRun(cmd.Context(), f, opts)
+		},
+	}
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML)")
+	cmd.Flags().BoolVar(&opts.json, "json", false, "print JSON")
+	cmd.Flags().BoolVarP(&opts.watch, "watch", "w", false, "refresh in place until interrupted")
+	cmd.Flags().DurationVar(&opts.interval, "interval", 2*time.Second, "refresh interval for --watch")
+	cmd.Flags().StringArrayVar(&opts.upstreams, "upstream", nil, "show only this upstream (repeatable)")
+	cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+func statusRun(ctx context.Context, f *Factory, opts *statusOptions) error {
+	if opts.interval < 100*time.Millisecond {
+		return fmt.Errorf("--interval %v: must be at least 100ms", opts.interval)
+	}
+	cfg, err := f.loadConfig(opts.configPath)
+	if err != nil {
+		return err
+	}
+	if _, err := selectUpstreams(cfg, opts.upstreams); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rdb, err := f.redisClient(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	q, err := queue.New(rdb, queueConfig(cfg))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix, statusSources(cfg))
+	if err != nil {
+		return err
+	}
+	names := opts.upstreams
+	if len(names) == 0 {
+		names = st.Names()
+	}
+	for {
+		var all []status.Upstream
+		for _, n := range names {
+			u, err := st.Upstream(ctx, n)
+			if err != nil {
+				if ctx.Err() != nil && opts.watch {
+					return nil
+				}
+				return err
+			}
+			all = append(all, u)
+		}
+		if opts.watch && !opts.json {
+			// Home the cursor and clear, as top does.
+			fmt.Fprint(f.Out, "\x1b[H\x1b[2J")
+			fmt.Fprintf(f.Out, "shaper status — %s (every %v, Ctrl-C to stop)\n\n", time.Now().Format("15:04:05"), opts.interval)
+		}
+		if opts.json {
+			enc := json.NewEncoder(f.Out)
+			if !opts.watch {
+				enc.SetIndent("", "  ")
+			}
+			if err := enc.Encode(map[string]any{"upstreams": all}); err != nil {
+				return err
+			}
+		} else {
+			printStatus(f.Out, all, time.Now())
+		}
+		if !opts.watch {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(opts.interval):
+		}
+	}
+}
+
+// printStatus renders statuses as a table, one upstream per row.
+func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "UPSTREAM\tLIMITS\tRATE 10s\tRATE 60s\tBACKLOG\tIN FLIGHT\tRETRYING\tDEAD\tPAUSED\tTIME TO DRAIN")
+	for _, u := range all {
+		var limits []string
+		for _, l := range u.Limits {
+			limits = append(limits, l.Description)
+		}
+		backlog := fmt.Sprint(u.Backlog.Total)
+		if len(u.Backlog.Lanes) > 1 {
+			var lanes []string
+			for lane, c := range u.Backlog.Lanes {
+				lanes = append(lanes, fmt.Sprintf("%s=%d", lane, c.Backlog()))
+			}
+			sort.Strings(lanes)
+			backlog += " (" + strings.Join(lanes, " ") + ")"
+		}
+		paused := "-"
+		if u.PausedUntil != nil {
+			left := u.PausedUntil.Sub(now)
+			if left > 300*24*time.Hour {
+				paused = "until resumed"
+			} else {
+				paused = "for " + humanDuration(left)
+			}
+			if u.PauseReason != "" {
+				paused += " (" + u.PauseReason + ")"
+			}
+		}
+		drainTime := "-"
+		switch {
+		case u.TimeToDrainSeconds != nil:
+			drainTime = humanDuration(time.Duration(*u.TimeToDrainSeconds * float64(time.Second)))
+		case u.Backlog.Total > 0:
+			drainTime = "stalled"
+			if u.AtLimitSeconds > 0 {
+				drainTime += fmt.Sprintf(" (%s at the limit)", humanDuration(time.Duration(u.AtLimitSeconds*float64(time.Second))))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", u.Name, strings.Join(limits, " + "),
+			perSecond(u.DrainRate.Last10s), perSecond(u.DrainRate.Last60s), backlog, u.InFlight, u.Retrying, u.Dead, paused, drainTime)
+	}
+	tw.Flush()
+}
+
+func perSecond(r float64) string {
+	switch {
+	case r == 0:
+		return "0/s"
+	case r < 10:
+		return fmt.Sprintf("%.2f/s", r)
+	}
+	return fmt.Sprintf("%.1f/s", r)
+}
+
+// humanDuration rounds a duration for people: 0s, 850ms, 12s, 3m20s, 2h5m.
+func humanDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 1000*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+	return fmt.Sprintf("%.0fd", math.Round(d.Hours()/24))
+}

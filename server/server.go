@@ -1,0 +1,318 @@
+// Package server is shaper's enqueue API (`shaper serve`): producers POST
+// jobs, each API key passes a token-bucket admission check shared by every
+// replica through Redis, jobs are validated against the upstream's config
+// and enqueued, and producers read them back. It also serves upstream
+// status, fleet-wide pause and resume for admin keys, /metrics, /healthz and
+// /readyz. Errors are RFC 9457 problem+json that name the field at fault.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/httplimit"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/metrics"
+	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/status"
+	"github.com/shaperhq/shaper/tokenbucket"
+)
+
+// Key is one producer's credentials.
+type Key struct {
+	Name   string
+	Tenant string
+	Admin  bool
+	Secret string
+}
+
+// Upstream is what the API checks jobs against.
+type Upstream struct {
+	Name string
+	// BaseURL is empty for a Go handler upstream, whose jobs name a task.
+	BaseURL string
+	Limits  []leaky.Limit
+	// Headers are the names the workers set themselves; jobs may not.
+	Headers []string
+}
+
+// Config configures a Server; zero values are documented defaults.
+type Config struct {
+	Keys      []Key
+	Upstreams []Upstream
+	// Admission is the token bucket every key's enqueues pass through.
+	Admission tokenbucket.Limit
+	// OnRedisError is admission's failure policy (default allow).
+	OnRedisError shaper.OnRedisError
+	// MaxBodyBytes caps request bodies; default 1 MiB.
+	MaxBodyBytes int64
+	// MaxBatch caps jobs per batch request; default 1000.
+	MaxBatch int
+	Prefix   string
+	Logger   *slog.Logger
+	Metrics  *metrics.Metrics
+	// Registry is served at /metrics; nil serves no metrics.
+	Registry *prometheus.Registry
+	// Now is the clock for job timestamps; nil is time.Now.
+	Now func() time.Time
+}
+
+// Server is the HTTP API. Build it with New; Handler serves it.
+type Server struct {
+	cfg       Config
+	rdb       redis.UniversalClient
+	q         *queue.Queue
+	st        *status.Reader
+	admission shaper.Limiter
+	policy    httplimit.Policy
+	log       *slog.Logger
+	m         *metrics.Metrics
+	keys      []keyEntry
+	ups       map[string]upstreamEntry
+	mux       *http.ServeMux
+}
+
+type keyEntry struct {
+	Key
+	sum [32]byte
+}
+
+type upstreamEntry struct {
+	Upstream
+	bucket  *leaky.Bucket
+	costs   map[string]bool
+	headers map[string]bool
+}
+
+// New builds the API on rdb (owned by the caller) with q and st reading the
+// same Redis.
+func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Config) (*Server, error) {
+	if len(cfg.Keys) == 0 {
+		return nil, errors.New("server: no API keys")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 1000
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{cfg: cfg, rdb: rdb, q: q, st: st, log: log, m: metrics.OrDiscard(cfg.Metrics), ups: map[string]upstreamEntry{}}
+	for _, k := range cfg.Keys {
+		if k.Secret == "" {
+			return nil, fmt.Errorf("server: key %s has no secret", k.Name)
+		}
+		if k.Tenant == "" {
+			k.Tenant = k.Name
+		}
+		s.keys = append(s.keys, keyEntry{Key: k, sum: sha256.Sum256([]byte(k.Secret))})
+	}
+	for _, u := range cfg.Upstreams {
+		b, ok := st.Bucket(u.Name)
+		if !ok {
+			return nil, fmt.Errorf("server: upstream %s has no status source", u.Name)
+		}
+		e := upstreamEntry{Upstream: u, bucket: b, costs: map[string]bool{}, headers: map[string]bool{}}
+		for _, l := range u.Limits {
+			if l.Cost != "" {
+				e.costs[l.Cost] = true
+			}
+		}
+		for _, h := range u.Headers {
+			e.headers[http.CanonicalHeaderKey(h)] = true
+		}
+		s.ups[u.Name] = e
+	}
+	tb, err := tokenbucket.New(rdb, cfg.Admission, tokenbucket.Config{Prefix: cfg.Prefix})
+	if err != nil {
+		return nil, fmt.Errorf("server: admission: %w", err)
+	}
+	s.admission = &shaper.Fallible{
+		Limiter: tb,
+		Policy:  cfg.OnRedisError,
+		Local:   tokenbucket.NewLocal(cfg.Admission, nil),
+		Name:    "admission",
+		Logger:  log,
+		Observe: func(p shaper.OnRedisError, err error) {
+			s.m.RedisErrors.WithLabelValues("admission").Inc()
+			switch p {
+			case shaper.FailOpen:
+				s.m.AdmissionFailOpen.Inc()
+				s.m.AdmissionDecisions.WithLabelValues("fail_open").Inc()
+			case shaper.FailClosed:
+				s.m.AdmissionDecisions.WithLabelValues("fail_closed").Inc()
+			default:
+				s.m.AdmissionDecisions.WithLabelValues("local").Inc()
+			}
+		},
+	}
+	s.policy = httplimit.Policy{Name: "enqueue", Quota: cfg.Admission.Capacity, Window: cfg.Admission.Window()}
+	s.routes()
+	return s, nil
+}
+
+// Handler serves the API.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+func (s *Server) routes() {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/jobs", s.authed(s.handleEnqueue))
+	mux.HandleFunc("POST /v1/jobs/batch", s.authed(s.handleBatch))
+	mux.HandleFunc("GET /v1/jobs/{id}", s.authed(s.handleGet))
+	mux.HandleFunc("DELETE /v1/jobs/{id}", s.authed(s.handleCancel))
+	mux.HandleFunc("GET /v1/upstreams", s.authed(s.handleUpstreams))
+	mux.HandleFunc("GET /v1/upstreams/{name}", s.authed(s.handleUpstream))
+	mux.HandleFunc("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
+	mux.HandleFunc("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", s.handleReady)
+	if s.cfg.Registry != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, problem{Type: problemNotFound, Title: "Not found", Status: http.StatusNotFound,
+			Detail: fmt.Sprintf("no route for %s %s; see the API reference in the README", r.Method, r.URL.Path)})
+	})
+	s.mux = mux
+}
+
+type ctxKey struct{}
+
+// caller is the authenticated key of a request.
+func caller(r *http.Request) *keyEntry { return r.Context().Value(ctxKey{}).(*keyEntry) }
+
+// authed requires a known API key (Authorization: Bearer, or X-API-Key),
+// compared in constant time against every configured key.
+func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		given := ""
+		if a := r.Header.Get("Authorization"); a != "" {
+			scheme, token, ok := strings.Cut(a, " ")
+			if !ok || !strings.EqualFold(scheme, "Bearer") {
+				s.unauthorized(w, "Authorization must be \"Bearer KEY\"")
+				return
+			}
+			given = strings.TrimSpace(token)
+		} else {
+			given = strings.TrimSpace(r.Header.Get("X-API-Key"))
+		}
+		if given == "" {
+			s.unauthorized(w, "an API key is required: send Authorization: Bearer KEY")
+			return
+		}
+		sum := sha256.Sum256([]byte(given))
+		var match *keyEntry
+		for i := range s.keys {
+			// Every key is compared, so timing says nothing about which matched.
+			if subtle.ConstantTimeCompare(sum[:], s.keys[i].sum[:]) == 1 {
+				match = &s.keys[i]
+			}
+		}
+		if match == nil {
+			s.unauthorized(w, "the API key is not known")
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, match)))
+	}
+}
+
+func (s *Server) unauthorized(w http.ResponseWriter, detail string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="shaper"`)
+	writeProblem(w, problem{Type: problemUnauthorized, Title: "Unauthorized", Status: http.StatusUnauthorized, Detail: detail})
+}
+
+// admin requires an admin key.
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !caller(r).Admin {
+			writeProblem(w, problem{Type: problemForbidden, Title: "Forbidden", Status: http.StatusForbidden,
+				Detail: fmt.Sprintf("key %s is not an admin key; pausing and resuming upstreams needs one", caller(r).Name)})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// admit charges n tokens to the caller's bucket. It writes the rate-limit
+// headers, and the 429 when refused; it reports whether to go on.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, n int64) bool {
+	k := caller(r)
+	res, err := s.admission.Allow(r.Context(), k.Name, n)
+	if err != nil {
+		if errors.Is(err, shaper.ErrInvalid) {
+			writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
+				Detail: fmt.Sprintf("%d jobs in one request exceed the admission capacity of %d; split the batch", n, s.cfg.Admission.Capacity)})
+			return false
+		}
+		s.internalError(w, r, "admission", err)
+		return false
+	}
+	httplimit.WriteHeaders(w.Header(), s.policy, res)
+	if !res.Allowed {
+		s.m.AdmissionDecisions.WithLabelValues("denied").Inc()
+		httplimit.WriteTooManyRequests(w, s.policy, res)
+		return false
+	}
+	s.m.AdmissionDecisions.WithLabelValues("allowed").Inc()
+	return true
+}
+
+func (s *Server) internalError(w http.ResponseWriter, r *http.Request, component string, err error) {
+	if r.Context().Err() != nil {
+		return
+	}
+	s.m.RedisErrors.WithLabelValues(component).Inc()
+	s.log.Error("request failed", "path", r.URL.Path, "component", component, "err", err)
+	writeProblem(w, problem{Type: problemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
+		Detail: "shaper could not reach its store; retry shortly", RetryAfter: 1})
+}
+
+// backlogRetryAfter estimates when an upstream at max_pending will have
+// room: the time to drain a tenth of its backlog at the rate it drained at
+// lately (or, idle, its configured rate), so producers neither stampede nor
+// wait for the whole backlog.
+func (s *Server) backlogRetryAfter(ctx context.Context, upstream string, full *queue.BacklogFullError) int64 {
+	st, err := s.st.Upstream(ctx, upstream)
+	if err != nil {
+		return 1
+	}
+	rate := st.DrainRate.Last10s
+	if rate <= 0 && st.AtLimitSeconds > 0 {
+		rate = float64(st.Backlog.Total) / st.AtLimitSeconds
+	}
+	if rate <= 0 {
+		return 1
+	}
+	secs := math.Ceil(float64(full.Pending) / 10 / rate)
+	return int64(max(1, min(secs, 3600)))
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+	defer cancel()
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		writeProblem(w, problem{Type: problemUnavailable, Title: "Not ready", Status: http.StatusServiceUnavailable,
+			Detail: "redis does not answer: " + err.Error()})
+		return
+	}
+	w.Write([]byte("ok\n"))
+}

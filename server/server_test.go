@@ -1,0 +1,397 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/metrics"
+	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/status"
+	"github.com/shaperhq/shaper/tokenbucket"
+)
+
+var srv *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &srv) }
+
+type fixture struct {
+	t   *testing.T
+	rdb *redis.Client
+	q   *queue.Queue
+	hs  *httptest.Server
+	reg *prometheus.Registry
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fixture {
+	t.Helper()
+	rdb := srv.Client(t)
+	rdb.FlushAll(context.Background())
+	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
+		"stripe": {Lanes: []string{"default", "bulk"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
+		"openai": {Lanes: []string{"default"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
+		"mail":   {Lanes: []string{"default"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	stripe := []leaky.Limit{leaky.PerSecond(100)}
+	openai := []leaky.Limit{leaky.PerMinute(5000), {Rate: 800000, Per: time.Minute, Cost: "tokens"}}
+	mail := []leaky.Limit{leaky.PerSecond(10)}
+	st, err := status.NewReader(rdb, q, "", []status.Source{{Name: "stripe", Limits: stripe}, {Name: "openai", Limits: openai}, {Name: "mail", Limits: mail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	s, err := New(rdb, q, st, Config{
+		Keys: []Key{
+			{Name: "billing", Tenant: "billing", Secret: "billing-secret"},
+			{Name: "ops", Tenant: "ops", Secret: "ops-secret", Admin: true},
+		},
+		Upstreams: []Upstream{
+			{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: stripe, Headers: []string{"Authorization", "Idempotency-Key"}},
+			{Name: "openai", BaseURL: "https://api.openai.com", Limits: openai},
+			{Name: "mail", Limits: mail},
+		},
+		Admission:    admission,
+		MaxBodyBytes: 4096,
+		MaxBatch:     50,
+		Logger:       quiet(),
+		Metrics:      metrics.New(reg),
+		Registry:     reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(hs.Close)
+	return &fixture{t: t, rdb: rdb, q: q, hs: hs, reg: reg}
+}
+
+// do sends a request with the billing key (unless headers say otherwise).
+func (f *fixture) do(method, path, body string, headers ...string) (*http.Response, map[string]any) {
+	f.t.Helper()
+	req, _ := http.NewRequest(method, f.hs.URL+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer billing-secret")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i+1] == "" {
+			req.Header.Del(headers[i])
+		} else {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	json.Unmarshal(raw, &out)
+	return resp, out
+}
+
+func (f *fixture) backlog() int64 {
+	var n int64
+	for _, up := range []string{"stripe", "openai", "mail"} {
+		c, err := f.q.Counts(context.Background(), up)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for _, l := range c {
+			n += l.Backlog()
+		}
+	}
+	return n
+}
+
+var generous = tokenbucket.PerSecond(1000, 1000)
+
+// TestBadRequests: every malformed or forbidden request gets the right
+// status and a message naming the problem, and nothing is enqueued.
+func TestBadRequests(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	huge := `{"upstream":"stripe","path":"/x","body":"` + strings.Repeat("a", 5000) + `"}`
+	for _, tc := range []struct {
+		name    string
+		method  string
+		path    string
+		body    string
+		headers []string
+		status  int
+		want    string
+	}{
+		{"no key", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`, []string{"Authorization", ""}, 401, "API key is required"},
+		{"unknown key", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`, []string{"Authorization", "Bearer nope"}, 401, "not known"},
+		{"basic auth", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`, []string{"Authorization", "Basic Zm9vOmJhcg=="}, 401, "Bearer KEY"},
+		{"malformed json", "POST", "/v1/jobs", `{"upstream":`, nil, 400, "malformed JSON"},
+		{"not an object", "POST", "/v1/jobs", `[1,2]`, nil, 400, "malformed JSON"},
+		{"trailing data", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"} {}`, nil, 400, "after the JSON value"},
+		{"empty body", "POST", "/v1/jobs", ``, []string{"Content-Type", "application/json"}, 400, "empty"},
+		{"unknown field", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","colour":"red"}`, nil, 400, `unknown field "colour"`},
+		{"wrong type", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","max_attempts":"three"}`, nil, 400, "max_attempts"},
+		{"wrong content type", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`, []string{"Content-Type", "text/plain"}, 415, "application/json"},
+		{"too large", "POST", "/v1/jobs", huge, nil, 413, "4096 bytes"},
+		{"no upstream", "POST", "/v1/jobs", `{"path":"/x"}`, nil, 400, "upstream is required"},
+		{"unknown upstream", "POST", "/v1/jobs", `{"upstream":"twilio","path":"/x"}`, nil, 404, `no upstream "twilio"`},
+		{"no path", "POST", "/v1/jobs", `{"upstream":"stripe"}`, nil, 400, "path is required"},
+		{"absolute url", "POST", "/v1/jobs", `{"upstream":"stripe","path":"https://evil.example/x"}`, nil, 400, "path"},
+		{"other host", "POST", "/v1/jobs", `{"upstream":"stripe","path":"//evil.example/x"}`, nil, 400, "stay on the upstream"},
+		{"dot segments", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/v1/../../admin"}`, nil, 400, ". or .."},
+		{"relative path", "POST", "/v1/jobs", `{"upstream":"stripe","path":"v1/charges"}`, nil, 400, "single /"},
+		{"bad method", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","method":"BREW"}`, nil, 400, "method"},
+		{"bad header name", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","headers":{"Bad Header":"v"}}`, nil, 400, "headers.Bad Header"},
+		{"header injection", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","headers":{"X-A":"v\r\nX-B: w"}}`, nil, 400, "line breaks"},
+		{"credential header", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","headers":{"authorization":"Bearer mine"}}`, nil, 400, "set by shaper's workers"},
+		{"host header", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","headers":{"Host":"evil"}}`, nil, 400, "set by the HTTP client"},
+		{"both bodies", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","body":"a","body_base64":"YQ=="}`, nil, 400, "not both"},
+		{"bad base64", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","body_base64":"***"}`, nil, 400, "base64"},
+		{"unknown cost", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","cost":{"tokens":5}}`, nil, 400, `no limit counting "tokens"`},
+		{"negative cost", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","cost":{"tokens":-5}}`, nil, 400, "negative"},
+		{"cost over burst", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","cost":{"tokens":9000}}`, nil, 400, "raise the limit's burst"},
+		{"unknown lane", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","lane":"vip"}`, nil, 400, "lanes: default, bulk"},
+		{"too many attempts", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","max_attempts":1000}`, nil, 400, "max_attempts"},
+		{"bad ttl", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","ttl":"soon"}`, nil, 400, "ttl"},
+		{"negative ttl", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","ttl":"-1s"}`, nil, 400, "positive"},
+		{"bad not_before", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","not_before":"tomorrow"}`, nil, 400, "not_before"},
+		{"long idempotency key", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","idempotency_key":"` + strings.Repeat("k", 300) + `"}`, nil, 400, "idempotency_key"},
+		{"task on http upstream", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","task":"send"}`, nil, 400, "not task"},
+		{"path on handler upstream", "POST", "/v1/jobs", `{"upstream":"mail","path":"/x","task":"send"}`, nil, 400, "Go handler"},
+		{"no task on handler upstream", "POST", "/v1/jobs", `{"upstream":"mail"}`, nil, 400, "task is required"},
+		{"several problems at once", "POST", "/v1/jobs", `{"upstream":"stripe","path":"x","method":"BREW","max_attempts":-1}`, nil, 400, "method"},
+		{"empty batch", "POST", "/v1/jobs/batch", `{"jobs":[]}`, nil, 400, "1 to 50 jobs"},
+		{"batch unknown field", "POST", "/v1/jobs/batch", `{"jobs":[],"x":1}`, nil, 400, `unknown field "x"`},
+		{"unknown job", "GET", "/v1/jobs/stripe.default.nope", "", nil, 404, "no job"},
+		{"not a job id", "GET", "/v1/jobs/hello", "", nil, 404, "no job"},
+		{"cancel unknown", "DELETE", "/v1/jobs/stripe.default.nope", "", nil, 404, "no job"},
+		{"unknown upstream status", "GET", "/v1/upstreams/twilio", "", nil, 404, `no upstream "twilio"`},
+		{"pause without admin", "POST", "/v1/upstreams/stripe/pause", `{"for":"1m"}`, nil, 403, "not an admin key"},
+		{"pause bad duration", "POST", "/v1/upstreams/stripe/pause", `{"for":"forever"}`, []string{"Authorization", "Bearer ops-secret"}, 400, "for"},
+		{"unknown route", "GET", "/v2/jobs", "", nil, 404, "no route"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.backlog()
+			resp, body := f.do(tc.method, tc.path, tc.body, tc.headers...)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("got %d %v, want %d", resp.StatusCode, body, tc.status)
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("Content-Type %q, want application/problem+json", ct)
+			}
+			text := fmt.Sprint(body["detail"], body["errors"])
+			if !strings.Contains(text, tc.want) {
+				t.Errorf("got problem %v, want it to mention %q", body, tc.want)
+			}
+			if body["status"] != float64(tc.status) || body["type"] == "" || body["title"] == "" {
+				t.Errorf("problem %v lacks type, title or status", body)
+			}
+			if after := f.backlog(); after != before {
+				t.Errorf("backlog went from %d to %d: a refused request enqueued something", before, after)
+			}
+		})
+	}
+	// The several-problems case lists each field.
+	_, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"x","method":"BREW","max_attempts":-1}`)
+	if errs, _ := body["errors"].([]any); len(errs) != 3 {
+		t.Errorf("got errors %v, want three: path, method and max_attempts", body["errors"])
+	}
+}
+
+func TestEnqueueGetCancel(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","method":"post","path":"/v1/charges?expand=x","headers":{"Content-Type":"application/x-www-form-urlencoded"},
+		"body":"amount=100","idempotency_key":"order-1","not_before":"`+time.Now().Add(24*time.Hour).Format(time.RFC3339)+`","lane":"bulk"}`)
+	if resp.StatusCode != 202 {
+		t.Fatalf("got %d %v, want 202", resp.StatusCode, body)
+	}
+	id, _ := body["id"].(string)
+	if resp.Header.Get("Location") != "/v1/jobs/"+id || body["state"] != "scheduled" || body["lane"] != "bulk" || body["upstream"] != "stripe" {
+		t.Fatalf("got %v, Location %q", body, resp.Header.Get("Location"))
+	}
+	for _, h := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"} {
+		if resp.Header.Get(h) == "" {
+			t.Errorf("missing %s on an admitted request", h)
+		}
+	}
+	// The same idempotency key returns the job with 200, enqueuing nothing.
+	resp, again := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/other","idempotency_key":"order-1","lane":"bulk"}`)
+	if resp.StatusCode != 200 || again["id"] != id || again["path"] != "/v1/charges?expand=x" || again["method"] != "POST" {
+		t.Fatalf("repeat: got %d %v", resp.StatusCode, again)
+	}
+	resp, got := f.do("GET", "/v1/jobs/"+id, "")
+	if resp.StatusCode != 200 || got["tenant"] != "billing" || got["state"] != "scheduled" {
+		t.Fatalf("get: %d %v", resp.StatusCode, got)
+	}
+	// Another tenant cannot see or cancel it.
+	if resp, _ := f.do("GET", "/v1/jobs/"+id, "", "Authorization", "Bearer ops-secret"); resp.StatusCode != 404 {
+		t.Fatalf("other tenant's get: %d, want 404", resp.StatusCode)
+	}
+	if resp, _ := f.do("DELETE", "/v1/jobs/"+id, "", "Authorization", "Bearer ops-secret"); resp.StatusCode != 404 {
+		t.Fatalf("other tenant's cancel: %d, want 404", resp.StatusCode)
+	}
+	resp, cancelled := f.do("DELETE", "/v1/jobs/"+id, "")
+	if resp.StatusCode != 200 || cancelled["state"] != "cancelled" {
+		t.Fatalf("cancel: %d %v", resp.StatusCode, cancelled)
+	}
+	// X-API-Key works too; a handler upstream takes a task and a binary body.
+	resp, body = f.do("POST", "/v1/jobs", `{"upstream":"mail","task":"welcome","body_base64":"AAEC/w=="}`, "Authorization", "", "X-API-Key", "billing-secret")
+	if resp.StatusCode != 202 {
+		t.Fatalf("handler job: %d %v", resp.StatusCode, body)
+	}
+	info, err := f.q.Get(context.Background(), body["id"].(string), "billing")
+	if err != nil || info.Task != "welcome" || string(info.Body) != "\x00\x01\x02\xff" {
+		t.Fatalf("stored handler job: %+v, %v", info, err)
+	}
+}
+
+func TestAdmissionLimit(t *testing.T) {
+	f := newFixture(t, tokenbucket.Limit{Capacity: 3, Refill: 1, Per: time.Hour}, 1000)
+	codes := map[int]int{}
+	var last *http.Response
+	var lastBody map[string]any
+	for i := 0; i < 5; i++ {
+		resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`)
+		codes[resp.StatusCode]++
+		if resp.StatusCode == 429 {
+			last, lastBody = resp, body
+		}
+	}
+	if codes[202] != 3 || codes[429] != 2 {
+		t.Fatalf("got %v, want 3 accepted and 2 refused", codes)
+	}
+	if last.Header.Get("Retry-After") == "" || last.Header.Get("RateLimit-Policy") != `"enqueue";q=3;w=10800` || lastBody["retry_after"] == nil {
+		t.Fatalf("429 headers %v body %v", last.Header, lastBody)
+	}
+	// A batch is charged a token per job; one too big for the bucket is refused outright.
+	resp, body := f.do("POST", "/v1/jobs/batch", `{"jobs":[{"upstream":"stripe","path":"/a"},{"upstream":"stripe","path":"/b"},{"upstream":"stripe","path":"/c"},{"upstream":"stripe","path":"/d"}]}`)
+	if resp.StatusCode != 400 || !strings.Contains(fmt.Sprint(body["detail"]), "split the batch") {
+		t.Fatalf("oversize batch: %d %v", resp.StatusCode, body)
+	}
+	if got := f.backlog(); got != 3 {
+		t.Fatalf("backlog %d, want the 3 admitted jobs", got)
+	}
+	if n := counter(t, f.reg, "shaper_admission_decisions_total", "denied"); n != 2 {
+		t.Fatalf("denied decisions counted %v, want 2", n)
+	}
+}
+
+// counter reads a counter with the given label value from reg.
+func counter(t *testing.T, reg *prometheus.Registry, name, labelValue string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetValue() == labelValue {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func TestBatch(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	resp, body := f.do("POST", "/v1/jobs/batch", `{"jobs":[
+		{"upstream":"stripe","path":"/a"},
+		{"upstream":"stripe","path":"nope"},
+		{"upstream":"twilio","path":"/a"},
+		{"upstream":"stripe","path":"/b","idempotency_key":"k1"},
+		{"upstream":"stripe","path":"/c","idempotency_key":"k1"},
+		{"upstream":"stripe","path":"/d","colour":"red"}
+	]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("got %d %v", resp.StatusCode, body)
+	}
+	results := body["results"].([]any)
+	statuses := []float64{}
+	for _, r := range results {
+		statuses = append(statuses, r.(map[string]any)["status"].(float64))
+	}
+	// Items 3 and 4 share a key: one is created, the other finds it.
+	if len(statuses) != 6 || statuses[0] != 202 || statuses[1] != 400 || statuses[2] != 404 || statuses[5] != 400 ||
+		statuses[3]+statuses[4] != 202+200 && statuses[3]+statuses[4] != 202+202 {
+		t.Fatalf("got per-item statuses %v", statuses)
+	}
+	if n := f.backlog(); n != 2 {
+		t.Fatalf("backlog %d, want 2 (one plain job, one idempotent one)", n)
+	}
+}
+
+func TestBacklogFull(t *testing.T) {
+	f := newFixture(t, generous, 2)
+	for i := 0; i < 2; i++ {
+		if resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`); resp.StatusCode != 202 {
+			t.Fatalf("got %d %v", resp.StatusCode, body)
+		}
+	}
+	resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(fmt.Sprint(body["detail"]), "max_pending 2") {
+		t.Fatalf("got %d %v (Retry-After %q), want 503 naming max_pending", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+}
+
+func TestPauseResumeAndStatus(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	admin := []string{"Authorization", "Bearer ops-secret"}
+	resp, body := f.do("POST", "/v1/upstreams/stripe/pause", `{"for":"10m"}`, admin...)
+	if resp.StatusCode != 200 || body["paused_until"] == nil || !strings.Contains(fmt.Sprint(body["pause_reason"]), "ops") {
+		t.Fatalf("pause: %d %v", resp.StatusCode, body)
+	}
+	resp, body = f.do("POST", "/v1/upstreams/stripe/resume", "", admin...)
+	if resp.StatusCode != 200 || body["paused_until"] != nil {
+		t.Fatalf("resume: %d %v", resp.StatusCode, body)
+	}
+	resp, body = f.do("GET", "/v1/upstreams", "")
+	ups, _ := body["upstreams"].([]any)
+	if resp.StatusCode != 200 || len(ups) != 3 {
+		t.Fatalf("list: %d %v", resp.StatusCode, body)
+	}
+	first := ups[0].(map[string]any)
+	for _, k := range []string{"name", "limits", "drain_rate", "backlog", "in_flight", "retrying", "dead", "paused_until", "time_to_drain_seconds"} {
+		if _, ok := first[k]; !ok {
+			t.Errorf("status lacks %q: %v", k, first)
+		}
+	}
+}
+
+func TestHealthReadyMetrics(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Get(f.hs.URL + p)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", p, resp, err)
+		}
+		resp.Body.Close()
+	}
+	problems, err := testutil.GatherAndLint(f.reg)
+	if err != nil || len(problems) > 0 {
+		t.Fatalf("promlint: %v %v", problems, err)
+	}
+}

@@ -1,0 +1,94 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/shaperhq/shaper/queue"
+)
+
+func (s *Server) handleUpstreams(w http.ResponseWriter, r *http.Request) {
+	all, err := s.st.All(r.Context())
+	if err != nil {
+		s.internalError(w, r, "status", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"upstreams": all})
+}
+
+func (s *Server) handleUpstream(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	st, err := s.st.Upstream(r.Context(), name)
+	if err != nil {
+		s.upstreamError(w, r, name, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, name string, err error) {
+	if errors.Is(err, queue.ErrUnknownUpstream) {
+		writeProblem(w, problem{Type: problemNotFound, Title: "Unknown upstream", Status: http.StatusNotFound,
+			Detail: fmt.Sprintf("no upstream %q is configured", name)})
+		return
+	}
+	s.internalError(w, r, "status", err)
+}
+
+// Indefinitely is how long a pause without a duration lasts: until resumed,
+// within reason (every key shaper writes expires).
+const Indefinitely = 365 * 24 * time.Hour
+
+type pauseRequest struct {
+	For string `json:"for"`
+}
+
+func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	b, ok := s.st.Bucket(name)
+	if !ok {
+		s.upstreamError(w, r, name, queue.ErrUnknownUpstream)
+		return
+	}
+	d := Indefinitely
+	if r.ContentLength != 0 {
+		var req pauseRequest
+		if !s.decode(w, r, &req) {
+			return
+		}
+		if req.For != "" {
+			v, err := time.ParseDuration(req.For)
+			if err != nil || v <= 0 || v > Indefinitely {
+				writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
+					Detail: fmt.Sprintf("for %q: must be a positive duration up to a year, such as 30s or 2h", req.For),
+					Errors: []fieldError{{Field: "for", Message: "must be a positive duration such as 30s or 2h"}}})
+				return
+			}
+			d = v
+		}
+	}
+	if _, err := b.Block(r.Context(), d, "paused by "+caller(r).Name); err != nil {
+		s.internalError(w, r, "pacing", err)
+		return
+	}
+	s.m.UpstreamBlocks.WithLabelValues(name, "pause").Inc()
+	s.log.Info("upstream paused", "upstream", name, "for", d, "by", caller(r).Name)
+	s.handleUpstream(w, r)
+}
+
+func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	b, ok := s.st.Bucket(name)
+	if !ok {
+		s.upstreamError(w, r, name, queue.ErrUnknownUpstream)
+		return
+	}
+	if err := b.Unblock(r.Context()); err != nil {
+		s.internalError(w, r, "pacing", err)
+		return
+	}
+	s.log.Info("upstream resumed", "upstream", name, "by", caller(r).Name)
+	s.handleUpstream(w, r)
+}
