@@ -236,4 +236,3 @@ Watch the upstream drain:
 
 `, base, key, store, demoURL, rate, base, key, base, key, base, key)
 }
-
