@@ -1,0 +1,197 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/queue"
+)
+
+var srv *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &srv) }
+
+// run executes the command line with args and the given environment and
+// returns stdout, stderr and the exit code.
+func run(t *testing.T, env map[string]string, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	f := &Factory{In: strings.NewReader(stdin), Out: &out, ErrOut: &errOut, LookupEnv: func(k string) (string, bool) {
+		v, ok := env[k]
+		return v, ok
+	}}
+	root := NewRootCmd(f)
+	root.SetArgs(args)
+	code := 0
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		var ec exitCode
+		if errors.As(err, &ec) {
+			code = int(ec)
+		} else {
+			errOut.WriteString("shaper: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	return out.String(), errOut.String(), code
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const goodConfig = `
+redis: {url: "%REDIS%"}
+api:
+  keys: [{name: ops, key_env: OPS_KEY, admin: true}]
+upstreams:
+  stripe:
+    base_url: https://api.stripe.com
+    limits: [{rate: 100, per: 1s}]
+    lanes: {default: 1, bulk: 1}
+`
+
+func TestCommands(t *testing.T) {
+	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
+	bad := writeFile(t, "bad.yaml", "upstreams:\n  stripe:\n    base_url: ftp://x\n    limits: [{rate: 0, per: 1s}]\n    colour: red\n")
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		code    int
+		out     string // substring of stdout
+		errOut  string // substring of stderr
+		notHave string
+	}{
+		{name: "version", args: []string{"version"}, out: "shaper dev (go1."},
+		{name: "--version", args: []string{"--version"}, out: "shaper version dev"},
+		{name: "help lists every command", args: []string{"--help"}, out: "status"},
+		{name: "work help has examples", args: []string{"work", "--help"}, out: "shaper work --config shaper.yaml --upstream stripe"},
+		{name: "dev help", args: []string{"dev", "--help"}, out: "--api-key"},
+		{name: "unknown command", args: []string{"launch"}, code: 1, errOut: `unknown command "launch"`},
+		{name: "valid config", args: []string{"config", "validate", good}, out: "valid"},
+		{name: "valid config summary", args: []string{"config", "validate", good}, out: "upstream stripe: https://api.stripe.com at 100 requests per 1s"},
+		{name: "invalid config lists every problem", args: []string{"config", "validate", bad}, code: 1, errOut: "3 problem(s)"},
+		{name: "invalid config names fields", args: []string{"config", "validate", bad}, code: 1, errOut: "upstreams.stripe.limits[0]: rate 0: must be at least 1"},
+		{name: "missing config file", args: []string{"config", "validate", "/nonexistent.yaml"}, code: 1, errOut: "nonexistent.yaml"},
+		{name: "work needs --config", args: []string{"work"}, code: 1, errOut: `"config" not set`},
+		{name: "work unknown upstream", args: []string{"work", "--config", good, "--upstream", "twilio"}, code: 1, errOut: "--upstream twilio: no such upstream"},
+		{name: "status bad interval", args: []string{"status", "--config", good, "--interval", "1ms"}, code: 1, errOut: "--interval"},
+		{name: "enqueue needs the API", args: []string{"enqueue", "--upstream", "stripe", "--path", "/x"}, code: 1, errOut: "--api URL"},
+		{name: "enqueue needs path or task", args: []string{"enqueue", "--upstream", "stripe"}, code: 1, errOut: "--path"},
+		{name: "enqueue bad header", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--header", "nocolon", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "want 'Name: value'"},
+		{name: "enqueue bad cost", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--cost", "tokens", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "NAME=N"},
+		{name: "pause needs a target", args: []string{"pause", "stripe"}, code: 1, errOut: "--config FILE"},
+		{name: "pause unknown upstream", args: []string{"pause", "twilio", "--config", good}, code: 1, errOut: `no upstream "twilio"`},
+		{name: "pause negative", args: []string{"pause", "stripe", "--for", "-1s", "--config", good}, code: 1, errOut: "must be positive"},
+		{name: "pause", args: []string{"pause", "stripe", "--for", "10m", "--config", good}, out: "paused stripe for 10m0s"},
+		{name: "paused shows in status", args: []string{"status", "--config", good}, out: "paused from the command line"},
+		{name: "resume", args: []string{"resume", "stripe", "--config", good}, out: "resumed stripe"},
+		{name: "resumed status", args: []string{"status", "--config", good}, out: "stripe", notHave: "paused from"},
+		{name: "bad log level", args: []string{"work", "--config", good, "--log-level", "loud"}, code: 1, errOut: "--log-level"},
+		{name: "redis override refused", args: []string{"status", "--config", good, "--redis", "redis://127.0.0.1:1/0"}, code: 1, errOut: "redis does not answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, code := run(t, nil, "", tc.args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, out, errOut)
+			}
+			if !strings.Contains(out, tc.out) {
+				t.Errorf("stdout %q lacks %q", out, tc.out)
+			}
+			if !strings.Contains(errOut, tc.errOut) {
+				t.Errorf("stderr %q lacks %q", errOut, tc.errOut)
+			}
+			if tc.notHave != "" && strings.Contains(out, tc.notHave) {
+				t.Errorf("stdout %q should not contain %q", out, tc.notHave)
+			}
+		})
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
+	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{"stripe": {Lanes: []string{"default", "bulk"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for i := 0; i < 3; i++ {
+		if _, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "stripe", Lane: []string{"default", "bulk", "bulk"}[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errOut, code := run(t, nil, "", "status", "--config", good, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got struct {
+		Upstreams []struct {
+			Name    string `json:"name"`
+			Backlog struct {
+				Total int64                       `json:"total"`
+				Lanes map[string]queue.LaneCounts `json:"lanes"`
+			} `json:"backlog"`
+			TimeToDrain *float64 `json:"time_to_drain_seconds"`
+		} `json:"upstreams"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	u := got.Upstreams[0]
+	if u.Name != "stripe" || u.Backlog.Total != 3 || u.Backlog.Lanes["bulk"].Pending != 2 || u.TimeToDrain != nil {
+		t.Fatalf("got %+v; want 3 queued (2 on bulk) and no drain estimate while nothing drains", u)
+	}
+	// The table shows the lanes and that nothing drains.
+	out, _, _ = run(t, nil, "", "status", "--config", good)
+	if !strings.Contains(out, "3 (bulk=2 default=1)") || !strings.Contains(out, "stalled") {
+		t.Fatalf("table:\n%s", out)
+	}
+}
+
+func TestEnqueueThroughAPI(t *testing.T) {
+	// A stand-in API that accepts one job and reports it succeeded.
+	var gotAuth, gotBody string
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotAuth = r.Header.Get("Authorization")
+		b := new(bytes.Buffer)
+		b.ReadFrom(r.Body)
+		if r.Method == "POST" {
+			gotBody = b.String()
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(202)
+			w.Write([]byte(`{"id":"demo.default.abc","state":"queued","upstream":"demo","lane":"default"}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"id":"demo.default.abc","state":"succeeded","upstream":"demo","lane":"default","attempts":1,"response":{"status":200,"body":"hi"}}`))
+	}))
+	defer api.Close()
+	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
+	out, errOut, code := run(t, env, `{"from":"stdin"}`, "enqueue", "--upstream", "demo", "--path", "/v1/x", "--data-file", "-",
+		"--header", "Content-Type: application/json", "--cost", "tokens=5", "--wait", "--wait-timeout", "10s")
+	if code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out, errOut)
+	}
+	if gotAuth != "Bearer k1" || !strings.Contains(gotBody, `"body":"{\"from\":\"stdin\"}"`) || !strings.Contains(gotBody, `"tokens":5`) {
+		t.Fatalf("API got auth %q body %s", gotAuth, gotBody)
+	}
+	if !strings.Contains(out, "succeeded") || !strings.Contains(out, "upstream answered 200") {
+		t.Fatalf("stdout: %s", out)
+	}
+}
