@@ -134,10 +134,14 @@ type Work struct {
 	// ShutdownTimeout is how long a stopping worker lets jobs in flight
 	// finish before handing them back to the queue. Default 30s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
-	// Horizon is the longest pacing wait a worker sits out holding a job;
-	// a job whose slot is further away goes back to the queue scheduled
-	// for it, so memory and leases are not tied up waiting. Default 2s.
+	// Horizon is the longest pacing wait a worker books ahead for a job.
+	// Default 2s.
 	Horizon Duration `yaml:"horizon"`
+	// MaxHold is how long a worker keeps a job its upstream cannot take
+	// within the horizon (paused, blocked after a 429, a very slow limit)
+	// before handing it back to the queue, scheduled for when the upstream
+	// expects it and without spending an attempt. Default 10s.
+	MaxHold Duration `yaml:"max_hold"`
 }
 
 // Upstream is one third-party API and the limits it imposes.

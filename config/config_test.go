@@ -119,7 +119,7 @@ upstreams:
 			Admission:       Admission{Capacity: 100, RefillPerSecond: 10, OnRedisError: shaper.FailOpen},
 			ShutdownTimeout: Duration(30 * time.Second),
 		},
-		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(2 * time.Second)},
+		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(2 * time.Second), MaxHold: Duration(10 * time.Second)},
 	}
 	upstream := func(name, base string, conc, workers int, guard time.Duration, l Limit) *Upstream {
 		return &Upstream{
@@ -184,7 +184,7 @@ api:
   keys: [{name: a.b, tenant: t1, key_env: A, admin: true}]
   admission: {capacity: 5, refill_per_second: 0.5, on_redis_error: local}
   shutdown_timeout: 5s
-work: {metrics_listen: "127.0.0.1:9999", shutdown_timeout: 1m, horizon: 500ms}
+work: {metrics_listen: "127.0.0.1:9999", shutdown_timeout: 1m, horizon: 500ms, max_hold: 20s}
 upstreams:
   mail:
     handler: true
@@ -218,7 +218,7 @@ upstreams:
 	if !reflect.DeepEqual(c.API, wantAPI) {
 		t.Errorf("api: got %+v, want %+v", c.API, wantAPI)
 	}
-	if want := (Work{MetricsListen: "127.0.0.1:9999", ShutdownTimeout: Duration(time.Minute), Horizon: Duration(500 * time.Millisecond)}); c.Work != want {
+	if want := (Work{MetricsListen: "127.0.0.1:9999", ShutdownTimeout: Duration(time.Minute), Horizon: Duration(500 * time.Millisecond), MaxHold: Duration(20 * time.Second)}); c.Work != want {
 		t.Errorf("work: got %+v, want %+v", c.Work, want)
 	}
 	want := &Upstream{
@@ -565,7 +565,7 @@ upstreams:
 	got := c.Summary()
 	want := `redis: redis://:xxxxx@redis.internal:6379/1, keys under shaper
 api: listen :8080, 2 keys (1 admin), admission per key: burst 100 then 10/s, on Redis error allow, bodies up to 1048576 bytes
-work: metrics on :9091, holds a job for pacing waits up to 2s, shutdown within 30s
+work: metrics on :9091, books pacing waits up to 2s, holds blocked jobs up to 10s, shutdown within 30s
 upstream mail: Go handler at 1 requests per 2s (drains at 0.99 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4998/min); 800000 tokens per 1m0s (burst 8000) (drains at 789474/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream stripe: https://api.stripe.com at 100 requests per 1s (drains at 98.0/s); concurrency 20, 20 workers per replica, lanes default=1, up to 8 attempts, timeout 30s

@@ -25,6 +25,7 @@ const (
 	defaultShutdownTimeout   = Duration(30 * time.Second)
 	defaultMetricsListen     = ":9091"
 	defaultHorizon           = Duration(2 * time.Second)
+	defaultMaxHold           = Duration(10 * time.Second)
 	defaultGuard             = Duration(leaky.DefaultGuard)
 	defaultTimeout           = Duration(30 * time.Second)
 	defaultMaxPending        = 100_000
@@ -288,6 +289,7 @@ func (k checker) work(w *Work) {
 	}
 	k.positive("work.shutdown_timeout", w.ShutdownTimeout, defaultShutdownTimeout)
 	k.positive("work.horizon", w.Horizon, defaultHorizon)
+	k.positive("work.max_hold", w.MaxHold, defaultMaxHold)
 }
 
 func (k checker) upstream(p, name string, u *Upstream) {
@@ -523,6 +525,7 @@ func applyDefaults(c *Config, lines map[string]int) {
 	}
 	setDefault(&w.ShutdownTimeout, defaultShutdownTimeout)
 	setDefault(&w.Horizon, defaultHorizon)
+	setDefault(&w.MaxHold, defaultMaxHold)
 
 	for name, u := range c.Upstreams {
 		p := join("upstreams", name)

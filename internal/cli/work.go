@@ -109,6 +109,7 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 	d, err := dispatcher.New(rdb, dispatcher.Config{
 		Upstreams:       chosen,
 		Horizon:         time.Duration(cfg.Work.Horizon),
+		MaxHold:         time.Duration(cfg.Work.MaxHold),
 		ShutdownTimeout: time.Duration(cfg.Work.ShutdownTimeout),
 		Prefix:          cfg.Redis.Prefix,
 		Logger:          log,
