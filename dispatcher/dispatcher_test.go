@@ -328,3 +328,41 @@ func counterValue(c prometheus.Metric) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestLongBlockHoldsThenHandsBack: an upstream blocked far beyond MaxHold.
+// Workers hold their jobs for MaxHold, then hand them back scheduled for
+// the block's end, spending nothing; jobs nobody took stay queued.
+func TestLongBlockHoldsThenHandsBack(t *testing.T) {
+	h := newHarness(t, thirdparty.Config{}, Upstream{}, 2)
+	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 2}},
+		MaxHold: 300 * time.Millisecond}, nil)
+	b, _ := d.Bucket("api")
+	until, err := b.Block(context.Background(), time.Minute, "test pause")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := 0; i < 20; i++ {
+		ids = append(ids, h.enqueue(&queue.Job{Upstream: "api", Path: "/x"}).ID)
+	}
+	time.Sleep(time.Second)
+	counts := map[queue.State]int{}
+	for _, id := range ids {
+		info, err := h.q.Get(context.Background(), id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[info.State]++
+		if info.State != queue.StateActive && info.Attempts != 0 {
+			t.Fatalf("job %s (%s) spent %d attempts waiting", id, info.State, info.Attempts)
+		}
+		if info.State == queue.StateScheduled && info.NextAttemptAt.Before(until.Add(-5*time.Second)) {
+			t.Fatalf("job %s handed back for %v, want about the block's end %v", id, info.NextAttemptAt, until)
+		}
+	}
+	// 2 workers holding 300ms each for about a second hand back a handful,
+	// not the whole backlog.
+	if counts[queue.StateScheduled] == 0 || counts[queue.StateScheduled] > 12 || counts[queue.StateQueued] < 6 || counts[queue.StateActive] > 2 {
+		t.Fatalf("states after a second of a long block: %v; want a few handed back, at most 2 held, most still queued", counts)
+	}
+}

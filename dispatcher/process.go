@@ -156,11 +156,15 @@ func (d *Dispatcher) pace(ctx context.Context, u *upstream, job *queue.Job) (*le
 				sleep(waitCtx, min(r.RetryAfter, 5*time.Millisecond)+rand.N(5*time.Millisecond))
 			case r.RetryAfter <= d.cfg.Horizon:
 				sleep(waitCtx, r.RetryAfter)
-			case time.Since(start)+r.RetryAfter > d.cfg.MaxHold:
+			case time.Since(start) >= d.cfg.MaxHold:
+				// Held long enough: give the job back for when the upstream
+				// expects it. Handing back at once instead would only make
+				// this worker take the next job and hand that back too,
+				// churning the whole backlog through Redis.
 				return nil, handBack(r.RetryAfter, fmt.Sprintf("upstream %s until about %s", r.Reason, time.Now().Add(r.RetryAfter+d.cfg.Horizon).Format(time.RFC3339)))
 			default:
 				// Look again now and then: a resume lifts a block early.
-				sleep(waitCtx, min(r.RetryAfter, time.Second))
+				sleep(waitCtx, min(r.RetryAfter, time.Second, d.cfg.MaxHold-time.Since(start)))
 			}
 			continue
 		}

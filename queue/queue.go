@@ -444,6 +444,53 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 	return info, nil
 }
 
+// RunDeferred makes every job of an upstream that was handed back to wait
+// for it (a pause, pushback) due now, for when the wait ended early: an
+// operator resumed the upstream. Jobs waiting to retry after a failure keep
+// their backoff. It returns how many jobs it moved.
+func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
+	u, ok := q.cfg.Upstreams[upstream]
+	if !ok {
+		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+	}
+	moved := 0
+	for _, lane := range u.Lanes {
+		qn := QueueName(upstream, lane)
+		var ids []string
+		// Collect first: running a task while paging would shift the pages.
+		for page := 1; ; page++ {
+			if err := ctx.Err(); err != nil {
+				return moved, err
+			}
+			tasks, err := q.insp.ListRetryTasks(qn, asynq.Page(page), asynq.PageSize(500))
+			if errors.Is(err, asynq.ErrQueueNotFound) {
+				break
+			}
+			if err != nil {
+				return moved, fmt.Errorf("list waiting jobs of %s: %w", qn, err)
+			}
+			for _, t := range tasks {
+				if strings.HasPrefix(t.LastErr, DeferredPrefix) {
+					ids = append(ids, t.ID)
+				}
+			}
+			if len(tasks) < 500 {
+				break
+			}
+		}
+		for _, id := range ids {
+			err := q.insp.RunTask(qn, id)
+			if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+				return moved, fmt.Errorf("run job %s: %w", id, err)
+			}
+			if err == nil {
+				moved++
+			}
+		}
+	}
+	return moved, nil
+}
+
 // TrimDead deletes an upstream's dead and cancelled jobs older than its dead
 // retention (asynq itself keeps at most 10,000 for 90 days). It returns how
 // many it deleted.

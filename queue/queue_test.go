@@ -228,6 +228,17 @@ func TestStatesThroughAsynq(t *testing.T) {
 			}
 		}
 	}
+	// A resume makes the deferred job due at once, and touches nothing else.
+	moved, err := q.RunDeferred(ctx, "stripe")
+	if err != nil || moved != 1 {
+		t.Fatalf("RunDeferred: moved %d, %v; want the one deferred job", moved, err)
+	}
+	if info, _ := q.Get(ctx, deferred.ID, ""); info.State != StateQueued {
+		t.Fatalf("deferred job after RunDeferred: %s, want queued", info.State)
+	}
+	if info, _ := q.Get(ctx, dead.ID, ""); info.State != StateDead {
+		t.Fatalf("dead job after RunDeferred: %s, want still dead", info.State)
+	}
 }
 
 func TestIDs(t *testing.T) {

@@ -89,6 +89,11 @@ func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, r, "pacing", err)
 		return
 	}
-	s.log.Info("upstream resumed", "upstream", name, "by", caller(r).Name)
+	moved, err := s.q.RunDeferred(r.Context(), name)
+	if err != nil {
+		s.internalError(w, r, "jobs", err)
+		return
+	}
+	s.log.Info("upstream resumed", "upstream", name, "by", caller(r).Name, "jobs_made_due", moved)
 	s.handleUpstream(w, r)
 }

@@ -57,7 +57,8 @@ type Upstream struct {
 	PausedUntil *time.Time `json:"paused_until"`
 	PauseReason string     `json:"pause_reason,omitempty"`
 	// TimeToDrainSeconds is the backlog over the last 10 seconds' drain
-	// rate; null when there is a backlog but nothing has drained lately.
+	// rate; null while paused, or when there is a backlog but nothing has
+	// drained lately.
 	TimeToDrainSeconds *float64 `json:"time_to_drain_seconds"`
 	// AtLimitSeconds is how long the backlog takes at the configured
 	// sustained rate, the best case.
@@ -176,6 +177,8 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		u.PausedUntil, u.PauseReason = &t, st.BlockReason
 	}
 	switch {
+	case u.PausedUntil != nil:
+		// Nothing drains while paused; the recent rate says nothing.
 	case u.Backlog.Total == 0:
 		zero := 0.0
 		u.TimeToDrainSeconds = &zero

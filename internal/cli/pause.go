@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/server"
 )
 
@@ -108,6 +109,15 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 	}
 	if !pause {
 		if err := b.Unblock(ctx); err != nil {
+			return err
+		}
+		// Jobs handed back during the pause were scheduled for its end.
+		q, err := queue.New(rdb, queueConfig(cfg))
+		if err != nil {
+			return err
+		}
+		defer q.Close()
+		if _, err := q.RunDeferred(ctx, name); err != nil {
 			return err
 		}
 		return reportPause(f, name, false, 0)

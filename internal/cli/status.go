@@ -160,6 +160,8 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 		}
 		drainTime := "-"
 		switch {
+		case u.PausedUntil != nil:
+			drainTime = "paused"
 		case u.TimeToDrainSeconds != nil:
 			drainTime = humanDuration(time.Duration(*u.TimeToDrainSeconds * float64(time.Second)))
 		case u.Backlog.Total > 0:

@@ -1,0 +1,107 @@
+package status
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
+)
+
+var srv *redistest.Server
+
+func TestMain(m *testing.M) { redistest.Main(m, &srv) }
+
+func TestUpstreamStatus(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{"api": {Lanes: []string{"default", "bulk"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	r, err := NewReader(rdb, q, "", []Source{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Concurrency: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		if _, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "api", Lane: []string{"default", "bulk", "bulk"}[i%3]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Idle: a backlog, nothing draining.
+	u, err := r.Upstream(ctx, "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Backlog.Total != 30 || u.Backlog.Lanes["bulk"].Pending != 20 || u.TimeToDrainSeconds != nil || u.PausedUntil != nil {
+		t.Fatalf("idle: %+v", u)
+	}
+	if u.Limits[0].Description != "100 requests per 1s" || u.Limits[0].SustainedPerSecond < 97 || u.Limits[0].SustainedPerSecond >= 100 {
+		t.Fatalf("limits: %+v", u.Limits)
+	}
+	if u.AtLimitSeconds < 0.3 || u.AtLimitSeconds > 0.32 {
+		t.Fatalf("time at the limit %v, want 30 jobs at 98/s", u.AtLimitSeconds)
+	}
+	// Sends recorded 2-11 seconds ago: 10 per second.
+	rec := drain.NewRecorder(rdb, "")
+	now := time.Now()
+	for s := 2; s <= 11; s++ {
+		for i := 0; i < 10; i++ {
+			rec.Sent("api", now.Add(-time.Duration(s)*time.Second))
+		}
+	}
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	u, err = r.Upstream(ctx, "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.DrainRate.Last10s != 10 || u.DrainRate.Last60s < 1.6 || u.DrainRate.Last60s > 1.7 {
+		t.Fatalf("drain rates %+v, want 10/s over 10s and 100/60 over 60s", u.DrainRate)
+	}
+	if u.TimeToDrainSeconds == nil || *u.TimeToDrainSeconds != 3 {
+		t.Fatalf("time to drain %v, want 30 jobs at 10/s = 3s", u.TimeToDrainSeconds)
+	}
+	// Paused: no estimate, and the reason shows.
+	b, _ := r.Bucket("api")
+	if _, err := b.Block(ctx, time.Minute, "maintenance"); err != nil {
+		t.Fatal(err)
+	}
+	u, _ = r.Upstream(ctx, "api")
+	if u.PausedUntil == nil || u.PauseReason != "maintenance" || u.TimeToDrainSeconds != nil {
+		t.Fatalf("paused: %+v", u)
+	}
+	all, err := r.All(ctx)
+	if err != nil || len(all) != 1 {
+		t.Fatalf("All: %v %v", all, err)
+	}
+	if _, err := r.Upstream(ctx, "nope"); !errors.Is(err, queue.ErrUnknownUpstream) {
+		t.Fatalf("unknown upstream: %v", err)
+	}
+}
+
+// TestDrainKeysExpire: the per-second counts never outlive drain.Keep.
+func TestDrainKeysExpire(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	rec := drain.NewRecorder(rdb, "")
+	rec.Sent("api", time.Now())
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := rdb.Keys(ctx, "shaper:drain:*").Result()
+	if len(keys) != 1 {
+		t.Fatalf("keys %v", keys)
+	}
+	if ttl := rdb.TTL(ctx, keys[0]).Val(); ttl <= 0 || ttl > drain.Keep {
+		t.Fatalf("TTL %v, want within %v", ttl, drain.Keep)
+	}
+}
