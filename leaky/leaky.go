@@ -118,6 +118,7 @@ type Bucket struct {
 	params []gcra.Params
 	keys   []string // block, leases, one TAT per limit
 	clock  *offsetEstimator
+	batch  *script.Batcher[reserveReq, reserveRes]
 }
 
 // validName is what a bucket name may be; it becomes a Redis hash tag.
@@ -163,6 +164,7 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 		cfg.MaxWait = DefaultMaxWait
 	}
 	b := &Bucket{p: p, name: name, cfg: cfg, clock: newOffsetEstimator()}
+	b.batch = script.NewBatcher(script.BatchOptions{}, b.runReserve)
 	b.keys = append(b.keys, p.key(name, "block"), p.key(name, "leases"))
 	for _, l := range cfg.Limits {
 		prm := l.Params(cfg.Guard)
@@ -280,6 +282,10 @@ func WithLease(id string) ReserveOption {
 // concurrency lease is free). Nothing is booked otherwise: the Reservation
 // says when to come back. The caller should send at SendAt, or give the slot
 // back with Cancel; Wait does the former.
+//
+// Concurrent Reserve calls on one Bucket share a round trip to Redis: the
+// first caller goes at once, and callers arriving while it is under way are
+// booked together in the next script call, in arrival order.
 func (b *Bucket) Reserve(ctx context.Context, costs Costs, opts ...ReserveOption) (*Reservation, error) {
 	o := reserveOpts{maxWait: b.cfg.MaxWait}
 	for _, opt := range opts {
@@ -291,27 +297,20 @@ func (b *Bucket) Reserve(ctx context.Context, costs Costs, opts ...ReserveOption
 	if b.cfg.Concurrency == 0 {
 		o.lease = ""
 	}
-	args := make([]any, 0, 5+4*len(b.params))
-	args = append(args, script.NowArg(b.p.now), o.maxWait.Microseconds(), o.lease, b.cfg.Concurrency,
-		b.cfg.LeaseTTL.Microseconds())
+	req := reserveReq{maxWait: o.maxWait.Microseconds(), lease: o.lease, costs: make([]int64, len(b.params))}
 	for i, l := range b.cfg.Limits {
-		cost, err := b.cost(l, costs)
+		c, err := b.cost(l, costs)
 		if err != nil {
 			return nil, err
 		}
-		args = append(args, b.params[i].Interval, b.params[i].Capacity, cost, l.Per.Microseconds())
+		req.costs[i] = c
 	}
-	issued := time.Now()
-	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, b.keys, args...)
+	res, err := b.batch.Do(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("reserve %s: %w", b.name, err)
 	}
-	received := time.Now()
+	out := res.out
 	n := len(b.params)
-	out, err := script.Ints(v, -1)
-	if err != nil || (len(out) != 5 && len(out) != 5+2*n) {
-		return nil, fmt.Errorf("reserve %s: malformed reply %v: %v", b.name, v, err)
-	}
 	r := &Reservation{
 		OK:     out[0] == 1,
 		Reason: Reason(out[2]),
@@ -326,13 +325,71 @@ func (b *Bucket) Reserve(ctx context.Context, costs Costs, opts ...ReserveOption
 		r.Delay = time.Duration(out[1]) * time.Microsecond
 		r.Lease = o.lease
 		r.tats = out[5:]
-		lo, hi := b.clock.observe(issued, received, out[4])
 		slot := out[4] + out[1]
-		r.sendAt, r.earliest = b.clock.toLocal(slot-lo), b.clock.toLocal(slot-hi)
+		r.sendAt, r.earliest = b.clock.toLocal(slot-res.lo), b.clock.toLocal(slot-res.hi)
 	} else {
 		r.RetryAfter = time.Duration(out[1]) * time.Microsecond
 	}
 	return r, nil
+}
+
+// reserveReq is one reservation in a shared script call.
+type reserveReq struct {
+	maxWait int64
+	lease   string
+	costs   []int64 // per limit
+}
+
+// reserveRes is its raw reply and the clock bounds of the call it rode in.
+type reserveRes struct {
+	out    []int64
+	lo, hi int64
+}
+
+// runReserve books a batch of reservations in one script call.
+func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq, reserveRes]) {
+	n := len(b.params)
+	args := make([]any, 0, 4+3*n+len(calls)*(2+n))
+	args = append(args, script.NowArg(b.p.now), b.cfg.LeaseTTL.Microseconds(), b.cfg.Concurrency, n)
+	for i, l := range b.cfg.Limits {
+		args = append(args, b.params[i].Interval, b.params[i].Capacity, l.Per.Microseconds())
+	}
+	for _, c := range calls {
+		args = append(args, c.Req.maxWait, c.Req.lease)
+		for _, cost := range c.Req.costs {
+			args = append(args, cost)
+		}
+	}
+	fail := func(err error) {
+		for _, c := range calls {
+			c.Err = err
+		}
+	}
+	issued := time.Now()
+	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, b.keys, args...)
+	if err != nil {
+		fail(err)
+		return
+	}
+	received := time.Now()
+	replies, ok := v.([]any)
+	if !ok || len(replies) != len(calls) {
+		fail(fmt.Errorf("malformed reply %v", v))
+		return
+	}
+	var lo, hi int64
+	for i, c := range calls {
+		out, err := script.Ints(replies[i], -1)
+		if err != nil || (len(out) != 5 && len(out) != 5+2*n) {
+			c.Err = fmt.Errorf("malformed reply %v: %v", replies[i], err)
+			continue
+		}
+		if i == 0 {
+			// One "now" for the whole call: one observation of the clocks.
+			lo, hi = b.clock.observe(issued, received, out[4])
+		}
+		c.Res = reserveRes{out: out, lo: lo, hi: hi}
+	}
 }
 
 func (b *Bucket) cost(l Limit, costs Costs) (int64, error) {

@@ -13,97 +13,106 @@ const (
 	codeConcurrency = 3
 )
 
-// reserveScript reserves the next send slot for every limit of a bucket at
-// once, honouring a fleet-wide block and an optional concurrency lease. It
-// writes nothing unless everything fits within max_wait.
+// reserveScript books send slots for one or more reservations on a bucket,
+// in order, each for every limit of the bucket at once, honouring a
+// fleet-wide block and an optional concurrency lease. A reservation that does
+// not fit within its max wait books nothing. Concurrent callers in one
+// process share a call (see Bucket.Reserve); they all see one "now".
 //
 //	KEYS[1] -> block hash {until=µs, reason=text}
 //	KEYS[2] -> in-flight leases, a sorted set of lease id -> expiry µs
 //	KEYS[3..] -> one TAT string per limit
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
-//	ARGV[2] -> max wait µs
-//	ARGV[3] -> lease id ("" = no concurrency limit)
-//	ARGV[4] -> concurrency limit
-//	ARGV[5] -> lease lifetime µs, counted from the slot
-//	ARGV[6+4i .. 9+4i] -> limit i: interval µs, capacity, cost, per µs
+//	ARGV[2] -> lease lifetime µs, counted from the slot
+//	ARGV[3] -> concurrency limit
+//	ARGV[4] -> n, the number of limits
+//	ARGV[5+3i .. 7+3i] -> limit i: interval µs, capacity, per µs
+//	then per reservation: max wait µs, lease id ("" = none), cost of each limit
 //
-// Returns {ok, wait, reason, limit, now, prev_1, next_1, ..., prev_n, next_n}:
-// ok is 1 when reserved; wait is the delay until the slot (ok) or how long
-// until trying again can succeed (not ok); reason says what set the slot or
-// refused it (0 none, 1 a limit, 2 the block, 3 concurrency); limit is the
-// 1-based limit that bound the slot; prev_i/next_i are each TAT before and
-// after (prev 0 when the key did not exist), for giving the slot back.
+// Returns one reply per reservation: {ok, wait, reason, limit, now, prev_1,
+// next_1, ..., prev_n, next_n}. ok is 1 when booked; wait is the delay until
+// the slot (ok) or how long until trying again can succeed (not ok); reason
+// says what set the slot or refused it (0 none, 1 a limit, 2 the block, 3
+// concurrency); limit is the 1-based limit that bound the slot; prev_i and
+// next_i are the TATs before and after (prev 0 when there was none), for
+// giving the slot back.
 var reserveScript = script.New(gcra.LuaFunctions, `
 local now = shaper_now(ARGV[1])
-local max_wait = tonumber(ARGV[2])
-local lease = ARGV[3]
-local n = #KEYS - 2
-
-local slot = now
-local reason = 0
-local binding = 0
-
-local blocked = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
-if blocked > slot then
-  slot = blocked
-  reason = 2
-end
-
-local prev = {}
+local lease_ttl = tonumber(ARGV[2])
+local concurrency = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local interval, capacity, per, tat, changed = {}, {}, {}, {}, {}
 for i = 1, n do
-  local base = 6 + 4 * (i - 1)
-  local interval = tonumber(ARGV[base])
-  local capacity = tonumber(ARGV[base + 1])
-  local cost = tonumber(ARGV[base + 2])
-  local stored = tonumber(redis.call('GET', KEYS[i + 2]) or '0')
-  prev[i] = stored
-  local at = gcra_earliest(stored, now, interval, capacity, cost)
-  if at > slot then
-    slot = at
-    reason = 1
-    binding = i
+  local b = 5 + 3 * (i - 1)
+  interval[i] = tonumber(ARGV[b])
+  capacity[i] = tonumber(ARGV[b + 1])
+  per[i] = tonumber(ARGV[b + 2])
+  tat[i] = tonumber(redis.call('GET', KEYS[i + 2]) or '0')
+end
+local blocked = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+local pruned = false
+local last_expiry = 0
+
+local replies = {}
+local start = 5 + 3 * n
+local stride = 2 + n
+for base = start, #ARGV, stride do
+  local max_wait = tonumber(ARGV[base])
+  local lease = ARGV[base + 1]
+  local slot, reason, binding = now, 0, 0
+  if blocked > slot then
+    slot, reason = blocked, 2
   end
-end
-
-local out = {0, 0, reason, binding, now}
-if slot - now > max_wait then
-  out[2] = slot - now - max_wait
-  return out
-end
-
-if lease ~= '' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZSCORE', KEYS[2], lease) == false then
-    local limit = tonumber(ARGV[4])
-    if redis.call('ZCARD', KEYS[2]) >= limit then
-      local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-      out[2] = tonumber(first[2]) - now
-      out[3] = 3
-      out[4] = 0
-      return out
+  for i = 1, n do
+    local at = gcra_earliest(tat[i], now, interval[i], capacity[i], tonumber(ARGV[base + 1 + i]))
+    if at > slot then
+      slot, reason, binding = at, 1, i
     end
   end
-  local expiry = slot + tonumber(ARGV[5])
-  redis.call('ZADD', KEYS[2], expiry, lease)
-  local ttl = math.ceil((expiry - now) / 1000) + 1000
+  local out = {0, 0, reason, binding, now}
+  local ok = slot - now <= max_wait
+  if not ok then
+    out[2] = slot - now - max_wait
+  elseif lease ~= '' then
+    if not pruned then
+      redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+      pruned = true
+    end
+    if redis.call('ZSCORE', KEYS[2], lease) == false and redis.call('ZCARD', KEYS[2]) >= concurrency then
+      local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+      out[2], out[3], out[4] = tonumber(oldest[2]) - now, 3, 0
+      ok = false
+    else
+      local expiry = slot + lease_ttl
+      redis.call('ZADD', KEYS[2], expiry, lease)
+      if expiry > last_expiry then last_expiry = expiry end
+    end
+  end
+  if ok then
+    for i = 1, n do
+      local nxt = gcra_take(tat[i], slot, interval[i], tonumber(ARGV[base + 1 + i]))
+      out[#out + 1] = tat[i]
+      out[#out + 1] = nxt
+      tat[i] = nxt
+      changed[i] = true
+    end
+    out[1], out[2] = 1, slot - now
+  end
+  replies[#replies + 1] = out
+end
+
+for i = 1, n do
+  if changed[i] then
+    redis.call('SET', KEYS[i + 2], shaper_int(tat[i]), 'PX', math.ceil((tat[i] - now + per[i]) / 1000))
+  end
+end
+if last_expiry > 0 then
+  local ttl = math.ceil((last_expiry - now) / 1000) + 1000
   if redis.call('PTTL', KEYS[2]) < ttl then
     redis.call('PEXPIRE', KEYS[2], ttl)
   end
 end
-
-for i = 1, n do
-  local base = 6 + 4 * (i - 1)
-  local interval = tonumber(ARGV[base])
-  local cost = tonumber(ARGV[base + 2])
-  local per = tonumber(ARGV[base + 3])
-  local next_tat = gcra_take(prev[i], slot, interval, cost)
-  redis.call('SET', KEYS[i + 2], shaper_int(next_tat), 'PX', math.ceil((next_tat - now + per) / 1000))
-  out[#out + 1] = prev[i]
-  out[#out + 1] = next_tat
-end
-out[1] = 1
-out[2] = slot - now
-return out
+return replies
 `)
 
 // cancelScript gives back a reservation that was not used. A limit's TAT is

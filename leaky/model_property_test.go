@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/script"
 )
 
 // TestScriptsMatchModel drives Redis and the Go model with the same random
@@ -72,6 +74,31 @@ func TestScriptsMatchModel(t *testing.T) {
 						t.Fatalf("step %d cancel: got %d restored, want %d", step, got, want)
 					}
 					booked = slices.DeleteFunc(booked, func(x *Reservation) bool { return x == r })
+				case op == 9 && rng.IntN(2) == 0:
+					// Several reservations in one script call, as concurrent
+					// callers share one: the same as one after another at
+					// the same instant.
+					k := 2 + rng.IntN(4)
+					var calls []*script.Call[reserveReq, reserveRes]
+					for c := 0; c < k; c++ {
+						req := reserveReq{maxWait: []int64{0, 50_000, 1_000_000}[rng.IntN(3)], costs: []int64{1, rng.Int64N(cfg.Limits[1].Capacity() + 1)}}
+						if conc > 0 {
+							req.lease = fmt.Sprint("lease", rng.IntN(6))
+						}
+						calls = append(calls, &script.Call[reserveReq, reserveRes]{Req: req})
+					}
+					b.runReserve(ctx, calls)
+					now := clock.Last()
+					for c, call := range calls {
+						if call.Err != nil {
+							t.Fatalf("step %d batch call %d: %v", step, c, call.Err)
+						}
+						ls := modelLimits(b, Costs{"tokens": call.Req.costs[1]})
+						want := m.reserve(now, call.Req.maxWait, call.Req.lease, conc, cfg.LeaseTTL.Microseconds(), ls)
+						if !slices.Equal(normalize(call.Res.out, now), normalize(want, now)) {
+							t.Fatalf("step %d batch call %d: got %v, want %v", step, c, call.Res.out, want)
+						}
+					}
 				case op == 6:
 					d := time.Duration(1+rng.IntN(300)) * time.Millisecond
 					until, err := b.Block(ctx, d, "test")
