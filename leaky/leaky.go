@@ -112,13 +112,14 @@ type BucketConfig struct {
 
 // Bucket paces one upstream. Build it with Pacer.Bucket.
 type Bucket struct {
-	p      *Pacer
-	name   string
-	cfg    BucketConfig
-	params []gcra.Params
-	keys   []string // block, leases, one TAT per limit
-	clock  *offsetEstimator
-	batch  *script.Batcher[reserveReq, reserveRes]
+	p        *Pacer
+	name     string
+	cfg      BucketConfig
+	params   []gcra.Params
+	keys     []string // block, leases, one TAT per limit
+	clock    *offsetEstimator
+	batch    *script.Batcher[reserveReq, reserveRes]
+	releases *script.Batcher[string, struct{}]
 }
 
 // validName is what a bucket name may be; it becomes a Redis hash tag.
@@ -165,6 +166,7 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 	}
 	b := &Bucket{p: p, name: name, cfg: cfg, clock: newOffsetEstimator()}
 	b.batch = script.NewBatcher(script.BatchOptions{}, b.runReserve)
+	b.releases = script.NewBatcher(script.BatchOptions{}, b.runRelease)
 	b.keys = append(b.keys, p.key(name, "block"), p.key(name, "leases"))
 	for _, l := range cfg.Limits {
 		prm := l.Params(cfg.Guard)
@@ -449,12 +451,25 @@ func (b *Bucket) Release(ctx context.Context, r *Reservation) error {
 	return b.ReleaseLease(ctx, r.Lease)
 }
 
-// ReleaseLease ends a concurrency lease by id.
+// ReleaseLease ends a concurrency lease by id. Concurrent releases on one
+// Bucket share a round trip.
 func (b *Bucket) ReleaseLease(ctx context.Context, lease string) error {
-	if _, err := script.Run(ctx, b.p.rdb, "leaky.release", releaseScript, b.keys[1:2], lease); err != nil {
+	if _, err := b.releases.Do(ctx, lease); err != nil {
 		return fmt.Errorf("release lease on %s: %w", b.name, err)
 	}
 	return nil
+}
+
+// runRelease ends a batch of leases in one script call.
+func (b *Bucket) runRelease(ctx context.Context, calls []*script.Call[string, struct{}]) {
+	args := make([]any, len(calls))
+	for i, c := range calls {
+		args[i] = c.Req
+	}
+	_, err := script.Run(ctx, b.p.rdb, "leaky.release", releaseScript, b.keys[1:2], args...)
+	for _, c := range calls {
+		c.Err = err
+	}
 }
 
 // ExtendLease keeps a lease for d more from now. It returns false if the

@@ -192,14 +192,15 @@ redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' 0')
 return redis.call('DEL', KEYS[1])
 `)
 
-// releaseScript ends a concurrency lease early, when its job is done.
+// releaseScript ends concurrency leases early, when their sends are done.
+// Concurrent releases in one process share a call.
 //
 //	KEYS[1] -> in-flight leases sorted set
-//	ARGV[1] -> lease id
+//	ARGV[1..] -> lease ids
 //
-// Returns 1 if the lease was held, 0 if it had already expired.
+// Returns how many of them were held (the others had already expired).
 var releaseScript = script.New(`
-return redis.call('ZREM', KEYS[1], ARGV[1])
+return redis.call('ZREM', KEYS[1], unpack(ARGV))
 `)
 
 // extendScript moves a held lease's expiry, for holders that run longer
