@@ -18,6 +18,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper/bench/internal/redisproc"
 	"github.com/shaperhq/shaper/tokenbucket"
 )
 
@@ -86,11 +87,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv, err := startRedis()
+	srv, err := redisproc.Start()
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
+	defer srv.Stop()
 
 	maxKeys := slices.Max(o.keys)
 	names := make([]string, maxKeys)
@@ -124,7 +125,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 					order = []int{1, 0}
 				}
 				for _, ci := range order {
-					rate, err := measure(ctx, srv.addr, contenders[ci], names[:keys], callers, o.duration)
+					rate, err := measure(ctx, srv.Addr, contenders[ci], names[:keys], callers, o.duration)
 					if err != nil {
 						return fmt.Errorf("%s, %d callers, %d keys: %w", contenders[ci].name, callers, keys, err)
 					}
@@ -136,11 +137,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(os.Stderr, "round %d/%d done after %v\n", round+1, o.rounds, time.Since(start).Round(time.Second))
 	}
 
-	tbMem, err := memoryPerKey(ctx, srv.addr, contenders[0], o.memoryKeys)
+	tbMem, err := memoryPerKey(ctx, srv.Addr, contenders[0], o.memoryKeys)
 	if err != nil {
 		return err
 	}
-	rrMem, err := memoryPerKey(ctx, srv.addr, contenders[1], o.memoryKeys)
+	rrMem, err := memoryPerKey(ctx, srv.Addr, contenders[1], o.memoryKeys)
 	if err != nil {
 		return err
 	}
@@ -166,7 +167,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "\nRedis memory per idle key (used_memory delta / %d keys): %s %.0f B, %s %.0f B.\n",
 		o.memoryKeys, contenders[0].name, tbMem, contenders[1].name, rrMem)
 	fmt.Fprintf(out, "\nMachine: %d CPUs (GOMAXPROCS %d), %s, %s. Total time %v.\n",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), srv.version, time.Since(start).Round(time.Second))
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), srv.Version, time.Since(start).Round(time.Second))
 	fmt.Fprintf(out, "Command: `cd bench && go run ./cmd/admission %s`\n", strings.Join(args, " "))
 	return nil
 }

@@ -1,0 +1,127 @@
+// Package redisproc runs the benchmarks' own redis-server: a fresh process
+// on a free loopback port, without persistence, so that a measurement sees
+// no one else's keys, clients or saves, and leaves nothing behind.
+package redisproc
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Server is a running redis-server. Stop it when done.
+type Server struct {
+	// Addr is host:port on the loopback interface.
+	Addr string
+	// Version is what the server calls itself, e.g. "Redis 7.0.15".
+	Version string
+
+	dir string
+	cmd *exec.Cmd
+}
+
+// Start launches redis-server from PATH and waits until it answers.
+func Start() (*Server, error) {
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found in PATH: install it with `apt-get install -y redis-server`")
+	}
+	// The port is free now; another process could take it before
+	// redis-server binds, which then fails to start and we say so.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir, err := os.MkdirTemp("", "shaper-bench-redis-")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, cmd: cmd}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := s.Info("server")
+		if err == nil {
+			s.Version = "Redis " + info["redis_version"]
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			return nil, fmt.Errorf("redis-server on %s did not answer within 10s: %v", s.Addr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Info returns the fields of one INFO section ("memory", "server", ...).
+// It speaks to the server on its own short connection, so it works before
+// any client is set up and adds nothing to a client pool being measured.
+func (s *Server) Info(section string) (map[string]string, error) {
+	c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(c, "INFO %s\r\n", section); err != nil {
+		return nil, err
+	}
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	head = strings.TrimSpace(head)
+	if !strings.HasPrefix(head, "$") {
+		return nil, fmt.Errorf("INFO %s: unexpected reply %q", section, head)
+	}
+	n, err := strconv.Atoi(head[1:])
+	if err != nil || n < 0 {
+		return nil, fmt.Errorf("INFO %s: unexpected reply %q", section, head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return nil, err
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
+			fields[k] = v
+		}
+	}
+	return fields, nil
+}
+
+// UsedMemory is INFO's used_memory: every byte Redis has allocated,
+// including the buffers of connected clients.
+func (s *Server) UsedMemory() (int64, error) {
+	info, err := s.Info("memory")
+	if err != nil {
+		return 0, err
+	}
+	v, ok := info["used_memory"]
+	if !ok {
+		return 0, fmt.Errorf("INFO memory has no used_memory")
+	}
+	return strconv.ParseInt(v, 10, 64)
+}
+
+// Stop kills the server and removes its directory.
+func (s *Server) Stop() {
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	os.RemoveAll(s.dir)
+}
