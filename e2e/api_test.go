@@ -36,20 +36,7 @@ func freeAddr(t *testing.T) string {
 func (e *env) startServe(env ...string) string {
 	e.t.Helper()
 	addr := freeAddr(e.t)
-	cmd := exec.Command(shaperBin, "serve", "--config", e.cfg, "--listen", addr, "--log-level", "warn")
-	cmd.Env = append(os.Environ(), env...)
-	w := &worker{cmd: cmd, done: make(chan struct{}), log: &bytes.Buffer{}}
-	cmd.Stdout, cmd.Stderr = w.log, w.log
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	go func() {
-		cmd.Wait()
-		close(w.done)
-	}()
-	e.mu.Lock()
-	e.workers = append(e.workers, w)
-	e.mu.Unlock()
+	e.startProc(env, "serve", "--config", e.cfg, "--listen", addr, "--log-level", "warn")
 	waitUntil(e.t, 30*time.Second, "shaper serve to be ready", func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {

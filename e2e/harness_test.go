@@ -111,8 +111,15 @@ func (e *env) writeConfig(yaml string) {
 // startWorker runs `shaper work` and returns it.
 func (e *env) startWorker(args ...string) *worker {
 	e.t.Helper()
-	all := append([]string{"work", "--config", e.cfg, "--metrics-listen", "off", "--log-level", "warn"}, args...)
-	cmd := exec.Command(shaperBin, all...)
+	return e.startProc(nil, append([]string{"work", "--config", e.cfg, "--metrics-listen", "off", "--log-level", "warn"}, args...)...)
+}
+
+// startProc runs the shaper binary with args (and extra environment), to be
+// stopped when the test ends.
+func (e *env) startProc(environ []string, args ...string) *worker {
+	e.t.Helper()
+	cmd := exec.Command(shaperBin, args...)
+	cmd.Env = append(os.Environ(), environ...)
 	w := &worker{cmd: cmd, done: make(chan struct{}), log: &bytes.Buffer{}}
 	cmd.Stdout = w.log
 	cmd.Stderr = w.log
