@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/shaperhq/shaper/bench/internal/fleet"
+	"github.com/shaperhq/shaper/bench/internal/redisstats"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// ceilingRate is a limit so high that pacing never holds a job back: what
+// is left is the cost of dispatching.
+const ceilingRate = 1_000_000
+
+// The contenders of the ceiling, in table order.
+const (
+	asynqDrain    = "asynq"
+	asynqHTTP     = "asynq-http"
+	shaperHTTP    = "shaper-http"
+	shaperHandler = "shaper-handler"
+)
+
+var contenderNames = map[string]string{
+	asynqDrain:    "asynq no-op drain",
+	asynqHTTP:     "asynq handler sending HTTP to the fake",
+	shaperHTTP:    "`shaper work`, HTTP to the fake",
+	shaperHandler: "shaper dispatcher, Go no-op handler",
+}
+
+// drainResult is one contender's drain of one backlog.
+type drainResult struct {
+	jobs     int
+	rate     float64 // jobs/s over the middle 80% of the drain
+	redis    redisstats.Delta
+	drainCPU time.Duration // all of the contender's processes
+	selfCPU  time.Duration // this process: the fake upstream, polling
+}
+
+type ceilingKey struct {
+	contender string
+	replicas  int
+}
+
+// ceiling drains the same number of no-op jobs with each contender, rounds
+// times in a rotated order, so that load from elsewhere hits all of them.
+func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
+	if b.o.profileDir != "" {
+		b.shaper.ProfileInto(b.o.profileDir)
+		defer b.shaper.ProfileInto("")
+		f, err := os.Create(filepath.Join(b.o.profileDir, "bench.pprof"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	contenders := []string{asynqDrain, shaperHandler, asynqHTTP, shaperHTTP}
+	results := map[ceilingKey][]drainResult{}
+	for round := 0; round < b.o.rounds; round++ {
+		for _, n := range b.o.replicas {
+			for i := range contenders {
+				c := contenders[(i+round)%len(contenders)]
+				label := fmt.Sprintf("%s-%dx-round%d", c, n, round+1)
+				r, err := b.drain(ctx, c, n, label)
+				if err != nil {
+					return fmt.Errorf("%s: %w", label, err)
+				}
+				fmt.Fprintf(os.Stderr, "ceiling %s: %.0f jobs/s\n", label, r.rate)
+				k := ceilingKey{c, n}
+				results[k] = append(results[k], r)
+			}
+		}
+	}
+
+	fmt.Fprintf(out, "### Dispatch ceiling\n\n")
+	fmt.Fprintf(out, "Jobs per second while draining a backlog of %d no-op jobs (middle 80%% of the drain), median (min–max) of %d rounds. "+
+		"Each replica is its own process with %d jobs in flight (shaper `workers`, asynq `Concurrency`). "+
+		"shaper's limit is %d/s, too high to hold anything back; the HTTP upstream (the fake, in this benchmark's process) answers 200 at once. "+
+		"asynq's tasks carry the same payload bytes with asynq's default options; shaper's are enqueued with `queue.Queue.Enqueue` as the API does. "+
+		"The asynq HTTP handler decodes the job, sends its request with a plain `http.Client` and reads the answer: what an asynq worker calling an API does without shaper. "+
+		"Ratios are of medians; the target is shaper ≥ 0.7× asynq.\n\n",
+		b.o.ceilingJobs, b.o.rounds, b.o.workers, ceilingRate)
+	fmt.Fprintf(out, "| replicas | %s | %s | × asynq no-op | %s | %s | × asynq HTTP | × asynq no-op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+		contenderNames[asynqDrain], contenderNames[shaperHandler], contenderNames[asynqHTTP], contenderNames[shaperHTTP])
+	for _, n := range b.o.replicas {
+		med := func(c string) float64 { return median(rates(results[ceilingKey{c, n}])) }
+		fmt.Fprintf(out, "| %d | %s | %s | %.2f× | %s | %s | %.2f× | %.2f× |\n", n,
+			spread(results[ceilingKey{asynqDrain, n}]), spread(results[ceilingKey{shaperHandler, n}]), med(shaperHandler)/med(asynqDrain),
+			spread(results[ceilingKey{asynqHTTP, n}]), spread(results[ceilingKey{shaperHTTP, n}]), med(shaperHTTP)/med(asynqHTTP), med(shaperHTTP)/med(asynqDrain))
+	}
+
+	fmt.Fprintf(out, "\nWhat one job costs, summed over all rounds and divided by the jobs drained. Redis commands count those run inside scripts; "+
+		"\"scripts\" counts script calls (each one round trip). CPU is per job in µs: the Redis server, the contender's processes, "+
+		"and this benchmark's process (the fake upstream for HTTP; otherwise only polling for the end).\n\n")
+	fmt.Fprintf(out, "| contender | replicas | Redis cmds/job | scripts/job | Redis CPU | drainers' CPU | bench CPU | commands per job (≥ 0.01) |\n")
+	fmt.Fprintf(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, n := range b.o.replicas {
+		for _, c := range contenders {
+			rs := results[ceilingKey{c, n}]
+			sum := drainResult{redis: redisstats.Delta{Calls: map[string]int64{}}}
+			for _, r := range rs {
+				sum.jobs += r.jobs
+				for k, v := range r.redis.Calls {
+					sum.redis.Calls[k] += v
+				}
+				sum.redis.CPU += r.redis.CPU
+				sum.drainCPU += r.drainCPU
+				sum.selfCPU += r.selfCPU
+			}
+			jobs := int64(sum.jobs)
+			fmt.Fprintf(out, "| %s | %d | %.2f | %.2f | %.1f µs | %.1f µs | %.1f µs | %s |\n",
+				contenderNames[c], n, float64(sum.redis.Total())/float64(jobs), float64(sum.redis.Scripts())/float64(jobs),
+				perJob(sum.redis.CPU, jobs), perJob(sum.drainCPU, jobs), perJob(sum.selfCPU, jobs), sum.redis.PerJob(jobs, 0.01))
+		}
+	}
+	fmt.Fprintln(out)
+	return nil
+}
+
+func perJob(d time.Duration, jobs int64) float64 {
+	return float64(d) / float64(time.Microsecond) / float64(jobs)
+}
+
+func rates(rs []drainResult) []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = r.rate
+	}
+	return out
+}
+
+func spread(rs []drainResult) string {
+	xs := rates(rs)
+	if len(xs) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f (%.0f–%.0f)", median(xs), slices.Min(xs), slices.Max(xs))
+}
+
+// drain measures one contender with n replicas on a fresh backlog.
+func (b *bench) drain(ctx context.Context, contender string, n int, label string) (drainResult, error) {
+	res := drainResult{jobs: b.o.ceilingJobs}
+	if err := b.flush(ctx); err != nil {
+		return res, err
+	}
+	b.up.reset()
+	jobs := b.o.ceilingJobs
+
+	// What the contender drains, and how to tell it has finished.
+	var qname string
+	switch contender {
+	case asynqDrain, asynqHTTP:
+		qname = "bench.noop"
+		payload, _ := json.Marshal(httpJob("noop", 0))
+		if err := b.fillAsynq(ctx, qname, jobs, payload); err != nil {
+			return res, err
+		}
+	case shaperHTTP, shaperHandler:
+		name := "noop"
+		if contender == shaperHandler {
+			name = "noopgo"
+		}
+		qname = queue.QueueName(name, "default")
+		q, err := b.newQueue(name)
+		if err != nil {
+			return res, err
+		}
+		mk := func(i int) *queue.Job { return httpJob(name, i) }
+		if contender == shaperHandler {
+			mk = func(i int) *queue.Job {
+				return &queue.Job{Upstream: name, Task: "noop", Body: []byte(`{"n":` + strconv.Itoa(i) + `}`)}
+			}
+		}
+		err = b.fill(ctx, q, jobs, mk)
+		q.Close()
+		if err != nil {
+			return res, err
+		}
+	}
+
+	before, err := redisstats.Take(b.redis)
+	if err != nil {
+		return res, err
+	}
+	selfBefore, _ := fleet.SelfCPU()
+
+	var procs []*fleet.Proc
+	var children []*child
+	stopAll := func() error {
+		var errs []error
+		for _, c := range children {
+			if _, err := c.stop(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := fleet.StopAll(30*time.Second, procs...); err != nil {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+	env := map[string]string{
+		envRedis: b.redis.Addr, envConcurrency: strconv.Itoa(b.o.workers), envRate: strconv.Itoa(ceilingRate),
+	}
+	switch contender {
+	case shaperHTTP:
+		cfg, err := b.writeConfig("ceiling.yaml", upstreamConfig{name: "noop", baseURL: b.up.url, rate: ceilingRate, workers: b.o.workers})
+		if err != nil {
+			return res, err
+		}
+		if procs, _, err = b.startWorkers(n, cfg, label, false); err != nil {
+			return res, err
+		}
+	case asynqDrain, asynqHTTP, shaperHandler:
+		role := roleAsynq
+		env[envQueue] = qname
+		switch contender {
+		case asynqHTTP:
+			env[envURL] = b.up.url
+		case shaperHandler:
+			role, env[envQueue] = roleHandler, "noopgo"
+		}
+		for i := 0; i < n; i++ {
+			c, err := startChild(fmt.Sprintf("%s-%d", label, i+1), role, env, b.o.profileDir)
+			if err != nil {
+				stopAll()
+				return res, err
+			}
+			children = append(children, c)
+		}
+	}
+
+	// Done when every job has reached the upstream, or (for children) when
+	// the queue has nothing pending or running. Our own LLENs are taken
+	// back out of the count.
+	polls := 0
+	err = waitFor(5*time.Minute, 5*time.Millisecond, "the backlog to drain", func() (bool, error) {
+		if contender == shaperHTTP {
+			return b.up.arrived.Load() >= int64(jobs), nil
+		}
+		polls++
+		pending, err := b.rdb.LLen(ctx, "asynq:{"+qname+"}:pending").Result()
+		if err != nil {
+			return false, err
+		}
+		active, err := b.rdb.LLen(ctx, "asynq:{"+qname+"}:active").Result()
+		return pending == 0 && active == 0, err
+	})
+	if err != nil {
+		stopAll()
+		return res, err
+	}
+	after, err := redisstats.Take(b.redis)
+	if err != nil {
+		stopAll()
+		return res, err
+	}
+	res.redis = after.Since(before)
+	res.redis.Calls["llen"] -= int64(2 * polls)
+	if res.redis.Calls["llen"] <= 0 {
+		delete(res.redis.Calls, "llen")
+	}
+	selfAfter, _ := fleet.SelfCPU()
+	res.selfCPU = selfAfter - selfBefore
+	for _, p := range procs {
+		cpu, err := p.CPU()
+		if err != nil {
+			stopAll()
+			return res, err
+		}
+		res.drainCPU += cpu
+	}
+	for _, c := range children {
+		cpu, err := c.proc.CPU()
+		if err != nil {
+			stopAll()
+			return res, err
+		}
+		res.drainCPU += cpu
+	}
+
+	var times []time.Duration
+	if contender == shaperHTTP {
+		if err := stopAll(); err != nil {
+			return res, err
+		}
+		times = b.up.arrivals()
+	} else {
+		for _, c := range children {
+			ts, err := c.stop()
+			if err != nil {
+				return res, err
+			}
+			for _, t := range ts {
+				times = append(times, time.Duration(t.UnixNano()))
+			}
+		}
+	}
+	if len(times) < jobs {
+		return res, fmt.Errorf("%d jobs ran, want %d", len(times), jobs)
+	}
+	res.rate = middleRate(times)
+	return res, nil
+}
+
+// middleRate is the rate over the middle 80% of times, leaving out the
+// replicas' start and the stragglers at the end.
+func middleRate(times []time.Duration) float64 {
+	t := slices.Clone(times)
+	slices.Sort(t)
+	lo, hi := len(t)/10, len(t)-1-len(t)/10
+	if hi <= lo || t[hi] == t[lo] {
+		return 0
+	}
+	return float64(hi-lo) / (t[hi] - t[lo]).Seconds()
+}
