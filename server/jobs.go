@@ -401,8 +401,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	if valid > 0 && !s.admit(w, r, int64(valid)) {
 		return
 	}
-	// Enqueue concurrently: each is one round trip to Redis, and they
-	// overlap on the client's connection pool.
+	// Enqueue concurrently, so the round trips share pipelines.
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
 	for i, job := range jobs {
@@ -413,7 +412,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			info, created, err := s.q.Enqueue(r.Context(), job)
+			info, created, err := s.q.EnqueueMany(r.Context(), job)
 			switch {
 			case err != nil:
 				var full *queue.BacklogFullError
