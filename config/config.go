@@ -184,7 +184,8 @@ type Upstream struct {
 	// include DefaultLane. Default {default: 1}.
 	Lanes map[string]int `yaml:"lanes"`
 	// Workers is how many goroutines per replica take jobs. Default
-	// max(Concurrency, 10), at most 200.
+	// dispatcher.DefaultWorkers: max(Concurrency, 10, the request rate per
+	// second / 40), at most 200.
 	Workers int `yaml:"workers"`
 	// MaxResponseBytes caps how much of a response body is kept as the
 	// job's result. Default 1048576.

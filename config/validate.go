@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
 	"net"
 	"net/url"
@@ -37,7 +38,6 @@ const (
 	defaultResultRetention   = Duration(24 * time.Hour)
 	defaultDeadRetention     = Duration(7 * 24 * time.Hour)
 	defaultPushback          = Duration(time.Second)
-	minWorkers, maxWorkers   = 10, 200
 
 	maxBytes = 1 << 30
 )
@@ -552,7 +552,11 @@ func applyDefaults(c *Config, lines map[string]int) {
 			u.Lanes = map[string]int{DefaultLane: 1}
 		}
 		if u.Workers == 0 {
-			u.Workers = min(max(u.Concurrency, minWorkers), maxWorkers)
+			var ls []leaky.Limit
+			for _, l := range u.Limits {
+				ls = append(ls, l.Leaky())
+			}
+			u.Workers = dispatcher.DefaultWorkers(u.Concurrency, ls)
 		}
 		setDefault(&u.MaxResponseBytes, defaultMaxResponseBytes)
 		setDefault(&u.ResultRetention, defaultResultRetention)

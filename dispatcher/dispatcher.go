@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -50,7 +51,7 @@ type Upstream struct {
 	// priorities); default {"default": 1}.
 	Lanes map[string]int
 	// Workers is how many jobs one replica works on at once; default
-	// max(Concurrency, 10), at most 200.
+	// DefaultWorkers(Concurrency, Limits).
 	Workers int
 	// MinBackoff and MaxBackoff bound retries after failures; defaults 1s
 	// and 5m.
@@ -160,6 +161,21 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 	return d, nil
 }
 
+// DefaultWorkers is how many jobs a replica works on at once unless told:
+// enough to keep a slot booked every 25ms of the fastest request rate (each
+// job spends a round trip or two with Redis and one with the upstream), at
+// least the concurrency cap and 10, at most 200.
+func DefaultWorkers(concurrency int, limits []leaky.Limit) int {
+	n := max(concurrency, 10)
+	for _, l := range limits {
+		if l.Cost == "" {
+			perSecond := float64(l.Rate) / l.Per.Seconds()
+			n = max(n, int(math.Ceil(perSecond*0.025)))
+		}
+	}
+	return min(n, 200)
+}
+
 func orDefault(d, def time.Duration) time.Duration {
 	if d <= 0 {
 		return def
@@ -185,7 +201,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc Upstream) (*upstream, er
 		uc.Lanes = map[string]int{"default": 1}
 	}
 	if uc.Workers <= 0 {
-		uc.Workers = min(max(uc.Concurrency, 10), 200)
+		uc.Workers = DefaultWorkers(uc.Concurrency, uc.Limits)
 	}
 	bucket, err := pacer.Bucket(uc.Name, leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,

@@ -36,22 +36,32 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 		retried, _ := asynq.GetRetryCount(ctx)
 		attempt := retried + 1
 
-		r, err := d.pace(ctx, u, &job)
-		if err != nil {
-			var df *deferral
-			if errors.As(err, &df) {
-				d.m.Dispatches.WithLabelValues(name, "handed_back").Inc()
+		var v verdict
+		var resp *queue.Response
+		var r *leaky.Reservation
+		for {
+			var err error
+			r, err = d.pace(ctx, u, &job)
+			if err != nil {
+				var df *deferral
+				if errors.As(err, &df) {
+					d.m.Dispatches.WithLabelValues(name, "handed_back").Inc()
+				}
+				if u.cfg.Concurrency > 0 {
+					// A slot skipped as late keeps the job's lease; let it go.
+					rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+					u.bucket.ReleaseLease(rctx, job.ID)
+					cancel()
+				}
+				return err
 			}
-			if u.cfg.Concurrency > 0 {
-				// A slot skipped as late keeps the job's lease; let it go.
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-				u.bucket.ReleaseLease(rctx, job.ID)
-				cancel()
+			var sent bool
+			if v, resp, sent = d.send(ctx, u, &job, r); sent {
+				break
 			}
-			return err
+			// The slot slipped past the guard before the request left.
+			d.m.LateSlots.WithLabelValues(name).Inc()
 		}
-
-		v, resp := d.send(ctx, u, &job)
 		if r.Lease != "" {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			if err := u.bucket.Release(rctx, r); err != nil {
@@ -186,9 +196,18 @@ func handBack(delay time.Duration, why string) error {
 	return &deferral{delay: delay, why: why}
 }
 
-// send performs the job and reads the outcome.
-func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job) (verdict, *queue.Response) {
+// errTooLate: the reservation's slot slipped past the guard before the
+// request could leave; nothing was sent.
+var errTooLate = errors.New("slot slipped before the send")
+
+// send performs the job under reservation r and reads the outcome. It
+// reports false, having sent nothing, if the slot slipped past the guard
+// before the request left.
+func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *leaky.Reservation) (verdict, *queue.Response, bool) {
 	name := u.cfg.Name
+	if u.handler != nil && r.TooLate() {
+		return verdict{}, nil, false
+	}
 	d.m.InFlight.WithLabelValues(name).Inc()
 	defer d.m.InFlight.WithLabelValues(name).Dec()
 	start := time.Now()
@@ -206,19 +225,22 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job) (ver
 			class = "error"
 		}
 		d.m.UpstreamResponses.WithLabelValues(name, class).Inc()
-		return handlerVerdict(err, u.cfg.PushbackDefault), resp
+		return handlerVerdict(err, u.cfg.PushbackDefault), resp, true
 	}
-	resp, err := u.do(ctx, job)
+	resp, err := u.do(ctx, job, r)
+	if errors.Is(err, errTooLate) {
+		return verdict{}, nil, false
+	}
 	if err != nil {
 		d.m.UpstreamResponses.WithLabelValues(name, "error").Inc()
 		var pe *permanentError
 		if errors.As(err, &pe) {
-			return verdict{kind: kindDead, reason: err.Error()}, nil
+			return verdict{kind: kindDead, reason: err.Error()}, nil, true
 		}
-		return verdict{kind: kindRetry, reason: err.Error()}, nil
+		return verdict{kind: kindRetry, reason: err.Error()}, nil, true
 	}
 	d.m.UpstreamResponses.WithLabelValues(name, responseClass(resp.Status)).Inc()
-	return classify(resp.Status, http.Header(resp.Headers), time.Now(), u.cfg.PushbackDefault), resp
+	return classify(resp.Status, http.Header(resp.Headers), time.Now(), u.cfg.PushbackDefault), resp, true
 }
 
 // Target resolves a job's path against the upstream's base URL. The path
@@ -243,8 +265,8 @@ func Target(base *url.URL, p string) (string, error) {
 	return u.String(), nil
 }
 
-// do sends an HTTP job.
-func (u *upstream) do(ctx context.Context, job *queue.Job) (*queue.Response, error) {
+// do sends an HTTP job under reservation r.
+func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation) (*queue.Response, error) {
 	target, err := Target(u.base, job.Path)
 	if err != nil {
 		return nil, Permanent(err)
@@ -271,6 +293,10 @@ func (u *upstream) do(ctx context.Context, job *queue.Job) (*queue.Response, err
 	}
 	if u.cfg.IdempotencyHeader != "-" {
 		req.Header.Set(u.cfg.IdempotencyHeader, job.IdempotencyKey)
+	}
+	// The last moment to judge the slot: any later and the bytes are out.
+	if r.TooLate() {
+		return nil, errTooLate
 	}
 	resp, err := u.client.Do(req)
 	if err != nil {

@@ -38,7 +38,7 @@ func (r *Reservation) Wait(ctx context.Context) error {
 		cancel()
 		return ErrBlocked
 	}
-	if r.Late() > r.bucket.lateness() {
+	if r.TooLate() {
 		return ErrLate
 	}
 	return nil
@@ -47,6 +47,15 @@ func (r *Reservation) Wait(ctx context.Context) error {
 // Late is how far past the slot it is now, at most.
 func (r *Reservation) Late() time.Duration {
 	return time.Since(r.earliest)
+}
+
+// TooLate reports whether it is now too late to send on this reservation:
+// more than half the guard past its slot. Wait checks it on waking; a
+// caller with work between Wait and the send (building a request, taking a
+// connection) should check it again right before sending, and reserve
+// again instead when it says so.
+func (r *Reservation) TooLate() bool {
+	return r.Late() > r.bucket.lateness()
 }
 
 // Take reserves a slot for costs and waits for it, coming back as often as
