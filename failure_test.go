@@ -23,7 +23,9 @@ func (b broken) Allow(ctx context.Context, key string, n int64) (shaper.Result, 
 // always answers with a fixed result.
 type always struct{ res shaper.Result }
 
-func (a always) Allow(ctx context.Context, key string, n int64) (shaper.Result, error) { return a.res, nil }
+func (a always) Allow(ctx context.Context, key string, n int64) (shaper.Result, error) {
+	return a.res, nil
+}
 
 func TestFallible(t *testing.T) {
 	down := broken{errors.New("dial tcp 127.0.0.1:6379: connection refused")}
