@@ -27,6 +27,7 @@ const (
 	defaultMetricsListen     = ":9091"
 	defaultHorizon           = Duration(2 * time.Second)
 	defaultMaxHold           = Duration(10 * time.Second)
+	defaultPollInterval      = Duration(10 * time.Millisecond)
 	defaultGuard             = Duration(leaky.DefaultGuard)
 	defaultTimeout           = Duration(30 * time.Second)
 	defaultMaxPending        = 100_000
@@ -290,6 +291,7 @@ func (k checker) work(w *Work) {
 	k.positive("work.shutdown_timeout", w.ShutdownTimeout, defaultShutdownTimeout)
 	k.positive("work.horizon", w.Horizon, defaultHorizon)
 	k.positive("work.max_hold", w.MaxHold, defaultMaxHold)
+	k.positive("work.poll_interval", w.PollInterval, defaultPollInterval)
 }
 
 func (k checker) upstream(p, name string, u *Upstream) {
@@ -526,6 +528,7 @@ func applyDefaults(c *Config, lines map[string]int) {
 	setDefault(&w.ShutdownTimeout, defaultShutdownTimeout)
 	setDefault(&w.Horizon, defaultHorizon)
 	setDefault(&w.MaxHold, defaultMaxHold)
+	setDefault(&w.PollInterval, defaultPollInterval)
 
 	for name, u := range c.Upstreams {
 		p := join("upstreams", name)

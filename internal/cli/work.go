@@ -110,6 +110,7 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 		Upstreams:       chosen,
 		Horizon:         time.Duration(cfg.Work.Horizon),
 		MaxHold:         time.Duration(cfg.Work.MaxHold),
+		PollInterval:    time.Duration(cfg.Work.PollInterval),
 		ShutdownTimeout: time.Duration(cfg.Work.ShutdownTimeout),
 		Prefix:          cfg.Redis.Prefix,
 		Logger:          log,
