@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
+	"github.com/shaperhq/shaper/bench/internal/stats"
 	"github.com/shaperhq/shaper/tokenbucket"
 )
 
@@ -50,28 +51,16 @@ func parseFlags(args []string) (options, error) {
 		return o, err
 	}
 	var err error
-	if o.callers, err = ints(callers); err != nil {
+	if o.callers, err = stats.Counts(callers); err != nil {
 		return o, fmt.Errorf("-callers: %w", err)
 	}
-	if o.keys, err = ints(keys); err != nil {
+	if o.keys, err = stats.Counts(keys); err != nil {
 		return o, fmt.Errorf("-keys: %w", err)
 	}
 	if o.rounds < 1 || o.duration <= 0 {
 		return o, fmt.Errorf("-rounds and -duration must be positive")
 	}
 	return o, nil
-}
-
-func ints(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%q: want positive integers", s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 // decide is one admission decision by one of the limiters under test.
@@ -159,9 +148,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			for i := range as {
 				ratios[i] = as[i] / bs[i]
 			}
-			a, b := median(as), median(bs)
+			a, b := stats.Median(as), stats.Median(bs)
 			fmt.Fprintf(out, "| %d | %d | %.0f | %.0f | %.2f× | %.2f× (%.2f–%.2f) |\n",
-				callers, keys, a, b, a/b, median(ratios), slices.Min(ratios), slices.Max(ratios))
+				callers, keys, a, b, a/b, stats.Median(ratios), slices.Min(ratios), slices.Max(ratios))
 		}
 	}
 	fmt.Fprintf(out, "\nRedis memory per idle key (used_memory delta / %d keys): %s %.0f B, %s %.0f B.\n",
@@ -286,16 +275,4 @@ func usedMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no used_memory in INFO memory")
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

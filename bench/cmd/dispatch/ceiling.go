@@ -15,6 +15,7 @@ import (
 
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/redisstats"
+	"github.com/shaperhq/shaper/bench/internal/stats"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -96,7 +97,7 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "| replicas | %s | %s | × asynq no-op | %s | %s | × asynq HTTP | × asynq no-op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
 		contenderNames[asynqDrain], contenderNames[shaperHandler], contenderNames[asynqHTTP], contenderNames[shaperHTTP])
 	for _, n := range b.o.replicas {
-		med := func(c string) float64 { return median(rates(results[ceilingKey{c, n}])) }
+		med := func(c string) float64 { return stats.Median(rates(results[ceilingKey{c, n}])) }
 		fmt.Fprintf(out, "| %d | %s | %s | %.2f× | %s | %s | %.2f× | %.2f× |\n", n,
 			spread(results[ceilingKey{asynqDrain, n}]), spread(results[ceilingKey{shaperHandler, n}]), med(shaperHandler)/med(asynqDrain),
 			spread(results[ceilingKey{asynqHTTP, n}]), spread(results[ceilingKey{shaperHTTP, n}]), med(shaperHTTP)/med(asynqHTTP), med(shaperHTTP)/med(asynqDrain))
@@ -123,15 +124,11 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 			jobs := int64(sum.jobs)
 			fmt.Fprintf(out, "| %s | %d | %.2f | %.2f | %.1f µs | %.1f µs | %.1f µs | %s |\n",
 				contenderNames[c], n, float64(sum.redis.Total())/float64(jobs), float64(sum.redis.Scripts())/float64(jobs),
-				perJob(sum.redis.CPU, jobs), perJob(sum.drainCPU, jobs), perJob(sum.selfCPU, jobs), sum.redis.PerJob(jobs, 0.01))
+				stats.Micros(sum.redis.CPU, jobs), stats.Micros(sum.drainCPU, jobs), stats.Micros(sum.selfCPU, jobs), sum.redis.PerJob(jobs, 0.01))
 		}
 	}
 	fmt.Fprintln(out)
 	return nil
-}
-
-func perJob(d time.Duration, jobs int64) float64 {
-	return float64(d) / float64(time.Microsecond) / float64(jobs)
 }
 
 func rates(rs []drainResult) []float64 {
@@ -147,7 +144,7 @@ func spread(rs []drainResult) string {
 	if len(xs) == 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.0f (%.0f–%.0f)", median(xs), slices.Min(xs), slices.Max(xs))
+	return fmt.Sprintf("%.0f (%.0f–%.0f)", stats.Median(xs), slices.Min(xs), slices.Max(xs))
 }
 
 // drain measures one contender with n replicas on a fresh backlog.

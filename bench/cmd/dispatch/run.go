@@ -23,6 +23,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
+	"github.com/shaperhq/shaper/bench/internal/stats"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -69,28 +70,16 @@ func parseFlags(args []string) (options, error) {
 		}
 	}
 	var err error
-	if o.rates, err = ints(rates); err != nil {
+	if o.rates, err = stats.Counts(rates); err != nil {
 		return o, fmt.Errorf("-rates: %w", err)
 	}
-	if o.replicas, err = ints(replicas); err != nil {
+	if o.replicas, err = stats.Counts(replicas); err != nil {
 		return o, fmt.Errorf("-replicas: %w", err)
 	}
 	if o.window <= 0 || o.ceilingJobs < 100 || o.rounds < 1 || o.workers < 1 || o.pickupSamples < 1 || o.asynqSamples < 0 || o.enqueuers < 1 {
 		return o, errors.New("-window, -rounds, -workers, -pickup-samples and -enqueuers must be positive, -ceiling-jobs at least 100")
 	}
 	return o, nil
-}
-
-func ints(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%q: want positive integers", s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 // bench is one run's world: a Redis, the shaper binary, the fake upstream.
@@ -331,18 +320,6 @@ func waitFor(within, step time.Duration, what string, cond func() (bool, error))
 		}
 		time.Sleep(step)
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // ms renders a duration in milliseconds with two decimals.

@@ -27,6 +27,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
 	"github.com/shaperhq/shaper/bench/internal/redisstats"
+	"github.com/shaperhq/shaper/bench/internal/stats"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -210,14 +211,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		ratio, paired := "1.00×", "–"
 		if c.serve > 0 {
 			serve = strconv.Itoa(c.serve)
-			ratio = fmt.Sprintf("%.2f×", median(xs)/median(rates(base)))
+			ratio = fmt.Sprintf("%.2f×", stats.Median(xs)/stats.Median(rates(base)))
 			ps := make([]float64, len(rs))
 			for j := range rs {
 				ps[j] = rs[j].rate / base[j].rate
 			}
-			paired = fmt.Sprintf("%.2f× (%.2f–%.2f)", median(ps), slices.Min(ps), slices.Max(ps))
+			paired = fmt.Sprintf("%.2f× (%.2f–%.2f)", stats.Median(ps), slices.Min(ps), slices.Max(ps))
 		}
-		fmt.Fprintf(out, "| %s | %s | %.0f (%.0f–%.0f) | %s | %s |\n", c.name, serve, median(xs), slices.Min(xs), slices.Max(xs), ratio, paired)
+		fmt.Fprintf(out, "| %s | %s | %.0f (%.0f–%.0f) | %s | %s |\n", c.name, serve, stats.Median(xs), slices.Min(xs), slices.Max(xs), ratio, paired)
 	}
 
 	fmt.Fprintf(out, "\nWhat one job costs, summed over all rounds and divided by the jobs accepted: Redis commands (those run inside scripts counted too; "+
@@ -242,7 +243,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		fmt.Fprintf(out, "| %s | %s | %.2f | %.2f | %.1f µs | %.1f µs | %.1f µs | %s |\n", c.name, serve,
 			float64(sum.redis.Total())/float64(sum.jobs), float64(sum.redis.Scripts())/float64(sum.jobs),
-			perJob(sum.redis.CPU, sum.jobs), perJob(sum.serveCPU, sum.jobs), perJob(sum.selfCPU, sum.jobs), sum.redis.PerJob(sum.jobs, 0.01))
+			stats.Micros(sum.redis.CPU, sum.jobs), stats.Micros(sum.serveCPU, sum.jobs), stats.Micros(sum.selfCPU, sum.jobs), sum.redis.PerJob(sum.jobs, 0.01))
 	}
 	fmt.Fprintf(out, "\nMachine: %s. Load average before: %s; after: %s. Total time %v.\n",
 		machine.Describe(srv.Version), loadBefore, machine.Load(), time.Since(start).Round(time.Second))
@@ -441,28 +442,12 @@ func cpu(d time.Duration, err error) time.Duration {
 	return d
 }
 
-func perJob(d time.Duration, jobs int64) float64 {
-	return float64(d) / float64(time.Microsecond) / float64(jobs)
-}
-
 func rates(ms []measurement) []float64 {
 	out := make([]float64, len(ms))
 	for i, m := range ms {
 		out[i] = m.rate
 	}
 	return out
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // freePort is a loopback port free a moment ago.

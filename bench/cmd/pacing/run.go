@@ -16,6 +16,7 @@ import (
 
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
+	"github.com/shaperhq/shaper/bench/internal/stats"
 	"github.com/shaperhq/shaper/examples/thirdparty"
 	"github.com/shaperhq/shaper/leaky"
 )
@@ -243,7 +244,7 @@ func printTable(out io.Writer, o options, results map[caseKey][]measurement) {
 					for i, m := range ms {
 						xs[i] = f(m)
 					}
-					return median(xs)
+					return stats.Median(xs)
 				}
 				dur := func(f func(m measurement) time.Duration) string {
 					return fmtDuration(time.Duration(pick(func(m measurement) float64 { return float64(f(m)) })))
@@ -310,15 +311,4 @@ func fmtDuration(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
