@@ -203,7 +203,7 @@ var errTooLate = errors.New("slot slipped before the send")
 // send performs the job under reservation r and reads the outcome. It
 // reports false, having sent nothing, if the slot slipped past the guard
 // before the request left.
-func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *leaky.Reservation) (verdict, *queue.Response, bool) {
+func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *leaky.Reservation) (_ verdict, _ *queue.Response, sent bool) {
 	name := u.cfg.Name
 	if u.handler != nil && r.TooLate() {
 		return verdict{}, nil, false
@@ -212,8 +212,12 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 	defer d.m.InFlight.WithLabelValues(name).Dec()
 	start := time.Now()
 	defer func() {
-		d.drain.Sent(name, time.Now())
-		d.m.RequestDuration.WithLabelValues(name).Observe(time.Since(start).Seconds())
+		// A request that never left is no send: status's drain rate and
+		// the upstream's timings count only real ones.
+		if sent {
+			d.drain.Sent(name, time.Now())
+			d.m.RequestDuration.WithLabelValues(name).Observe(time.Since(start).Seconds())
+		}
 	}()
 
 	if u.handler != nil {
