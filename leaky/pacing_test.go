@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper/examples/thirdparty"
 	"github.com/shaperhq/shaper/internal/childproc"
 )
 
@@ -117,37 +118,6 @@ func runChild(role string) int {
 	return 0
 }
 
-// maxInWindow is the most sends in any half-open window [t, t+w).
-func maxInWindow(sorted []int64, w int64) int {
-	most, j := 0, 0
-	for i := range sorted {
-		for j < len(sorted) && sorted[j] < sorted[i]+w {
-			j++
-		}
-		most = max(most, j-i)
-	}
-	return most
-}
-
-func TestMaxInWindow(t *testing.T) {
-	for _, tc := range []struct {
-		times []int64
-		w     int64
-		want  int
-	}{
-		{nil, 10, 0},
-		{[]int64{5}, 10, 1},
-		{[]int64{0, 10, 20}, 10, 1},
-		{[]int64{0, 9, 10, 19}, 10, 2},
-		{[]int64{3, 3, 3}, 1, 3},
-		{[]int64{0, 1, 2, 11, 12}, 10, 3},
-	} {
-		if got := maxInWindow(tc.times, tc.w); got != tc.want {
-			t.Errorf("maxInWindow(%v, %d) = %d, want %d", tc.times, tc.w, got, tc.want)
-		}
-	}
-}
-
 // TestPacingAcrossProcesses runs 4 OS processes taking slots from one bucket
 // for 10 seconds: no window of length per may hold more than rate sends, and
 // at least 97% of rate must be delivered.
@@ -196,7 +166,7 @@ func TestPacingAcrossProcesses(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			var sends []int64
+			var sends []time.Duration
 			for i, r := range results {
 				if r.err != nil {
 					t.Fatalf("child %d: %v", i, r.err)
@@ -206,12 +176,11 @@ func TestPacingAcrossProcesses(t *testing.T) {
 					if err != nil {
 						t.Fatalf("child %d printed %q", i, l)
 					}
-					sends = append(sends, n)
+					sends = append(sends, time.Duration(n))
 				}
 			}
-			slices.Sort(sends)
-			most := maxInWindow(sends, per.Nanoseconds())
-			tenth := maxInWindow(sends, per.Nanoseconds()/10)
+			most := thirdparty.MaxInWindow(sends, per)
+			tenth := thirdparty.MaxInWindow(sends, per/10)
 			achieved := float64(len(sends)) / duration.Seconds()
 			t.Logf("rate %d/s: %d sends in %v (%.1f/s, %.1f%%), most in any %v: %d, in any %v: %d",
 				tc.rate, len(sends), duration, achieved, 100*achieved/float64(tc.rate), per, most, per/10, tenth)
