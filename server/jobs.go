@@ -8,7 +8,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"net/url"
 	"regexp"
 	"sort"
 	"strings"
@@ -89,8 +88,7 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 		case req.Path == "":
 			bad("path", "is required: the request path relative to %s", up.BaseURL)
 		default:
-			base, _ := url.Parse(up.BaseURL)
-			if _, err := dispatcher.Target(base, req.Path); err != nil {
+			if _, err := dispatcher.Target(up.base, req.Path); err != nil {
 				bad("path", "%v", err)
 			}
 		}

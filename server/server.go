@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -92,6 +93,7 @@ type keyEntry struct {
 
 type upstreamEntry struct {
 	Upstream
+	base    *url.URL // nil for a Go handler upstream
 	bucket  *leaky.Bucket
 	costs   map[string]bool
 	headers map[string]bool
@@ -132,6 +134,13 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 			return nil, fmt.Errorf("server: upstream %s has no status source", u.Name)
 		}
 		e := upstreamEntry{Upstream: u, bucket: b, costs: map[string]bool{}, headers: map[string]bool{}}
+		if u.BaseURL != "" {
+			base, err := url.Parse(u.BaseURL)
+			if err != nil {
+				return nil, fmt.Errorf("server: upstream %s: base URL: %w", u.Name, err)
+			}
+			e.base = base
+		}
 		for _, l := range u.Limits {
 			if l.Cost != "" {
 				e.costs[l.Cost] = true
