@@ -26,7 +26,7 @@ import (
 
 // DefaultLane is the lane of jobs that name none, and the only lane of an
 // upstream whose config lists no lanes.
-const DefaultLane = "default"
+const DefaultLane = shaper.DefaultLane
 
 // Config is a whole shaper config file. Every zero field of a parsed Config
 // has been replaced by the default its documentation gives.
@@ -184,12 +184,14 @@ type Upstream struct {
 	// every attempt. Default "Idempotency-Key"; an explicit "" in the file
 	// sends none.
 	IdempotencyHeader string `yaml:"idempotency_header"`
+	// noIdempotencyHeader records an explicit "" in the file.
+	noIdempotencyHeader bool
 	// Lanes are the upstream's queues by name, each with a weight: a lane
 	// of weight 3 is picked three times as often as one of weight 1. Must
 	// include DefaultLane. Default {default: 1}.
 	Lanes map[string]int `yaml:"lanes"`
 	// Workers is how many goroutines per replica take jobs. Default
-	// dispatcher.DefaultWorkers: max(Concurrency, 10, the request rate per
+	// shaper.DefaultWorkers: max(Concurrency, 10, the request rate per
 	// second / 40), at most 200.
 	Workers int `yaml:"workers"`
 	// MaxResponseBytes caps how much of a response body is kept as the
@@ -351,11 +353,59 @@ func (c *Config) Limits(name string) []leaky.Limit {
 	if !ok || u == nil {
 		return nil
 	}
+	return u.leakyLimits()
+}
+
+func (u *Upstream) leakyLimits() []leaky.Limit {
 	out := make([]leaky.Limit, len(u.Limits))
 	for i, l := range u.Limits {
 		out[i] = l.Leaky()
 	}
 	return out
+}
+
+// Upstream returns the named upstream as the rest of shaper takes it, and
+// whether it is configured.
+func (c *Config) Upstream(name string) (shaper.Upstream, bool) {
+	u, ok := c.Upstreams[name]
+	if !ok || u == nil {
+		return shaper.Upstream{}, false
+	}
+	return u.Shaper(), true
+}
+
+// AllUpstreams returns every configured upstream as the rest of shaper
+// takes it, sorted by name.
+func (c *Config) AllUpstreams() []shaper.Upstream {
+	out := make([]shaper.Upstream, 0, len(c.Upstreams))
+	for _, name := range c.UpstreamNames() {
+		out = append(out, c.Upstreams[name].Shaper())
+	}
+	return out
+}
+
+// Shaper is the upstream as the rest of shaper takes it. In a parsed
+// Config every default is already filled in.
+func (u *Upstream) Shaper() shaper.Upstream {
+	return shaper.Upstream{
+		Name:                u.Name,
+		BaseURL:             u.BaseURL,
+		Limits:              u.leakyLimits(),
+		Guard:               time.Duration(u.Guard),
+		Concurrency:         u.Concurrency,
+		Timeout:             time.Duration(u.Timeout),
+		MaxPending:          u.MaxPending,
+		Retry:               shaper.Retry{MaxAttempts: u.Retry.MaxAttempts, MinBackoff: time.Duration(u.Retry.MinBackoff), MaxBackoff: time.Duration(u.Retry.MaxBackoff)},
+		Headers:             u.Headers,
+		IdempotencyHeader:   u.IdempotencyHeader,
+		NoIdempotencyHeader: u.noIdempotencyHeader,
+		Lanes:               u.Lanes,
+		Workers:             u.Workers,
+		MaxResponseBytes:    u.MaxResponseBytes,
+		ResultRetention:     time.Duration(u.ResultRetention),
+		DeadRetention:       time.Duration(u.DeadRetention),
+		PushbackDefault:     time.Duration(u.PushbackDefault),
+	}
 }
 
 // Compiled patterns are the package's only variables.

@@ -162,6 +162,12 @@ upstreams:
 	if h := c.Upstreams["s"].IdempotencyHeader; h != "" {
 		t.Errorf("idempotency_header: got %q, want none", h)
 	}
+	if u := c.Upstreams["s"].Shaper().WithDefaults(); !u.NoIdempotencyHeader || u.IdempotencyHeader != "" || len(u.WorkerHeaders()) != 0 {
+		t.Errorf("idempotency_header \"\" as the rest of shaper sees it: got %q (none %v), want none", u.IdempotencyHeader, u.NoIdempotencyHeader)
+	}
+	if u := mustParse(t, oneUpstream, nil).Upstreams["u"].Shaper().WithDefaults(); u.NoIdempotencyHeader || u.IdempotencyHeader != "Idempotency-Key" {
+		t.Errorf("idempotency_header left out: got %q (none %v), want Idempotency-Key", u.IdempotencyHeader, u.NoIdempotencyHeader)
+	}
 	// Null is the same as leaving the key out.
 	c = mustParse(t, "work: {metrics_listen: ~}\n"+oneUpstream, nil)
 	if c.Work.MetricsListen != ":9091" {

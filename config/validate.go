@@ -3,8 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"github.com/shaperhq/shaper/dispatcher"
-	"github.com/shaperhq/shaper/leaky"
 	"net"
 	"net/url"
 	"slices"
@@ -13,32 +11,38 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/keyspace"
+	"github.com/shaperhq/shaper/leaky"
 )
 
-// Defaults, as the field documentation states them.
+// Defaults, as the field documentation states them. Those of upstreams and
+// of the processes that serve them are owned by package shaper; the API's
+// are the config's own.
 const (
 	defaultRedisURL          = "redis://127.0.0.1:6379/0"
-	defaultPrefix            = "shaper"
+	defaultPrefix            = keyspace.DefaultPrefix
 	defaultListen            = ":8080"
 	defaultMaxBodyBytes      = 1 << 20
 	defaultCapacity          = 100
 	defaultRefillPerSecond   = 10
-	defaultShutdownTimeout   = Duration(30 * time.Second)
+	defaultShutdownTimeout   = Duration(shaper.DefaultShutdownTimeout)
 	defaultMetricsListen     = ":9091"
-	defaultHorizon           = Duration(2 * time.Second)
-	defaultMaxHold           = Duration(10 * time.Second)
-	defaultPollInterval      = Duration(10 * time.Millisecond)
+	defaultHorizon           = Duration(shaper.DefaultHorizon)
+	defaultMaxHold           = Duration(shaper.DefaultMaxHold)
+	defaultPollInterval      = Duration(shaper.DefaultPollInterval)
 	defaultGuard             = Duration(leaky.DefaultGuard)
-	defaultTimeout           = Duration(30 * time.Second)
-	defaultMaxPending        = 100_000
-	defaultMaxAttempts       = 8
-	defaultMinBackoff        = Duration(time.Second)
-	defaultMaxBackoff        = Duration(5 * time.Minute)
-	defaultIdempotencyHeader = "Idempotency-Key"
-	defaultMaxResponseBytes  = 1 << 20
-	defaultResultRetention   = Duration(24 * time.Hour)
-	defaultDeadRetention     = Duration(7 * 24 * time.Hour)
-	defaultPushback          = Duration(time.Second)
+	defaultTimeout           = Duration(shaper.DefaultTimeout)
+	defaultMaxPending        = shaper.DefaultMaxPending
+	defaultMaxAttempts       = shaper.DefaultMaxAttempts
+	defaultMinBackoff        = Duration(shaper.DefaultMinBackoff)
+	defaultMaxBackoff        = Duration(shaper.DefaultMaxBackoff)
+	defaultIdempotencyHeader = shaper.DefaultIdempotencyHeader
+	defaultMaxResponseBytes  = shaper.DefaultMaxResponseBytes
+	defaultResultRetention   = Duration(shaper.DefaultResultRetention)
+	defaultDeadRetention     = Duration(shaper.DefaultDeadRetention)
+	defaultPushback          = Duration(shaper.DefaultPushback)
 
 	maxBytes = 1 << 30
 )
@@ -537,11 +541,7 @@ func applyDefaults(c *Config, lines map[string]int) {
 			u.BaseURL = strings.TrimRight(u.BaseURL, "/")
 		}
 		if u.Guard == 0 {
-			var ls []leaky.Limit
-			for _, l := range u.Limits {
-				ls = append(ls, l.Leaky())
-			}
-			u.Guard = Duration(leaky.DefaultGuardFor(ls))
+			u.Guard = Duration(leaky.DefaultGuardFor(u.leakyLimits()))
 		}
 		setDefault(&u.Timeout, defaultTimeout)
 		setDefault(&u.MaxPending, defaultMaxPending)
@@ -550,16 +550,14 @@ func applyDefaults(c *Config, lines map[string]int) {
 		setDefault(&u.Retry.MaxBackoff, defaultMaxBackoff)
 		if !written(p + ".idempotency_header") {
 			setDefault(&u.IdempotencyHeader, defaultIdempotencyHeader)
+		} else if u.IdempotencyHeader == "" {
+			u.noIdempotencyHeader = true
 		}
 		if len(u.Lanes) == 0 {
 			u.Lanes = map[string]int{DefaultLane: 1}
 		}
 		if u.Workers == 0 {
-			var ls []leaky.Limit
-			for _, l := range u.Limits {
-				ls = append(ls, l.Leaky())
-			}
-			u.Workers = dispatcher.DefaultWorkers(u.Concurrency, ls)
+			u.Workers = shaper.DefaultWorkers(u.Concurrency, u.leakyLimits())
 		}
 		setDefault(&u.MaxResponseBytes, defaultMaxResponseBytes)
 		setDefault(&u.ResultRetention, defaultResultRetention)

@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -28,66 +27,37 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
 )
 
-// Upstream is one upstream as the dispatcher needs it.
-type Upstream struct {
-	Name string
-	// BaseURL is where job paths are sent; empty for a Go handler upstream.
-	BaseURL string
-	// Limits must all allow each send.
-	Limits []leaky.Limit
-	// Guard is the pacing guard (leaky.BucketConfig.Guard); 0 is the default.
-	Guard time.Duration
-	// Concurrency caps requests in flight across all replicas; 0 is none.
-	Concurrency int
-	// Timeout bounds each request; default 30s.
-	Timeout time.Duration
-	// Lanes weigh the upstream's lanes against each other (asynq queue
-	// priorities); default {"default": 1}.
-	Lanes map[string]int
-	// Workers is how many jobs one replica works on at once; default
-	// DefaultWorkers(Concurrency, Limits).
-	Workers int
-	// MinBackoff and MaxBackoff bound retries after failures; defaults 1s
-	// and 5m.
-	MinBackoff, MaxBackoff time.Duration
-	// Headers are added to every request by the worker (credentials);
-	// they replace a job's headers of the same name.
-	Headers map[string]string
-	// IdempotencyHeader carries the job's idempotency key; default
-	// "Idempotency-Key", "-" for none.
-	IdempotencyHeader string
-	// MaxResponseBytes caps the stored response body; default 1 MiB.
-	MaxResponseBytes int64
-	// PushbackDefault is how long a 429 without timing headers blocks the
-	// upstream; default 1s.
-	PushbackDefault time.Duration
-}
-
 // Config configures a Dispatcher; zero values are the documented defaults.
 type Config struct {
-	Upstreams []Upstream
-	// Horizon is the longest pacing wait a worker books ahead; default 2s.
+	// Upstreams are drained; zero fields are their defaults
+	// (shaper.Upstream.WithDefaults).
+	Upstreams []shaper.Upstream
+	// Horizon is the longest pacing wait a worker books ahead; default
+	// shaper.DefaultHorizon.
 	Horizon time.Duration
 	// MaxHold is how long a worker keeps a job whose upstream cannot take
 	// it within the horizon (blocked, paused) before handing it back to the
-	// queue; default 10s.
+	// queue; default shaper.DefaultMaxHold.
 	MaxHold time.Duration
 	// PollInterval is how often an idle upstream's queue is checked for new
-	// jobs (asynq's default is 1s); default 10ms.
+	// jobs (asynq's default is 1s); default shaper.DefaultPollInterval.
 	PollInterval time.Duration
 	// ForwardInterval is how often scheduled and handed-back jobs become
 	// due (asynq's default is 5s); default 100ms.
 	ForwardInterval time.Duration
 	// ShutdownTimeout bounds the wait for in-flight requests on shutdown;
-	// jobs still running then go back to their queue. Default 30s.
+	// jobs still running then go back to their queue. Default
+	// shaper.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
-	// Prefix starts shaper's own keys; default "shaper".
+	// Prefix starts shaper's own keys; default keyspace.DefaultPrefix.
 	Prefix string
 	Logger *slog.Logger
 	// Metrics receive the dispatcher's measurements; nil discards them.
@@ -113,7 +83,7 @@ type Dispatcher struct {
 }
 
 type upstream struct {
-	cfg     Upstream
+	cfg     shaper.Upstream
 	base    *url.URL
 	bucket  *leaky.Bucket
 	client  *http.Client
@@ -127,14 +97,12 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 	if len(cfg.Upstreams) == 0 {
 		return nil, errors.New("dispatcher: no upstreams")
 	}
-	cfg.Horizon = orDefault(cfg.Horizon, 2*time.Second)
-	cfg.MaxHold = orDefault(cfg.MaxHold, 10*time.Second)
-	cfg.PollInterval = orDefault(cfg.PollInterval, 10*time.Millisecond)
+	cfg.Horizon = orDefault(cfg.Horizon, shaper.DefaultHorizon)
+	cfg.MaxHold = orDefault(cfg.MaxHold, shaper.DefaultMaxHold)
+	cfg.PollInterval = orDefault(cfg.PollInterval, shaper.DefaultPollInterval)
 	cfg.ForwardInterval = orDefault(cfg.ForwardInterval, 100*time.Millisecond)
-	cfg.ShutdownTimeout = orDefault(cfg.ShutdownTimeout, 30*time.Second)
-	if cfg.Prefix == "" {
-		cfg.Prefix = "shaper"
-	}
+	cfg.ShutdownTimeout = orDefault(cfg.ShutdownTimeout, shaper.DefaultShutdownTimeout)
+	cfg.Prefix = keyspace.Prefix(cfg.Prefix)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -161,21 +129,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 	return d, nil
 }
 
-// DefaultWorkers is how many jobs a replica works on at once unless told:
-// enough to keep a slot booked every 25ms of the fastest request rate (each
-// job spends a round trip or two with Redis and one with the upstream), at
-// least the concurrency cap and 10, at most 200.
-func DefaultWorkers(concurrency int, limits []leaky.Limit) int {
-	n := max(concurrency, 10)
-	for _, l := range limits {
-		if l.Cost == "" {
-			perSecond := float64(l.Rate) / l.Per.Seconds()
-			n = max(n, int(math.Ceil(perSecond*0.025)))
-		}
-	}
-	return min(n, 200)
-}
-
 func orDefault(d, def time.Duration) time.Duration {
 	if d <= 0 {
 		return def
@@ -183,26 +136,11 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc Upstream) (*upstream, error) {
+func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstream, error) {
 	if !queue.ValidName(uc.Name) {
 		return nil, fmt.Errorf("not a valid upstream name")
 	}
-	uc.Timeout = orDefault(uc.Timeout, 30*time.Second)
-	uc.MinBackoff = orDefault(uc.MinBackoff, time.Second)
-	uc.MaxBackoff = orDefault(uc.MaxBackoff, 5*time.Minute)
-	uc.PushbackDefault = orDefault(uc.PushbackDefault, time.Second)
-	if uc.MaxResponseBytes <= 0 {
-		uc.MaxResponseBytes = 1 << 20
-	}
-	if uc.IdempotencyHeader == "" {
-		uc.IdempotencyHeader = "Idempotency-Key"
-	}
-	if len(uc.Lanes) == 0 {
-		uc.Lanes = map[string]int{"default": 1}
-	}
-	if uc.Workers <= 0 {
-		uc.Workers = DefaultWorkers(uc.Concurrency, uc.Limits)
-	}
+	uc = uc.WithDefaults()
 	bucket, err := pacer.Bucket(uc.Name, leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
 		// A lease lives through the wait for its slot and the request.
@@ -359,7 +297,7 @@ func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
 			if errors.As(err, &rl) {
 				return rl.delay
 			}
-			return backoff(n+1, u.cfg.MinBackoff, u.cfg.MaxBackoff)
+			return backoff(n+1, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff)
 		},
 		Logger:   asynqLogger{d.log.With("upstream", u.cfg.Name)},
 		LogLevel: asynq.WarnLevel,

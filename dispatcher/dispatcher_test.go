@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/examples/thirdparty"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
@@ -46,7 +47,7 @@ type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
-func newHarness(t *testing.T, fakeCfg thirdparty.Config, up Upstream, maxAttempts int) *harness {
+func newHarness(t *testing.T, fakeCfg thirdparty.Config, up shaper.Upstream, maxAttempts int) *harness {
 	t.Helper()
 	rdb := srv.Client(t)
 	rdb.FlushAll(context.Background())
@@ -59,8 +60,8 @@ func newHarness(t *testing.T, fakeCfg thirdparty.Config, up Upstream, maxAttempt
 	if up.Name == "" {
 		up.Name = "api"
 	}
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
-		up.Name: {Lanes: []string{"default"}, MaxPending: 100000, MaxAttempts: maxAttempts, ResultRetention: time.Hour, DeadRetention: time.Hour},
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{
+		{Name: up.Name, MaxPending: 100000, Retry: shaper.Retry{MaxAttempts: maxAttempts}, ResultRetention: time.Hour, DeadRetention: time.Hour},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +146,7 @@ func (h *harness) waitFor(ids []string, final ...queue.State) map[string]*queue.
 func TestHTTPJobSucceedsWithItsHeaders(t *testing.T) {
 	var mu sync.Mutex
 	var seen []http.Header
-	h := newHarness(t, thirdparty.Config{Style: thirdparty.StyleOpenAI}, Upstream{}, 3)
+	h := newHarness(t, thirdparty.Config{Style: thirdparty.StyleOpenAI}, shaper.Upstream{}, 3)
 	// Wrap the fake to see the headers exactly as sent.
 	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
@@ -154,7 +155,7 @@ func TestHTTPJobSucceedsWithItsHeaders(t *testing.T) {
 		h.fake.ServeHTTP(w, r)
 	}))
 	defer rec.Close()
-	h.start(Config{Upstreams: []Upstream{{
+	h.start(Config{Upstreams: []shaper.Upstream{{
 		Name: "api", BaseURL: rec.URL, Limits: []leaky.Limit{leaky.PerSecond(100)},
 		Headers: map[string]string{"Authorization": "Bearer worker-secret"},
 	}}}, nil)
@@ -185,10 +186,10 @@ func TestHTTPJobSucceedsWithItsHeaders(t *testing.T) {
 }
 
 func TestFailuresRetryThenDie(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{FailRate: 1, Seed: 1}, Upstream{}, 3)
-	h.start(Config{Upstreams: []Upstream{{
+	h := newHarness(t, thirdparty.Config{FailRate: 1, Seed: 1}, shaper.Upstream{}, 3)
+	h.start(Config{Upstreams: []shaper.Upstream{{
 		Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)},
-		MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		Retry: shaper.Retry{MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond},
 	}}}, nil)
 	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/boom"})
 	got := h.waitFor([]string{info.ID}, queue.StateDead)[info.ID]
@@ -201,8 +202,8 @@ func TestFailuresRetryThenDie(t *testing.T) {
 }
 
 func TestClientErrorIsDeadAtOnce(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{CostLimit: &thirdparty.CostLimit{Name: "tokens", Rate: 1e6, Per: time.Minute}}, Upstream{}, 5)
-	h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
+	h := newHarness(t, thirdparty.Config{CostLimit: &thirdparty.CostLimit{Name: "tokens", Rate: 1e6, Per: time.Minute}}, shaper.Upstream{}, 5)
+	h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
 	// A malformed cost header makes the fake answer 400.
 	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"X-Cost-Tokens": "lots"}})
 	got := h.waitFor([]string{info.ID}, queue.StateDead)[info.ID]
@@ -215,8 +216,8 @@ func TestClientErrorIsDeadAtOnce(t *testing.T) {
 // its 429s must pause the upstream, and every job still succeeds on its
 // first counted attempt.
 func TestPushbackSpendsNoAttempt(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{Rate: 5, Per: time.Second, Style: thirdparty.StylePlain}, Upstream{}, 1)
-	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(10)}}}}, nil)
+	h := newHarness(t, thirdparty.Config{Rate: 5, Per: time.Second, Style: thirdparty.StylePlain}, shaper.Upstream{}, 1)
+	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(10)}}}}, nil)
 	var ids []string
 	for i := 0; i < 15; i++ {
 		ids = append(ids, h.enqueue(&queue.Job{Upstream: "api", Path: fmt.Sprintf("/j/%d", i)}).ID)
@@ -241,11 +242,11 @@ func testMetric(t *testing.T, d *Dispatcher, outcome string) float64 {
 }
 
 func TestGoHandler(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{}, Upstream{Name: "mail"}, 4)
+	h := newHarness(t, thirdparty.Config{}, shaper.Upstream{Name: "mail"}, 4)
 	var mu sync.Mutex
 	calls := map[string]int{}
-	h.start(Config{Upstreams: []Upstream{{Name: "mail", Limits: []leaky.Limit{leaky.PerSecond(1000)},
-		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PushbackDefault: 10 * time.Millisecond}}},
+	h.start(Config{Upstreams: []shaper.Upstream{{Name: "mail", Limits: []leaky.Limit{leaky.PerSecond(1000)},
+		Retry: shaper.Retry{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}, PushbackDefault: 10 * time.Millisecond}}},
 		map[string]Handler{"mail": func(ctx context.Context, job *queue.Job) (*queue.Response, error) {
 			mu.Lock()
 			calls[job.Task]++
@@ -284,8 +285,8 @@ func TestGoHandler(t *testing.T) {
 // workers hold their jobs; shutting down must return them to the queue at
 // once, with no attempt spent.
 func TestShutdownHandsBackWaitingJobs(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{}, Upstream{}, 2)
-	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 3}},
+	h := newHarness(t, thirdparty.Config{}, shaper.Upstream{}, 2)
+	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 3}},
 		MaxHold: time.Hour, ShutdownTimeout: 5 * time.Second}, nil)
 	b, _ := d.Bucket("api")
 	if _, err := b.Block(context.Background(), time.Minute, "test pause"); err != nil {
@@ -333,8 +334,8 @@ func counterValue(c prometheus.Metric) float64 {
 // Workers hold their jobs for MaxHold, then hand them back scheduled for
 // the block's end, spending nothing; jobs nobody took stay queued.
 func TestLongBlockHoldsThenHandsBack(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{}, Upstream{}, 2)
-	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 2}},
+	h := newHarness(t, thirdparty.Config{}, shaper.Upstream{}, 2)
+	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 2}},
 		MaxHold: 300 * time.Millisecond}, nil)
 	b, _ := d.Bucket("api")
 	until, err := b.Block(context.Background(), time.Minute, "test pause")

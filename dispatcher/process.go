@@ -89,7 +89,7 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 		case kindRetry:
 			if attempt < job.MaxAttempts {
 				d.m.Dispatches.WithLabelValues(name, "retry").Inc()
-				delay := max(backoff(attempt, u.cfg.MinBackoff, u.cfg.MaxBackoff), v.wait)
+				delay := max(backoff(attempt, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff), v.wait)
 				return &retryLater{delay: delay, why: fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)}
 			}
 			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
@@ -295,7 +295,7 @@ func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation)
 	for k, v := range u.cfg.Headers {
 		req.Header.Set(k, v)
 	}
-	if u.cfg.IdempotencyHeader != "-" {
+	if u.cfg.IdempotencyHeader != "" {
 		req.Header.Set(u.cfg.IdempotencyHeader, job.IdempotencyKey)
 	}
 	// The last moment to judge the slot: any later and the bytes are out.

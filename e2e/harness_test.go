@@ -95,12 +95,7 @@ func (e *env) writeConfig(yaml string) {
 	if err != nil {
 		e.t.Fatalf("test config: %v", err)
 	}
-	qc := queue.Config{Upstreams: map[string]queue.Upstream{}}
-	for name, u := range cfg.Upstreams {
-		qc.Upstreams[name] = queue.Upstream{Lanes: []string{"default"}, MaxPending: u.MaxPending,
-			MaxAttempts: u.Retry.MaxAttempts, ResultRetention: time.Duration(u.ResultRetention), DeadRetention: time.Duration(u.DeadRetention)}
-	}
-	q, err := queue.New(e.rdb, qc)
+	q, err := queue.New(e.rdb, queue.Config{Upstreams: cfg.AllUpstreams()})
 	if err != nil {
 		e.t.Fatal(err)
 	}

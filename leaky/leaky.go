@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/internal/gcra"
+	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/internal/script"
 )
 
@@ -66,7 +67,7 @@ func DefaultGuardFor(limits []Limit) time.Duration {
 
 // Config configures a Pacer. The zero value works.
 type Config struct {
-	// Prefix starts every key; default "shaper".
+	// Prefix starts every key; default keyspace.DefaultPrefix.
 	Prefix string
 	// Now, when set, replaces Redis's clock with the caller's. Only for
 	// tests and for hosts that forbid TIME in scripts: replicas with skewed
@@ -85,11 +86,7 @@ type Pacer struct {
 
 // New returns a Pacer on rdb. The caller owns rdb and closes it.
 func New(rdb redis.Scripter, cfg Config) *Pacer {
-	prefix := cfg.Prefix
-	if prefix == "" {
-		prefix = "shaper"
-	}
-	return &Pacer{rdb: rdb, prefix: prefix, now: cfg.Now, blocks: newBlockBoard()}
+	return &Pacer{rdb: rdb, prefix: keyspace.Prefix(cfg.Prefix), now: cfg.Now, blocks: newBlockBoard()}
 }
 
 // BucketConfig shapes one bucket. Zero values are the documented defaults.

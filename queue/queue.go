@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/keyspace"
 )
 
 // Errors callers branch on.
@@ -46,25 +50,12 @@ func (e *BacklogFullError) Unwrap() error { return ErrBacklogFull }
 // it failed. Such a job is shown as scheduled, not retrying.
 const DeferredPrefix = "deferred: "
 
-// Upstream is what the queue needs to know of one upstream.
-type Upstream struct {
-	// Lanes are the upstream's lanes; the first is the default.
-	Lanes []string
-	// MaxPending bounds jobs waiting or in flight (not finished ones).
-	MaxPending int64
-	// MaxAttempts is the default for jobs that name none.
-	MaxAttempts int
-	// ResultRetention keeps succeeded jobs and their responses; it also
-	// bounds how long an idempotency key is remembered after success.
-	ResultRetention time.Duration
-	// DeadRetention keeps dead and cancelled jobs.
-	DeadRetention time.Duration
-}
-
-// Config is the queue's view of the config.
+// Config configures a Queue.
 type Config struct {
-	Upstreams map[string]Upstream
-	// Prefix starts shaper's own keys; default "shaper".
+	// Upstreams are the upstreams whose jobs the queue keeps; zero fields
+	// are their defaults (shaper.Upstream.WithDefaults).
+	Upstreams []shaper.Upstream
+	// Prefix starts shaper's own keys; default keyspace.DefaultPrefix.
 	Prefix string
 }
 
@@ -76,7 +67,7 @@ type Queue struct {
 	// is client where rdb has none (a Ring).
 	bulk   *asynq.Client
 	insp   *asynq.Inspector
-	cfg    Config
+	ups    map[string]shaper.Upstream
 	prefix string
 
 	mu      sync.Mutex
@@ -90,29 +81,28 @@ type backlogSample struct {
 
 // New returns a Queue on rdb; the caller owns rdb and closes it after Close.
 func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
-	for name, u := range cfg.Upstreams {
-		if !ValidName(name) {
-			return nil, fmt.Errorf("upstream %q: not a valid name", name)
+	ups := map[string]shaper.Upstream{}
+	for _, u := range cfg.Upstreams {
+		u = u.WithDefaults()
+		if !ValidName(u.Name) {
+			return nil, fmt.Errorf("upstream %q: not a valid name", u.Name)
 		}
-		if len(u.Lanes) == 0 {
-			return nil, fmt.Errorf("upstream %s: no lanes", name)
+		if _, dup := ups[u.Name]; dup {
+			return nil, fmt.Errorf("upstream %s: configured twice", u.Name)
 		}
-		for _, l := range u.Lanes {
+		for l := range u.Lanes {
 			if !ValidName(l) {
-				return nil, fmt.Errorf("upstream %s: lane %q: not a valid name", name, l)
+				return nil, fmt.Errorf("upstream %s: lane %q: not a valid name", u.Name, l)
 			}
 		}
-	}
-	prefix := cfg.Prefix
-	if prefix == "" {
-		prefix = "shaper"
+		ups[u.Name] = u
 	}
 	q := &Queue{
 		rdb:     rdb,
 		client:  asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
-		cfg:     cfg,
-		prefix:  prefix,
+		ups:     ups,
+		prefix:  keyspace.Prefix(cfg.Prefix),
 		backlog: map[string]backlogSample{},
 	}
 	q.bulk = q.client
@@ -132,9 +122,20 @@ func (q *Queue) Close() error {
 	return err
 }
 
-// Upstream returns the config of one upstream.
-func (q *Queue) Upstream(name string) (Upstream, bool) {
-	u, ok := q.cfg.Upstreams[name]
+// Upstreams lists the upstreams, with their defaults filled in, sorted by
+// name.
+func (q *Queue) Upstreams() []shaper.Upstream {
+	out := make([]shaper.Upstream, 0, len(q.ups))
+	for _, u := range q.ups {
+		out = append(out, u)
+	}
+	slices.SortFunc(out, func(a, b shaper.Upstream) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Upstream returns one upstream, with its defaults filled in.
+func (q *Queue) Upstream(name string) (shaper.Upstream, bool) {
+	u, ok := q.ups[name]
 	return u, ok
 }
 
@@ -154,18 +155,18 @@ type Info struct {
 // upstream and lane exist, an ID is assigned (derived from the idempotency
 // key when there is one). It changes nothing in Redis.
 func (q *Queue) Prepare(job *Job) error {
-	u, ok := q.cfg.Upstreams[job.Upstream]
+	u, ok := q.ups[job.Upstream]
 	if !ok {
 		return fmt.Errorf("upstream %q: %w", job.Upstream, ErrUnknownUpstream)
 	}
 	if job.Lane == "" {
-		job.Lane = u.Lanes[0]
+		job.Lane = shaper.DefaultLane
 	}
-	if !contains(u.Lanes, job.Lane) {
-		return fmt.Errorf("lane %q of upstream %s (lanes: %s): %w", job.Lane, job.Upstream, strings.Join(u.Lanes, ", "), ErrUnknownLane)
+	if !u.HasLane(job.Lane) {
+		return fmt.Errorf("lane %q of upstream %s (lanes: %s): %w", job.Lane, job.Upstream, strings.Join(u.LaneNames(), ", "), ErrUnknownLane)
 	}
 	if job.MaxAttempts <= 0 {
-		job.MaxAttempts = max(u.MaxAttempts, 1)
+		job.MaxAttempts = u.Retry.MaxAttempts
 	}
 	if job.CreatedAt.IsZero() {
 		job.CreatedAt = time.Now().UTC()
@@ -203,7 +204,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 	if err := q.Prepare(job); err != nil {
 		return nil, false, err
 	}
-	u := q.cfg.Upstreams[job.Upstream]
+	u := q.ups[job.Upstream]
 	if err := q.checkBacklog(ctx, job.Upstream, u); err != nil {
 		return nil, false, err
 	}
@@ -257,7 +258,7 @@ const (
 // this process's own enqueues since stands in for it, so most enqueues cost
 // no extra round trip. Concurrent producers can overshoot the bound by the
 // enqueues in flight at once; it bounds memory, not a rate.
-func (q *Queue) checkBacklog(ctx context.Context, upstream string, u Upstream) error {
+func (q *Queue) checkBacklog(ctx context.Context, upstream string, u shaper.Upstream) error {
 	if u.MaxPending <= 0 {
 		return nil
 	}
@@ -267,7 +268,7 @@ func (q *Queue) checkBacklog(ctx context.Context, upstream string, u Upstream) e
 	if ok && time.Since(s.at) < backlogFresh && float64(s.count) < backlogMargin*float64(u.MaxPending) {
 		return nil
 	}
-	n, err := q.pendingCount(ctx, upstream, u)
+	n, err := q.pendingCount(ctx, upstream)
 	if err != nil {
 		return err
 	}
@@ -310,14 +311,14 @@ func (c LaneCounts) Backlog() int64 { return c.Pending + c.Scheduled + c.Retry +
 
 // Counts reads every lane's counts for an upstream in one round trip.
 func (q *Queue) Counts(ctx context.Context, upstream string) (map[string]LaneCounts, error) {
-	u, ok := q.cfg.Upstreams[upstream]
+	u, ok := q.ups[upstream]
 	if !ok {
 		return nil, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
 	type cmds struct{ pending, scheduled, retry, active, dead, done *redis.IntCmd }
 	byLane := map[string]cmds{}
 	pipe := q.rdb.Pipeline()
-	for _, lane := range u.Lanes {
+	for _, lane := range u.LaneNames() {
 		qn := QueueName(upstream, lane)
 		byLane[lane] = cmds{
 			pending:   pipe.LLen(ctx, asynqKey(qn, "pending")),
@@ -341,7 +342,7 @@ func (q *Queue) Counts(ctx context.Context, upstream string) (map[string]LaneCou
 	return out, nil
 }
 
-func (q *Queue) pendingCount(ctx context.Context, upstream string, u Upstream) (int64, error) {
+func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error) {
 	counts, err := q.Counts(ctx, upstream)
 	if err != nil {
 		return 0, err
@@ -360,7 +361,7 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, ErrNotFound)
 	}
-	if _, ok := q.cfg.Upstreams[upstream]; !ok {
+	if _, ok := q.ups[upstream]; !ok {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	ti, err := q.insp.GetTaskInfo(QueueName(upstream, lane), id)
@@ -448,11 +449,7 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 	default:
 		return info, fmt.Errorf("job %s is %s: %w", id, info.State, ErrNotCancellable)
 	}
-	u := q.cfg.Upstreams[info.Upstream]
-	ttl := u.DeadRetention
-	if ttl <= 0 {
-		ttl = 7 * 24 * time.Hour
-	}
+	ttl := q.ups[info.Upstream].DeadRetention
 	// The mark goes first: a job archived without it would read as dead.
 	if err := q.rdb.Set(ctx, q.cancelKey(id), "1", ttl).Err(); err != nil {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
@@ -474,12 +471,12 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 // operator resumed the upstream. Jobs waiting to retry after a failure keep
 // their backoff. It returns how many jobs it moved.
 func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
-	u, ok := q.cfg.Upstreams[upstream]
+	u, ok := q.ups[upstream]
 	if !ok {
 		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
 	moved := 0
-	for _, lane := range u.Lanes {
+	for _, lane := range u.LaneNames() {
 		qn := QueueName(upstream, lane)
 		var ids []string
 		// Collect first: running a task while paging would shift the pages.
@@ -520,13 +517,13 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 // retention (asynq itself keeps at most 10,000 for 90 days). It returns how
 // many it deleted.
 func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
-	u, ok := q.cfg.Upstreams[upstream]
-	if !ok || u.DeadRetention <= 0 {
+	u, ok := q.ups[upstream]
+	if !ok {
 		return 0, nil
 	}
 	cutoff := time.Now().Add(-u.DeadRetention)
 	deleted := 0
-	for _, lane := range u.Lanes {
+	for _, lane := range u.LaneNames() {
 		qn := QueueName(upstream, lane)
 		// The archive is ordered by time of death, oldest first.
 		ids, err := q.rdb.ZRangeByScore(ctx, asynqKey(qn, "archived"), &redis.ZRangeBy{
@@ -543,13 +540,4 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 		}
 	}
 	return deleted, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

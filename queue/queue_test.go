@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/redistest"
 )
 
@@ -18,7 +19,7 @@ var srv *redistest.Server
 
 func TestMain(m *testing.M) { redistest.Main(m, &srv) }
 
-func newQueue(t *testing.T, rdb redis.UniversalClient, ups map[string]Upstream) *Queue {
+func newQueue(t *testing.T, rdb redis.UniversalClient, ups []shaper.Upstream) *Queue {
 	t.Helper()
 	q, err := New(rdb, Config{Upstreams: ups})
 	if err != nil {
@@ -28,9 +29,9 @@ func newQueue(t *testing.T, rdb redis.UniversalClient, ups map[string]Upstream) 
 	return q
 }
 
-func upstreams(maxPending int64) map[string]Upstream {
-	return map[string]Upstream{
-		"stripe": {Lanes: []string{"default", "bulk"}, MaxPending: maxPending, MaxAttempts: 3,
+func upstreams(maxPending int64) []shaper.Upstream {
+	return []shaper.Upstream{
+		{Name: "stripe", Lanes: map[string]int{"default": 1, "bulk": 1}, MaxPending: maxPending, Retry: shaper.Retry{MaxAttempts: 3},
 			ResultRetention: time.Hour, DeadRetention: time.Hour},
 	}
 }
@@ -122,7 +123,7 @@ func TestEnqueueRefusesBadJobsAndFullBacklog(t *testing.T) {
 	if !errors.As(err, &full) || full.Pending != 3 || full.Max != 3 || !errors.Is(err, ErrBacklogFull) {
 		t.Fatalf("got %v, want a BacklogFullError at 3 of 3", err)
 	}
-	if n, _ := q.pendingCount(ctx, "stripe", q.cfg.Upstreams["stripe"]); n != 3 {
+	if n, _ := q.pendingCount(ctx, "stripe"); n != 3 {
 		t.Fatalf("after refusal: %d jobs, want 3 (nothing enqueued)", n)
 	}
 }
@@ -262,9 +263,9 @@ func TestIDs(t *testing.T) {
 func TestOnCluster(t *testing.T) {
 	cl := redistest.NewCluster(t)
 	ctx := context.Background()
-	q := newQueue(t, cl.Client(t), map[string]Upstream{
-		"a": {Lanes: []string{"default", "low"}, MaxPending: 10},
-		"b": {Lanes: []string{"default"}, MaxPending: 10},
+	q := newQueue(t, cl.Client(t), []shaper.Upstream{
+		{Name: "a", Lanes: map[string]int{"default": 1, "low": 1}, MaxPending: 10},
+		{Name: "b", MaxPending: 10},
 	})
 	for _, up := range []string{"a", "b"} {
 		info, _, err := q.Enqueue(ctx, &Job{Upstream: up, IdempotencyKey: "k"})

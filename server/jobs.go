@@ -140,8 +140,8 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 	}
 	if req.Lane != "" && !queue.ValidName(req.Lane) {
 		bad("lane", "%q: not a valid lane name", req.Lane)
-	} else if u, _ := s.q.Upstream(req.Upstream); req.Lane != "" && !contains(u.Lanes, req.Lane) {
-		bad("lane", "upstream %s has no lane %q (lanes: %s)", up.Name, req.Lane, strings.Join(u.Lanes, ", "))
+	} else if req.Lane != "" && !up.HasLane(req.Lane) {
+		bad("lane", "upstream %s has no lane %q (lanes: %s)", up.Name, req.Lane, strings.Join(up.LaneNames(), ", "))
 	}
 	if len(req.IdempotencyKey) > maxIdempotencyKey || strings.ContainsFunc(req.IdempotencyKey, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		bad("idempotency_key", "must be at most %d printable characters", maxIdempotencyKey)
@@ -182,24 +182,10 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 }
 
 func costNames(u upstreamEntry) []string {
-	var out []string
-	for c := range u.costs {
-		out = append(out, c)
+	if out := u.CostNames(); len(out) > 0 {
+		return out
 	}
-	sort.Strings(out)
-	if len(out) == 0 {
-		return []string{"requests only"}
-	}
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
+	return []string{"requests only"}
 }
 
 func (s *Server) upstreamNames() []string {

@@ -40,20 +40,11 @@ type Key struct {
 	Secret string
 }
 
-// Upstream is what the API checks jobs against.
-type Upstream struct {
-	Name string
-	// BaseURL is empty for a Go handler upstream, whose jobs name a task.
-	BaseURL string
-	Limits  []leaky.Limit
-	// Headers are the names the workers set themselves; jobs may not.
-	Headers []string
-}
-
 // Config configures a Server; zero values are documented defaults.
 type Config struct {
-	Keys      []Key
-	Upstreams []Upstream
+	Keys []Key
+	// Upstreams are what jobs are checked against.
+	Upstreams []shaper.Upstream
 	// Admission is the token bucket every key's enqueues pass through.
 	Admission tokenbucket.Limit
 	// OnRedisError is admission's failure policy (default allow).
@@ -92,7 +83,7 @@ type keyEntry struct {
 }
 
 type upstreamEntry struct {
-	Upstream
+	shaper.Upstream
 	base    *url.URL // nil for a Go handler upstream
 	bucket  *leaky.Bucket
 	costs   map[string]bool
@@ -146,7 +137,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 				e.costs[l.Cost] = true
 			}
 		}
-		for _, h := range u.Headers {
+		for _, h := range u.WorkerHeaders() {
 			e.headers[http.CanonicalHeaderKey(h)] = true
 		}
 		s.ups[u.Name] = e

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
@@ -42,19 +43,23 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 	t.Helper()
 	rdb := srv.Client(t)
 	rdb.FlushAll(context.Background())
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
-		"stripe": {Lanes: []string{"default", "bulk"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
-		"openai": {Lanes: []string{"default"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
-		"mail":   {Lanes: []string{"default"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
-	}})
+	stripe := []leaky.Limit{leaky.PerSecond(100)}
+	openai := []leaky.Limit{leaky.PerMinute(5000), {Rate: 800000, Per: time.Minute, Cost: "tokens"}}
+	mail := []leaky.Limit{leaky.PerSecond(10)}
+	retry := shaper.Retry{MaxAttempts: 3}
+	ups := []shaper.Upstream{
+		{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: stripe, Lanes: map[string]int{"default": 1, "bulk": 1},
+			Headers: map[string]string{"Authorization": "Bearer sk"}, IdempotencyHeader: "Idempotency-Key",
+			MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
+		{Name: "openai", BaseURL: "https://api.openai.com", Limits: openai, MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
+		{Name: "mail", Limits: mail, MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
+	}
+	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { q.Close() })
-	stripe := []leaky.Limit{leaky.PerSecond(100)}
-	openai := []leaky.Limit{leaky.PerMinute(5000), {Rate: 800000, Per: time.Minute, Cost: "tokens"}}
-	mail := []leaky.Limit{leaky.PerSecond(10)}
-	st, err := status.NewReader(rdb, q, "", []status.Source{{Name: "stripe", Limits: stripe}, {Name: "openai", Limits: openai}, {Name: "mail", Limits: mail}})
+	st, err := status.NewReader(rdb, q, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,11 +69,7 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 			{Name: "billing", Tenant: "billing", Secret: "billing-secret"},
 			{Name: "ops", Tenant: "ops", Secret: "ops-secret", Admin: true},
 		},
-		Upstreams: []Upstream{
-			{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: stripe, Headers: []string{"Authorization", "Idempotency-Key"}},
-			{Name: "openai", BaseURL: "https://api.openai.com", Limits: openai},
-			{Name: "mail", Limits: mail},
-		},
+		Upstreams:    ups,
 		Admission:    admission,
 		MaxBodyBytes: 4096,
 		MaxBatch:     50,

@@ -13,7 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -65,39 +67,29 @@ type Upstream struct {
 	AtLimitSeconds float64 `json:"time_to_drain_at_limit_seconds"`
 }
 
-// Source is one upstream's shape as status needs it.
-type Source struct {
-	Name        string
-	Limits      []leaky.Limit
-	Guard       time.Duration
-	Concurrency int
-}
-
 // Reader reads statuses. Safe for concurrent use.
 type Reader struct {
 	rdb     redis.UniversalClient
 	q       *queue.Queue
 	prefix  string
-	sources map[string]Source
+	sources map[string]shaper.Upstream
 	buckets map[string]*leaky.Bucket
 	names   []string
 }
 
-// NewReader prepares a Reader for the given upstreams.
-func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string, sources []Source) (*Reader, error) {
-	if prefix == "" {
-		prefix = "shaper"
-	}
-	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]Source{}, buckets: map[string]*leaky.Bucket{}}
+// NewReader prepares a Reader for the upstreams q holds.
+func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string) (*Reader, error) {
+	prefix = keyspace.Prefix(prefix)
+	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]shaper.Upstream{}, buckets: map[string]*leaky.Bucket{}}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix})
-	for _, s := range sources {
-		b, err := pacer.Bucket(s.Name, leaky.BucketConfig{Limits: s.Limits, Guard: s.Guard, Concurrency: s.Concurrency})
+	for _, u := range q.Upstreams() {
+		b, err := pacer.Bucket(u.Name, leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 		if err != nil {
-			return nil, fmt.Errorf("status of %s: %w", s.Name, err)
+			return nil, fmt.Errorf("status of %s: %w", u.Name, err)
 		}
-		r.sources[s.Name] = s
-		r.buckets[s.Name] = b
-		r.names = append(r.names, s.Name)
+		r.sources[u.Name] = u
+		r.buckets[u.Name] = b
+		r.names = append(r.names, u.Name)
 	}
 	sort.Strings(r.names)
 	return r, nil

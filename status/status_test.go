@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
@@ -20,12 +21,14 @@ func TestUpstreamStatus(t *testing.T) {
 	ctx := context.Background()
 	rdb := srv.Client(t)
 	rdb.FlushAll(ctx)
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{"api": {Lanes: []string{"default", "bulk"}}}})
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{
+		{Name: "api", Lanes: map[string]int{"default": 1, "bulk": 1}, Limits: []leaky.Limit{leaky.PerSecond(100)}, Concurrency: 5},
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer q.Close()
-	r, err := NewReader(rdb, q, "", []Source{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Concurrency: 5}})
+	r, err := NewReader(rdb, q, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,12 +18,13 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/gcra"
+	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/internal/script"
 )
 
 // DefaultPrefix starts every key when Config.Prefix is empty, as in the
 // other limiters: a bucket's key is "shaper:tb:{KEY}".
-const DefaultPrefix = "shaper"
+const DefaultPrefix = keyspace.DefaultPrefix
 
 // MaxKeyLen bounds a bucket key, in bytes.
 const MaxKeyLen = 512
@@ -78,10 +79,7 @@ func New(rdb redis.UniversalClient, l Limit, cfg Config) (*Limiter, error) {
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("token bucket: %w", err)
 	}
-	prefix := cfg.Prefix
-	if prefix == "" {
-		prefix = DefaultPrefix
-	}
+	prefix := keyspace.Prefix(cfg.Prefix)
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, fmt.Errorf("token bucket: prefix %q: must not contain '{' or '}'", prefix)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/internal/script"
 )
 
@@ -89,7 +90,8 @@ func ttlMillis(span int64) int64 {
 
 // Config is what the three limiters share. The zero value is ready to use.
 type Config struct {
-	// Prefix starts every key the limiter writes; default "shaper". Two
+	// Prefix starts every key the limiter writes; default
+	// keyspace.DefaultPrefix. Two
 	// limiters with different limits need different prefixes (or keys),
 	// or they share state.
 	Prefix string
@@ -120,10 +122,7 @@ func newLimiter(rdb redis.Scripter, l Limit, cfg Config, name, kind string, s *r
 	if err := l.Validate(); err != nil {
 		return limiter{}, fmt.Errorf("%s: limit: %w", name, err)
 	}
-	prefix := cfg.Prefix
-	if prefix == "" {
-		prefix = "shaper"
-	}
+	prefix := keyspace.Prefix(cfg.Prefix)
 	if strings.ContainsAny(prefix, "{}") {
 		// A brace in the prefix would become the hash tag instead of the key.
 		return limiter{}, fmt.Errorf("%s: prefix %q: must not contain braces", name, prefix)

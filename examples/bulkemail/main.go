@@ -25,6 +25,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -57,9 +58,18 @@ func run(redisURL string, rate int64, n int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
-		"mail": {Lanes: []string{"default"}, MaxPending: 100000, MaxAttempts: 5, ResultRetention: time.Hour, DeadRetention: 24 * time.Hour},
-	}})
+	// One description of the relay serves the queue and the dispatcher.
+	mail := shaper.Upstream{
+		Name:   "mail",
+		Limits: []leaky.Limit{leaky.PerSecond(rate)},
+		// Relays also cap connections; so do we, across every replica.
+		Concurrency:     3,
+		MaxPending:      100000,
+		Retry:           shaper.Retry{MaxAttempts: 5, MinBackoff: time.Second, MaxBackoff: time.Minute},
+		ResultRetention: time.Hour,
+		DeadRetention:   24 * time.Hour,
+	}
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{mail}})
 	if err != nil {
 		return err
 	}
@@ -72,15 +82,8 @@ func run(redisURL string, rate int64, n int) error {
 	}
 
 	d, err := dispatcher.New(rdb, dispatcher.Config{
-		Upstreams: []dispatcher.Upstream{{
-			Name:   "mail",
-			Limits: []leaky.Limit{leaky.PerSecond(rate)},
-			// Relays also cap connections; so do we, across every replica.
-			Concurrency: 3,
-			MinBackoff:  time.Second,
-			MaxBackoff:  time.Minute,
-		}},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Upstreams: []shaper.Upstream{mail},
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
 		return err

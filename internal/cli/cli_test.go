@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -126,7 +127,7 @@ func TestStatusJSON(t *testing.T) {
 	rdb := srv.Client(t)
 	rdb.FlushAll(ctx)
 	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{"stripe": {Lanes: []string{"default", "bulk"}}}})
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe", Lanes: map[string]int{"default": 1, "bulk": 1}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

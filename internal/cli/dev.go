@@ -17,6 +17,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/spf13/cobra"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/examples/thirdparty"
@@ -180,7 +181,7 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	}
 	defer parts.Close()
 	d, err := dispatcher.New(rdb, dispatcher.Config{
-		Upstreams:       []dispatcher.Upstream{dispatcherUpstream(cfg.Upstreams["demo"])},
+		Upstreams:       []shaper.Upstream{cfg.Upstreams["demo"].Shaper()},
 		ShutdownTimeout: time.Duration(cfg.Work.ShutdownTimeout),
 		Prefix:          cfg.Redis.Prefix,
 		Logger:          log,

@@ -102,7 +102,7 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 	}
 	defer rdb.Close()
 	b, err := leaky.New(rdb, leaky.Config{Prefix: cfg.Redis.Prefix}).Bucket(name, leaky.BucketConfig{
-		Limits: limitsOf(u), Guard: time.Duration(u.Guard), Concurrency: u.Concurrency,
+		Limits: cfg.Limits(name), Guard: time.Duration(u.Guard), Concurrency: u.Concurrency,
 	})
 	if err != nil {
 		return err

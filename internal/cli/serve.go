@@ -71,16 +71,6 @@ func admissionLimit(a config.Admission) tokenbucket.Limit {
 	return tokenbucket.Limit{Capacity: a.Capacity, Refill: int64(math.Round(r * 1000)), Per: 1000 * time.Second}
 }
 
-// statusSources describes every upstream for the status reader.
-func statusSources(cfg *config.Config) []status.Source {
-	var out []status.Source
-	for _, name := range cfg.UpstreamNames() {
-		u := cfg.Upstreams[name]
-		out = append(out, status.Source{Name: name, Limits: limitsOf(u), Guard: time.Duration(u.Guard), Concurrency: u.Concurrency})
-	}
-	return out
-}
-
 // apiParts are what an API process is made of, built from a config.
 type apiParts struct {
 	q      *queue.Queue
@@ -95,7 +85,7 @@ func buildAPI(rdb redis.UniversalClient, cfg *config.Config, keys []config.APIKe
 	if err != nil {
 		return nil, err
 	}
-	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix, statusSources(cfg))
+	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
 	if err != nil {
 		q.Close()
 		return nil, err
@@ -112,17 +102,7 @@ func buildAPI(rdb redis.UniversalClient, cfg *config.Config, keys []config.APIKe
 	for _, k := range keys {
 		sc.Keys = append(sc.Keys, server.Key{Name: k.Name, Tenant: k.Tenant, Admin: k.Admin, Secret: k.Secret})
 	}
-	for _, name := range cfg.UpstreamNames() {
-		u := cfg.Upstreams[name]
-		su := server.Upstream{Name: name, BaseURL: u.BaseURL, Limits: limitsOf(u)}
-		for h := range u.Headers {
-			su.Headers = append(su.Headers, h)
-		}
-		if u.IdempotencyHeader != "" {
-			su.Headers = append(su.Headers, u.IdempotencyHeader)
-		}
-		sc.Upstreams = append(sc.Upstreams, su)
-	}
+	sc.Upstreams = cfg.AllUpstreams()
 	srv, err := server.New(rdb, q, st, sc)
 	if err != nil {
 		q.Close()

@@ -81,7 +81,7 @@ func statusRun(ctx context.Context, f *Factory, opts *statusOptions) error {
 		return err
 	}
 	defer q.Close()
-	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix, statusSources(cfg))
+	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -74,7 +75,7 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 	if err != nil {
 		return err
 	}
-	var chosen []dispatcher.Upstream
+	var chosen []shaper.Upstream
 	for _, u := range ups {
 		if u.Handler {
 			if len(opts.upstreams) > 0 {
@@ -83,7 +84,7 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 			log.Warn("skipping an upstream served by a Go handler; run it from your own program", "upstream", u.Name)
 			continue
 		}
-		chosen = append(chosen, dispatcherUpstream(u))
+		chosen = append(chosen, u.Shaper())
 	}
 	if len(chosen) == 0 {
 		return errors.New("no HTTP upstreams to drain")
@@ -187,7 +188,7 @@ func workerMux(reg *prometheus.Registry, rdb redis.UniversalClient) http.Handler
 }
 
 // trimDeadLoop enforces dead_retention every minute.
-func trimDeadLoop(ctx context.Context, q *queue.Queue, ups []dispatcher.Upstream, log *slog.Logger) {
+func trimDeadLoop(ctx context.Context, q *queue.Queue, ups []shaper.Upstream, log *slog.Logger) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	for {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/keyspace"
 )
 
 // Keep is how long per-second counts live: enough for a 60 s rate.
@@ -32,12 +34,10 @@ type Recorder struct {
 	counts map[string]map[int64]int64 // upstream -> second -> sends
 }
 
-// NewRecorder returns a Recorder writing under prefix (default "shaper").
+// NewRecorder returns a Recorder writing under prefix (default
+// keyspace.DefaultPrefix).
 func NewRecorder(rdb redis.UniversalClient, prefix string) *Recorder {
-	if prefix == "" {
-		prefix = "shaper"
-	}
-	return &Recorder{rdb: rdb, prefix: prefix, counts: map[string]map[int64]int64{}}
+	return &Recorder{rdb: rdb, prefix: keyspace.Prefix(prefix), counts: map[string]map[int64]int64{}}
 }
 
 // Sent counts one send to upstream at time t.
@@ -117,9 +117,7 @@ type Rates struct {
 // being counted, and the one before may still be on its way from replicas
 // that flush once a second, so both are left out.
 func Read(ctx context.Context, rdb redis.UniversalClient, prefix, upstream string, now time.Time) (Rates, error) {
-	if prefix == "" {
-		prefix = "shaper"
-	}
+	prefix = keyspace.Prefix(prefix)
 	last := now.Unix() - 2
 	keys := make([]string, 60)
 	for i := range keys {

@@ -21,6 +21,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
@@ -104,7 +105,7 @@ func runChild(role string) error {
 		}
 		name := os.Getenv(envQueue)
 		d, err := dispatcher.New(rdb, dispatcher.Config{
-			Upstreams: []dispatcher.Upstream{{Name: name, Limits: []leaky.Limit{leaky.PerSecond(rate)}, Workers: workers}},
+			Upstreams: []shaper.Upstream{{Name: name, Limits: []leaky.Limit{leaky.PerSecond(rate)}, Workers: workers}},
 			Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 			// Jobs are all handed out before a stop; nothing is in flight.
 			ShutdownTimeout: 5 * time.Second,

@@ -20,6 +20,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
@@ -246,10 +247,9 @@ func scrape(addrs []string, metric string) (float64, error) {
 // newQueue opens shaper's queue for the named upstreams with the config
 // defaults a user gets.
 func (b *bench) newQueue(names ...string) (*queue.Queue, error) {
-	qc := queue.Config{Upstreams: map[string]queue.Upstream{}}
+	var qc queue.Config
 	for _, n := range names {
-		qc.Upstreams[n] = queue.Upstream{Lanes: []string{"default"}, MaxPending: 100_000_000, MaxAttempts: 8,
-			ResultRetention: 24 * time.Hour, DeadRetention: 7 * 24 * time.Hour}
+		qc.Upstreams = append(qc.Upstreams, shaper.Upstream{Name: n, MaxPending: 100_000_000})
 	}
 	return queue.New(b.rdb, qc)
 }

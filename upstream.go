@@ -1,0 +1,205 @@
+package shaper
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// Upstream is one third-party API that shaper calls, as every part of
+// shaper sees it: the config file produces it, the queue stores its jobs by
+// it, the dispatcher paces and sends by it, the API checks jobs against it
+// and status reports on it. This type is the only description of an
+// upstream; its defaults are stated once, here (see WithDefaults).
+type Upstream struct {
+	// Name is part of queue names, Redis hash tags and metric labels:
+	// lowercase letters, digits, _ and -, at most 63.
+	Name string
+	// BaseURL is where job paths are sent; empty for an upstream served by
+	// a Go handler, whose jobs name a task instead.
+	BaseURL string
+	// Limits must all allow each send; each is a leaky bucket. At least one.
+	Limits []leaky.Limit
+	// Guard is the pacing guard (leaky.BucketConfig.Guard); 0 is
+	// leaky.DefaultGuardFor the limits.
+	Guard time.Duration
+	// Concurrency caps requests in flight across all replicas; 0 is none.
+	Concurrency int
+	// Timeout bounds one attempt. Default DefaultTimeout.
+	Timeout time.Duration
+	// MaxPending bounds jobs waiting or in flight (not finished ones);
+	// enqueues beyond it are refused. Default DefaultMaxPending.
+	MaxPending int64
+	// Retry bounds how failed attempts (not rate-limited ones) are retried.
+	Retry Retry
+	// Headers are added to every request by the workers (credentials);
+	// jobs may not set them.
+	Headers map[string]string
+	// IdempotencyHeader carries the job's idempotency key on every attempt.
+	// Default DefaultIdempotencyHeader, unless NoIdempotencyHeader.
+	IdempotencyHeader string
+	// NoIdempotencyHeader sends no idempotency key, for upstreams that
+	// reject unknown headers (a config file says idempotency_header: "").
+	NoIdempotencyHeader bool
+	// Lanes weigh the upstream's queues against each other by name; they
+	// include DefaultLane. Default {DefaultLane: 1}.
+	Lanes map[string]int
+	// Workers is how many jobs one replica works on at once. Default
+	// DefaultWorkers(Concurrency, Limits).
+	Workers int
+	// MaxResponseBytes caps the stored response body. Default
+	// DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// ResultRetention keeps succeeded jobs and their responses; it also
+	// bounds how long an idempotency key is remembered after success.
+	// Default DefaultResultRetention.
+	ResultRetention time.Duration
+	// DeadRetention keeps dead and cancelled jobs. Default
+	// DefaultDeadRetention.
+	DeadRetention time.Duration
+	// PushbackDefault is how long a 429 that does not say when to retry
+	// blocks the upstream. Default DefaultPushback.
+	PushbackDefault time.Duration
+}
+
+// Retry bounds how a job that failed (not one that was rate limited) is
+// tried again: exponential backoff with full jitter between the bounds.
+type Retry struct {
+	// MaxAttempts counts the first attempt too. Default DefaultMaxAttempts.
+	MaxAttempts int
+	// MinBackoff is the first retry's delay ceiling. Default
+	// DefaultMinBackoff.
+	MinBackoff time.Duration
+	// MaxBackoff caps the delay. Default DefaultMaxBackoff.
+	MaxBackoff time.Duration
+}
+
+// The defaults of an upstream, and of the processes that serve upstreams.
+const (
+	DefaultLane              = "default"
+	DefaultTimeout           = 30 * time.Second
+	DefaultMaxPending        = 100_000
+	DefaultMaxAttempts       = 8
+	DefaultMinBackoff        = time.Second
+	DefaultMaxBackoff        = 5 * time.Minute
+	DefaultIdempotencyHeader = "Idempotency-Key"
+	DefaultMaxResponseBytes  = 1 << 20
+	DefaultResultRetention   = 24 * time.Hour
+	DefaultDeadRetention     = 7 * 24 * time.Hour
+	DefaultPushback          = time.Second
+
+	// DefaultHorizon is the longest pacing wait a worker books ahead.
+	DefaultHorizon = 2 * time.Second
+	// DefaultMaxHold is how long a worker keeps a job its upstream cannot
+	// take within the horizon before handing it back.
+	DefaultMaxHold = 10 * time.Second
+	// DefaultPollInterval is how often an idle upstream's queue is checked.
+	DefaultPollInterval = 10 * time.Millisecond
+	// DefaultShutdownTimeout bounds a graceful stop of a worker or the API.
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// WithDefaults returns u with every zero field that has a default set to
+// it.
+func (u Upstream) WithDefaults() Upstream {
+	if u.NoIdempotencyHeader {
+		u.IdempotencyHeader = ""
+	} else if u.IdempotencyHeader == "" {
+		u.IdempotencyHeader = DefaultIdempotencyHeader
+	}
+	if u.Guard <= 0 {
+		u.Guard = leaky.DefaultGuardFor(u.Limits)
+	}
+	u.Timeout = orDuration(u.Timeout, DefaultTimeout)
+	if u.MaxPending <= 0 {
+		u.MaxPending = DefaultMaxPending
+	}
+	if u.Retry.MaxAttempts <= 0 {
+		u.Retry.MaxAttempts = DefaultMaxAttempts
+	}
+	u.Retry.MinBackoff = orDuration(u.Retry.MinBackoff, DefaultMinBackoff)
+	u.Retry.MaxBackoff = orDuration(u.Retry.MaxBackoff, DefaultMaxBackoff)
+	if len(u.Lanes) == 0 {
+		u.Lanes = map[string]int{DefaultLane: 1}
+	}
+	if u.Workers <= 0 {
+		u.Workers = DefaultWorkers(u.Concurrency, u.Limits)
+	}
+	if u.MaxResponseBytes <= 0 {
+		u.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	u.ResultRetention = orDuration(u.ResultRetention, DefaultResultRetention)
+	u.DeadRetention = orDuration(u.DeadRetention, DefaultDeadRetention)
+	u.PushbackDefault = orDuration(u.PushbackDefault, DefaultPushback)
+	return u
+}
+
+func orDuration(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+// DefaultWorkers is how many jobs a replica works on at once unless told:
+// enough to keep a slot booked every 25ms of the fastest request rate (each
+// job spends a round trip or two with Redis and one with the upstream), at
+// least the concurrency cap and 10, at most 200.
+func DefaultWorkers(concurrency int, limits []leaky.Limit) int {
+	n := max(concurrency, 10)
+	for _, l := range limits {
+		if l.Cost == "" {
+			perSecond := float64(l.Rate) / l.Per.Seconds()
+			n = max(n, int(math.Ceil(perSecond*0.025)))
+		}
+	}
+	return min(n, 200)
+}
+
+// LaneNames lists the upstream's lanes with DefaultLane first and the rest
+// sorted; an upstream with no lanes has DefaultLane alone.
+func (u Upstream) LaneNames() []string {
+	rest := make([]string, 0, len(u.Lanes))
+	for l := range u.Lanes {
+		if l != DefaultLane {
+			rest = append(rest, l)
+		}
+	}
+	sort.Strings(rest)
+	return append([]string{DefaultLane}, rest...)
+}
+
+// HasLane reports whether lane is one of the upstream's lanes.
+func (u Upstream) HasLane(lane string) bool {
+	return slices.Contains(u.LaneNames(), lane)
+}
+
+// CostNames lists, sorted, the job costs the upstream's limits count
+// ("tokens"); requests are always counted and are not listed.
+func (u Upstream) CostNames() []string {
+	var out []string
+	for _, l := range u.Limits {
+		if l.Cost != "" && !slices.Contains(out, l.Cost) {
+			out = append(out, l.Cost)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// WorkerHeaders lists the header names the workers set on every request:
+// the configured headers and the idempotency header. Jobs may not set them.
+func (u Upstream) WorkerHeaders() []string {
+	out := make([]string, 0, len(u.Headers)+1)
+	for h := range u.Headers {
+		out = append(out, h)
+	}
+	if u.IdempotencyHeader != "" && !u.NoIdempotencyHeader {
+		out = append(out, u.IdempotencyHeader)
+	}
+	sort.Strings(out)
+	return out
+}
