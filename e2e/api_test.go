@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/client"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -53,7 +53,7 @@ func (e *env) startServe(env ...string) string {
 // three, must get exactly 10 answers of 202 and 10 of 429 with Retry-After.
 func TestAdmissionIsExactAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 api:
@@ -121,7 +121,7 @@ upstreams:
 // `shaper status --json` reports is within 5% of the rate actually sent.
 func TestStatusDrainRate(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:

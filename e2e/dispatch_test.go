@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
 
 // arrivals are the times requests reached the fake upstream.
-func arrivals(fake *thirdparty.Server) []time.Duration {
+func arrivals(fake *fakeupstream.Server) []time.Duration {
 	var out []time.Duration
 	for _, r := range fake.Records() {
 		out = append(out, r.At)
@@ -30,7 +30,7 @@ func TestFourWorkersAtTheLimit(t *testing.T) {
 	// alone, before the parallel tests start.
 	const L = 100
 	const runFor = 30 * time.Second
-	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: L, Per: time.Second}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: L, Per: time.Second}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:
@@ -56,10 +56,10 @@ upstreams:
 		}
 	}
 	rep := e.fake.Report()
-	most := thirdparty.MaxInWindow(window, time.Second)
+	most := fakeupstream.MaxInWindow(window, time.Second)
 	rate := float64(len(window)) / runFor.Seconds()
 	t.Logf("L=%d/s for %v: received %d (%.1f/s, %.1f%%), most in any 1s %d, in any 100ms %d, rejected %d; gaps %+v",
-		L, runFor, len(window), rate, 100*rate/L, most, thirdparty.MaxInWindow(window, 100*time.Millisecond), rep.Rejected, thirdparty.GapPercentiles(window))
+		L, runFor, len(window), rate, 100*rate/L, most, fakeupstream.MaxInWindow(window, 100*time.Millisecond), rep.Rejected, fakeupstream.GapPercentiles(window))
 	if rep.Rejected != 0 {
 		t.Errorf("the upstream rejected %d requests, want none", rep.Rejected)
 	}
@@ -79,7 +79,7 @@ func TestUpstreamAtHalfTheConfiguredRate(t *testing.T) {
 	t.Parallel()
 	// Stripe's 429s say nothing about when to retry, so each one blocks the
 	// upstream for pushback_default.
-	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: 10, Per: time.Second, Style: thirdparty.StyleStripe}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 10, Per: time.Second, Style: fakeupstream.StyleStripe}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:
@@ -124,8 +124,8 @@ upstreams:
 // exactly and must reject nothing.
 func TestTwoLimitsAtOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: 20, Per: time.Second, Style: thirdparty.StyleOpenAI,
-		CostLimit: &thirdparty.CostLimit{Name: "tokens", Rate: 10000, Per: 10 * time.Second}}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 20, Per: time.Second, Style: fakeupstream.StyleOpenAI,
+		CostLimit: &fakeupstream.CostLimit{Name: "tokens", Rate: 10000, Per: 10 * time.Second}}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:

@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/childproc"
 )
 
@@ -179,8 +179,8 @@ func TestPacingAcrossProcesses(t *testing.T) {
 					sends = append(sends, time.Duration(n))
 				}
 			}
-			most := thirdparty.MaxInWindow(sends, per)
-			tenth := thirdparty.MaxInWindow(sends, per/10)
+			most := fakeupstream.MaxInWindow(sends, per)
+			tenth := fakeupstream.MaxInWindow(sends, per/10)
 			achieved := float64(len(sends)) / duration.Seconds()
 			t.Logf("rate %d/s: %d sends in %v (%.1f/s, %.1f%%), most in any %v: %d, in any %v: %d",
 				tc.rate, len(sends), duration, achieved, 100*achieved/float64(tc.rate), per, most, per/10, tenth)

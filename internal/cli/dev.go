@@ -19,7 +19,7 @@ import (
 
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 type devOptions struct {
@@ -131,9 +131,9 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 		}()
 	}
 
-	// The demo upstream: the same fake third-party API as examples/thirdparty.
-	fake, err := thirdparty.New(thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: opts.demoRate, Per: time.Second,
-		Style: thirdparty.StylePlain, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond})
+	// The demo upstream: the fake third-party API of package fakeupstream, as in examples/thirdparty.
+	fake, err := fakeupstream.New(fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: opts.demoRate, Per: time.Second,
+		Style: fakeupstream.StylePlain, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond})
 	if err != nil {
 		return err
 	}
