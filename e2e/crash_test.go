@@ -56,6 +56,9 @@ func checkDelivered(t *testing.T, e *env, done map[string]*queue.Info) int {
 // Every accepted job must be delivered; a duplicate is allowed only for a job
 // in flight at the kill, and it carries the job's idempotency key.
 func TestKillWorkerMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills shaper work processes: multi-process, runs in make test")
+	}
 	t.Parallel()
 	e := newEnv(t, fakeupstream.Config{}, redistest.Options{})
 	e.writeConfig(crashConfig)
@@ -81,6 +84,9 @@ func TestKillWorkerMidRun(t *testing.T) {
 // TestRedisRestartMidRun restarts Redis (AOF on) while two workers drain.
 // No job may be lost, and dispatch must resume by itself.
 func TestRedisRestartMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts redis-server under shaper work: multi-process, runs in make test")
+	}
 	t.Parallel()
 	e := newEnv(t, fakeupstream.Config{}, redistest.Options{AppendOnly: true})
 	e.writeConfig(crashConfig)

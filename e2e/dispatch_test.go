@@ -26,6 +26,9 @@ func arrivals(fake *fakeupstream.Server) []time.Duration {
 // shaper configured at L per second. The upstream must reject nothing and
 // receive at least 97% of L per second.
 func TestFourWorkersAtTheLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("30 s of four shaper work processes: multi-process, runs in make test")
+	}
 	// Not parallel: it measures throughput to within a percent, so it runs
 	// alone, before the parallel tests start.
 	const L = 100
@@ -76,6 +79,9 @@ upstreams:
 // still succeeds, and none spends an attempt on rate limiting (they are
 // allowed only one).
 func TestUpstreamAtHalfTheConfiguredRate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("shaper work processes against a 429ing upstream: multi-process, runs in make test")
+	}
 	t.Parallel()
 	// Stripe's 429s say nothing about when to retry, so each one blocks the
 	// upstream for pushback_default.
@@ -123,6 +129,9 @@ upstreams:
 // seconds, with jobs costing 10 to 400 tokens. The upstream enforces both
 // exactly and must reject nothing.
 func TestTwoLimitsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("shaper work processes under two limits: multi-process, runs in make test")
+	}
 	t.Parallel()
 	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 20, Per: time.Second, Style: fakeupstream.StyleOpenAI,
 		CostLimit: &fakeupstream.CostLimit{Name: "tokens", Rate: 10000, Per: 10 * time.Second}}, redistest.Options{})

@@ -6,6 +6,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -29,6 +30,12 @@ import (
 var shaperBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// Every test here runs shaper processes and skips itself under
+		// -short, so building the binary would only cost time.
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "shaper-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
