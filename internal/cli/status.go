@@ -148,11 +148,10 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 		}
 		paused := "-"
 		if u.PausedUntil != nil {
-			left := u.PausedUntil.Sub(now)
-			if left > 300*24*time.Hour {
+			if u.UntilResumed(now) {
 				paused = "until resumed"
 			} else {
-				paused = "for " + humanDuration(left)
+				paused = "for " + humanDuration(u.PausedUntil.Sub(now))
 			}
 			if u.PauseReason != "" {
 				paused += " (" + u.PauseReason + ")"
