@@ -152,6 +152,9 @@ func TestRedisClientUnixSocket(t *testing.T) {
 }
 
 func TestRedisClientCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-master Redis Cluster takes seconds to start: runs in make test")
+	}
 	cl := redistest.NewCluster(t)
 	// One seed is enough: the client discovers the other masters.
 	c := mustParse(t, "redis: {cluster: ['"+cl.Addrs()[0]+"']}"+oneUpstream, nil)

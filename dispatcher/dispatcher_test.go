@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -33,7 +33,7 @@ type harness struct {
 	t      *testing.T
 	rdb    *redis.Client
 	q      *queue.Queue
-	fake   *thirdparty.Server
+	fake   *fakeupstream.Server
 	url    string
 	cancel context.CancelFunc
 	done   chan error
@@ -47,11 +47,11 @@ type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
-func newHarness(t *testing.T, fakeCfg thirdparty.Config, up shaper.Upstream, maxAttempts int) *harness {
+func newHarness(t *testing.T, fakeCfg fakeupstream.Config, up shaper.Upstream, maxAttempts int) *harness {
 	t.Helper()
 	rdb := srv.Client(t)
 	rdb.FlushAll(context.Background())
-	fake, err := thirdparty.New(fakeCfg)
+	fake, err := fakeupstream.New(fakeCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func (h *harness) waitFor(ids []string, final ...queue.State) map[string]*queue.
 func TestHTTPJobSucceedsWithItsHeaders(t *testing.T) {
 	var mu sync.Mutex
 	var seen []http.Header
-	h := newHarness(t, thirdparty.Config{Style: thirdparty.StyleOpenAI}, shaper.Upstream{}, 3)
+	h := newHarness(t, fakeupstream.Config{Style: fakeupstream.StyleOpenAI}, shaper.Upstream{}, 3)
 	// Wrap the fake to see the headers exactly as sent.
 	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
@@ -186,7 +186,7 @@ func TestHTTPJobSucceedsWithItsHeaders(t *testing.T) {
 }
 
 func TestFailuresRetryThenDie(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{FailRate: 1, Seed: 1}, shaper.Upstream{}, 3)
+	h := newHarness(t, fakeupstream.Config{FailRate: 1, Seed: 1}, shaper.Upstream{}, 3)
 	h.start(Config{Upstreams: []shaper.Upstream{{
 		Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)},
 		Retry: shaper.Retry{MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond},
@@ -202,7 +202,7 @@ func TestFailuresRetryThenDie(t *testing.T) {
 }
 
 func TestClientErrorIsDeadAtOnce(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{CostLimit: &thirdparty.CostLimit{Name: "tokens", Rate: 1e6, Per: time.Minute}}, shaper.Upstream{}, 5)
+	h := newHarness(t, fakeupstream.Config{CostLimit: &fakeupstream.CostLimit{Name: "tokens", Rate: 1e6, Per: time.Minute}}, shaper.Upstream{}, 5)
 	h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
 	// A malformed cost header makes the fake answer 400.
 	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"X-Cost-Tokens": "lots"}})
@@ -216,7 +216,7 @@ func TestClientErrorIsDeadAtOnce(t *testing.T) {
 // its 429s must pause the upstream, and every job still succeeds on its
 // first counted attempt.
 func TestPushbackSpendsNoAttempt(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{Rate: 5, Per: time.Second, Style: thirdparty.StylePlain}, shaper.Upstream{}, 1)
+	h := newHarness(t, fakeupstream.Config{Rate: 5, Per: time.Second, Style: fakeupstream.StylePlain}, shaper.Upstream{}, 1)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(10)}}}}, nil)
 	var ids []string
 	for i := 0; i < 15; i++ {
@@ -242,7 +242,7 @@ func testMetric(t *testing.T, d *Dispatcher, outcome string) float64 {
 }
 
 func TestGoHandler(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{}, shaper.Upstream{Name: "mail"}, 4)
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{Name: "mail"}, 4)
 	var mu sync.Mutex
 	calls := map[string]int{}
 	h.start(Config{Upstreams: []shaper.Upstream{{Name: "mail", Limits: []leaky.Limit{leaky.PerSecond(1000)},
@@ -285,7 +285,7 @@ func TestGoHandler(t *testing.T) {
 // workers hold their jobs; shutting down must return them to the queue at
 // once, with no attempt spent.
 func TestShutdownHandsBackWaitingJobs(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{}, shaper.Upstream{}, 2)
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 2)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 3}},
 		MaxHold: time.Hour, ShutdownTimeout: 5 * time.Second}, nil)
 	b, _ := d.Bucket("api")
@@ -334,7 +334,7 @@ func counterValue(c prometheus.Metric) float64 {
 // Workers hold their jobs for MaxHold, then hand them back scheduled for
 // the block's end, spending nothing; jobs nobody took stay queued.
 func TestLongBlockHoldsThenHandsBack(t *testing.T) {
-	h := newHarness(t, thirdparty.Config{}, shaper.Upstream{}, 2)
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 2)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 2}},
 		MaxHold: 300 * time.Millisecond}, nil)
 	b, _ := d.Bucket("api")

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/client"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -52,8 +52,11 @@ func (e *env) startServe(env ...string) string {
 // one Redis with admission capacity 10; 20 requests at once, spread over the
 // three, must get exactly 10 answers of 202 and 10 of 429 with Retry-After.
 func TestAdmissionIsExactAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("shaper serve replicas: multi-process, runs in make test")
+	}
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 api:
@@ -120,8 +123,11 @@ upstreams:
 // TestStatusDrainRate: under steady load with 2 workers, the drain rate
 // `shaper status --json` reports is within 5% of the rate actually sent.
 func TestStatusDrainRate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures a drain rate over seconds: multi-process, runs in make test")
+	}
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:
@@ -177,6 +183,9 @@ upstreams:
 
 // TestDevSmoke: `shaper dev` with no setup; a job enqueued to demo succeeds.
 func TestDevSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs shaper dev: multi-process, runs in make test")
+	}
 	t.Parallel()
 	addr := freeAddr(t)
 	cmd := exec.Command(shaperBin, "dev", "--listen", addr, "--log-level", "warn")

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -56,8 +56,11 @@ func checkDelivered(t *testing.T, e *env, done map[string]*queue.Info) int {
 // Every accepted job must be delivered; a duplicate is allowed only for a job
 // in flight at the kill, and it carries the job's idempotency key.
 func TestKillWorkerMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills shaper work processes: multi-process, runs in make test")
+	}
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{}, redistest.Options{})
 	e.writeConfig(crashConfig)
 	ids := e.enqueue(300, func(i int) *queue.Job { return &queue.Job{Upstream: "api", Path: "/k/" + strconv.Itoa(i)} })
 	victim := e.startWorker()
@@ -81,8 +84,11 @@ func TestKillWorkerMidRun(t *testing.T) {
 // TestRedisRestartMidRun restarts Redis (AOF on) while two workers drain.
 // No job may be lost, and dispatch must resume by itself.
 func TestRedisRestartMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts redis-server under shaper work: multi-process, runs in make test")
+	}
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{}, redistest.Options{AppendOnly: true})
+	e := newEnv(t, fakeupstream.Config{}, redistest.Options{AppendOnly: true})
 	e.writeConfig(crashConfig)
 	ids := e.enqueue(200, func(i int) *queue.Job { return &queue.Job{Upstream: "api", Path: "/r/" + strconv.Itoa(i)} })
 	e.startWorker()

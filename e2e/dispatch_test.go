@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
 
 // arrivals are the times requests reached the fake upstream.
-func arrivals(fake *thirdparty.Server) []time.Duration {
+func arrivals(fake *fakeupstream.Server) []time.Duration {
 	var out []time.Duration
 	for _, r := range fake.Records() {
 		out = append(out, r.At)
@@ -26,11 +26,14 @@ func arrivals(fake *thirdparty.Server) []time.Duration {
 // shaper configured at L per second. The upstream must reject nothing and
 // receive at least 97% of L per second.
 func TestFourWorkersAtTheLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("30 s of four shaper work processes: multi-process, runs in make test")
+	}
 	// Not parallel: it measures throughput to within a percent, so it runs
 	// alone, before the parallel tests start.
 	const L = 100
 	const runFor = 30 * time.Second
-	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: L, Per: time.Second}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: L, Per: time.Second}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:
@@ -56,10 +59,10 @@ upstreams:
 		}
 	}
 	rep := e.fake.Report()
-	most := thirdparty.MaxInWindow(window, time.Second)
+	most := fakeupstream.MaxInWindow(window, time.Second)
 	rate := float64(len(window)) / runFor.Seconds()
 	t.Logf("L=%d/s for %v: received %d (%.1f/s, %.1f%%), most in any 1s %d, in any 100ms %d, rejected %d; gaps %+v",
-		L, runFor, len(window), rate, 100*rate/L, most, thirdparty.MaxInWindow(window, 100*time.Millisecond), rep.Rejected, thirdparty.GapPercentiles(window))
+		L, runFor, len(window), rate, 100*rate/L, most, fakeupstream.MaxInWindow(window, 100*time.Millisecond), rep.Rejected, fakeupstream.GapPercentiles(window))
 	if rep.Rejected != 0 {
 		t.Errorf("the upstream rejected %d requests, want none", rep.Rejected)
 	}
@@ -76,10 +79,13 @@ upstreams:
 // still succeeds, and none spends an attempt on rate limiting (they are
 // allowed only one).
 func TestUpstreamAtHalfTheConfiguredRate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("shaper work processes against a 429ing upstream: multi-process, runs in make test")
+	}
 	t.Parallel()
 	// Stripe's 429s say nothing about when to retry, so each one blocks the
 	// upstream for pushback_default.
-	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: 10, Per: time.Second, Style: thirdparty.StyleStripe}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 10, Per: time.Second, Style: fakeupstream.StyleStripe}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:
@@ -123,9 +129,12 @@ upstreams:
 // seconds, with jobs costing 10 to 400 tokens. The upstream enforces both
 // exactly and must reject nothing.
 func TestTwoLimitsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("shaper work processes under two limits: multi-process, runs in make test")
+	}
 	t.Parallel()
-	e := newEnv(t, thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: 20, Per: time.Second, Style: thirdparty.StyleOpenAI,
-		CostLimit: &thirdparty.CostLimit{Name: "tokens", Rate: 10000, Per: 10 * time.Second}}, redistest.Options{})
+	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 20, Per: time.Second, Style: fakeupstream.StyleOpenAI,
+		CostLimit: &fakeupstream.CostLimit{Name: "tokens", Rate: 10000, Per: 10 * time.Second}}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:

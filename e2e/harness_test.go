@@ -1,11 +1,12 @@
 // Package e2e tests shaper as users run it: real `shaper` processes built
 // from this tree, a real redis-server, and the fake third-party API from
-// examples/thirdparty listening on this host.
+// package fakeupstream listening on this host.
 package e2e
 
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -20,7 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/config"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -29,6 +30,12 @@ import (
 var shaperBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// Every test here runs shaper processes and skips itself under
+		// -short, so building the binary would only cost time.
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "shaper-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -50,7 +57,7 @@ type env struct {
 	t      *testing.T
 	redis  *redistest.Server
 	rdb    *redis.Client
-	fake   *thirdparty.Server
+	fake   *fakeupstream.Server
 	fakeHS *httptest.Server
 	dir    string
 	cfg    string
@@ -66,11 +73,11 @@ type worker struct {
 	log  *bytes.Buffer
 }
 
-func newEnv(t *testing.T, fakeCfg thirdparty.Config, redisOpts redistest.Options) *env {
+func newEnv(t *testing.T, fakeCfg fakeupstream.Config, redisOpts redistest.Options) *env {
 	t.Helper()
 	e := &env{t: t, redis: redistest.New(t, redisOpts), dir: t.TempDir()}
 	e.rdb = e.redis.Client(t)
-	fake, err := thirdparty.New(fakeCfg)
+	fake, err := fakeupstream.New(fakeCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,9 @@ import (
 // TestScriptsOnCluster runs every script on a real 3-master Redis Cluster,
 // over buckets whose keys land on different masters.
 func TestScriptsOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-master Redis Cluster takes seconds to start: runs in make test")
+	}
 	cl := redistest.NewCluster(t)
 	rdb := cl.Client(t)
 	ctx := context.Background()

@@ -499,12 +499,6 @@ func (b *Bucket) Block(ctx context.Context, d time.Duration, reason string) (tim
 	return time.UnixMicro(out[0]), nil
 }
 
-// BlockUntil is Block until a wall-clock time (such as an upstream's reset
-// timestamp). It is converted to a duration on this host's clock.
-func (b *Bucket) BlockUntil(ctx context.Context, t time.Time, reason string) (time.Time, error) {
-	return b.Block(ctx, time.Until(t), reason)
-}
-
 // Unblock lifts any block at once.
 func (b *Bucket) Unblock(ctx context.Context) error {
 	if _, err := script.Run(ctx, b.p.rdb, "leaky.unblock", unblockScript, b.keys[:1], b.p.blocksChannel(), b.name); err != nil {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/childproc"
 )
 
@@ -122,6 +122,9 @@ func runChild(role string) int {
 // for 10 seconds: no window of length per may hold more than rate sends, and
 // at least 97% of rate must be delivered.
 func TestPacingAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 processes pacing for 10 s: multi-process, runs in make test")
+	}
 	for _, tc := range []struct {
 		rate    int64
 		workers int
@@ -179,8 +182,8 @@ func TestPacingAcrossProcesses(t *testing.T) {
 					sends = append(sends, time.Duration(n))
 				}
 			}
-			most := thirdparty.MaxInWindow(sends, per)
-			tenth := thirdparty.MaxInWindow(sends, per/10)
+			most := fakeupstream.MaxInWindow(sends, per)
+			tenth := fakeupstream.MaxInWindow(sends, per/10)
 			achieved := float64(len(sends)) / duration.Seconds()
 			t.Logf("rate %d/s: %d sends in %v (%.1f/s, %.1f%%), most in any %v: %d, in any %v: %d",
 				tc.rate, len(sends), duration, achieved, 100*achieved/float64(tc.rate), per, most, per/10, tenth)
@@ -217,6 +220,9 @@ var leaseBucketConfig = BucketConfig{Limits: []Limit{PerSecond(1000)}, Concurren
 // TestLeaseOfKilledHolderExpires kills -9 a process holding the only
 // concurrency lease: the fleet gets the lease back after LeaseTTL.
 func TestLeaseOfKilledHolderExpires(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a child process: multi-process, runs in make test")
+	}
 	ctx := context.Background()
 	name := uniqueName(t)
 	cmd := childproc.Command(t, "leaseholder", "PACE_REDIS="+srv.Addr, "PACE_BUCKET="+name)

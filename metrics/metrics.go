@@ -77,7 +77,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"upstream", "reason"}),
 		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_redis_errors_total",
-			Help: "Redis operations that failed, by component (admission, enqueue, pacing, status).",
+			Help: "Redis operations that failed, by component (admission, enqueue, pacing, status, jobs).",
 		}, []string{"component"}),
 		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "shaper_upstream_request_duration_seconds",
@@ -105,16 +105,19 @@ type Backlog func(ctx context.Context) (map[string]map[string]int64, error)
 // backlogCollector reads backlogs from Redis when scraped, so every replica
 // exports the fleet's truth rather than its own guess.
 type backlogCollector struct {
-	read Backlog
-	desc *prometheus.Desc
+	read   Backlog
+	desc   *prometheus.Desc
+	failed prometheus.Counter
 }
 
 // RegisterBacklog exports shaper_backlog_jobs{upstream,lane}, read by fn at
-// each scrape (with a short timeout; a failed read exports nothing).
-func RegisterBacklog(reg prometheus.Registerer, fn Backlog) error {
-	return reg.Register(&backlogCollector{read: fn, desc: prometheus.NewDesc(
-		"shaper_backlog_jobs", "Jobs waiting or in flight by upstream and lane, all replicas together.",
-		[]string{"upstream", "lane"}, nil)})
+// each scrape with a short timeout. A failed read exports no backlog (the
+// rest of the scrape still succeeds) and counts in m's
+// shaper_redis_errors_total{component="status"}, so the gap is visible.
+func RegisterBacklog(reg prometheus.Registerer, m *Metrics, fn Backlog) error {
+	return reg.Register(&backlogCollector{read: fn, failed: OrDiscard(m).RedisErrors.WithLabelValues("status"),
+		desc: prometheus.NewDesc("shaper_backlog_jobs", "Jobs waiting or in flight by upstream and lane, all replicas together.",
+			[]string{"upstream", "lane"}, nil)})
 }
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
@@ -124,6 +127,9 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	byUpstream, err := c.read(ctx)
 	if err != nil {
+		// Not an invalid metric: that would fail the whole scrape, and every
+		// other metric with it, over one slow read.
+		c.failed.Inc()
 		return
 	}
 	for up, lanes := range byUpstream {

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -27,7 +28,7 @@ func TestLint(t *testing.T) {
 	m.UpstreamBlocks.WithLabelValues("stripe", "429").Inc()
 	m.RedisErrors.WithLabelValues("pacing").Inc()
 	m.RequestDuration.WithLabelValues("stripe").Observe(0.2)
-	err := RegisterBacklog(reg, func(ctx context.Context) (map[string]map[string]int64, error) {
+	err := RegisterBacklog(reg, m, func(ctx context.Context) (map[string]map[string]int64, error) {
 		return map[string]map[string]int64{"stripe": {"default": 12}}, nil
 	})
 	if err != nil {
@@ -61,5 +62,44 @@ func TestOrDiscard(t *testing.T) {
 	m := New(prometheus.NewRegistry())
 	if OrDiscard(m) != m {
 		t.Fatal("OrDiscard replaced a given Metrics")
+	}
+}
+
+// TestBacklogReadFailure: a failed backlog read exports no backlog, leaves
+// the rest of the scrape intact, and counts as a Redis error.
+func TestBacklogReadFailure(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	fail := true
+	err := RegisterBacklog(reg, m, func(ctx context.Context) (map[string]map[string]int64, error) {
+		if fail {
+			return nil, errors.New("redis: i/o timeout")
+		}
+		return map[string]map[string]int64{"stripe": {"default": 3}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := m.RedisErrors.WithLabelValues("status")
+	for i, want := range []struct {
+		fail    bool
+		backlog int // series of shaper_backlog_jobs
+		errors  float64
+	}{
+		{fail: true, backlog: 0, errors: 1},
+		{fail: true, backlog: 0, errors: 2},
+		{fail: false, backlog: 1, errors: 2},
+	} {
+		fail = want.fail
+		if got := testutil.CollectAndCount(reg, "shaper_backlog_jobs"); got != want.backlog {
+			t.Errorf("scrape %d: got %d backlog series, want %d", i, got, want.backlog)
+		}
+		if got := testutil.ToFloat64(errs); got != want.errors {
+			t.Errorf("scrape %d: got %v status Redis errors, want %v", i, got, want.errors)
+		}
+	}
+	fail = true
+	if _, err := reg.Gather(); err != nil {
+		t.Fatalf("a failed backlog read failed the scrape: got %v, want the other metrics", err)
 	}
 }

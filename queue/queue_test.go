@@ -261,6 +261,9 @@ func TestIDs(t *testing.T) {
 }
 
 func TestOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-master Redis Cluster takes seconds to start: runs in make test")
+	}
 	cl := redistest.NewCluster(t)
 	ctx := context.Background()
 	q := newQueue(t, cl.Client(t), []shaper.Upstream{

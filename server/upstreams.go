@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/status"
 )
 
 func (s *Server) handleUpstreams(w http.ResponseWriter, r *http.Request) {
@@ -37,22 +38,17 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, name stri
 	s.internalError(w, r, "status", err)
 }
 
-// Indefinitely is how long a pause without a duration lasts: until resumed,
-// within reason (every key shaper writes expires).
-const Indefinitely = 365 * 24 * time.Hour
-
 type pauseRequest struct {
 	For string `json:"for"`
 }
 
 func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	b, ok := s.st.Bucket(name)
-	if !ok {
+	if _, ok := s.st.Bucket(name); !ok {
 		s.upstreamError(w, r, name, queue.ErrUnknownUpstream)
 		return
 	}
-	d := Indefinitely
+	var d time.Duration // until resumed
 	if r.ContentLength != 0 {
 		var req pauseRequest
 		if !s.decode(w, r, &req) {
@@ -60,7 +56,7 @@ func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 		}
 		if req.For != "" {
 			v, err := time.ParseDuration(req.For)
-			if err != nil || v <= 0 || v > Indefinitely {
+			if err != nil || v <= 0 || v > status.Indefinitely {
 				writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
 					Detail: fmt.Sprintf("for %q: must be a positive duration up to a year, such as 30s or 2h", req.For),
 					Errors: []fieldError{{Field: "for", Message: "must be a positive duration such as 30s or 2h"}}})
@@ -69,29 +65,25 @@ func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 			d = v
 		}
 	}
-	if _, err := b.Block(r.Context(), d, "paused by "+caller(r).Name); err != nil {
+	until, err := s.st.Pause(r.Context(), name, d, "paused by "+caller(r).Name)
+	if err != nil {
 		s.internalError(w, r, "pacing", err)
 		return
 	}
 	s.m.UpstreamBlocks.WithLabelValues(name, "pause").Inc()
-	s.log.Info("upstream paused", "upstream", name, "for", d, "by", caller(r).Name)
+	s.log.Info("upstream paused", "upstream", name, "until", until, "by", caller(r).Name)
 	s.handleUpstream(w, r)
 }
 
 func (s *Server) handleResume(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	b, ok := s.st.Bucket(name)
-	if !ok {
+	if _, ok := s.st.Bucket(name); !ok {
 		s.upstreamError(w, r, name, queue.ErrUnknownUpstream)
 		return
 	}
-	if err := b.Unblock(r.Context()); err != nil {
-		s.internalError(w, r, "pacing", err)
-		return
-	}
-	moved, err := s.q.RunDeferred(r.Context(), name)
+	moved, err := s.st.Resume(r.Context(), name)
 	if err != nil {
-		s.internalError(w, r, "jobs", err)
+		s.internalError(w, r, "pacing", err)
 		return
 	}
 	s.log.Info("upstream resumed", "upstream", name, "by", caller(r).Name, "jobs_made_due", moved)

@@ -2,7 +2,8 @@
 // each upstream, from Redis alone: its limits, the rate all replicas
 // together drained it at over the last 10 and 60 seconds, its backlog by
 // lane, jobs in flight, retrying and dead, whether it is paused, and how long
-// the backlog will take to drain at the current rate.
+// the backlog will take to drain at the current rate. It also owns pausing
+// and resuming an upstream, for the API and the command line alike.
 package status
 
 import (
@@ -67,7 +68,9 @@ type Upstream struct {
 	AtLimitSeconds float64 `json:"time_to_drain_at_limit_seconds"`
 }
 
-// Reader reads statuses. Safe for concurrent use.
+// Reader reads statuses, and pauses and resumes upstreams (Pause, Resume),
+// so that the API and the command line do both the same way. Safe for
+// concurrent use.
 type Reader struct {
 	rdb     redis.UniversalClient
 	q       *queue.Queue
@@ -98,7 +101,8 @@ func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string) (*Reade
 // Names lists the upstreams, sorted.
 func (r *Reader) Names() []string { return r.names }
 
-// Bucket is an upstream's pacing bucket, for pause and resume.
+// Bucket is an upstream's pacing bucket; pause and resume through
+// Pause and Resume, which own them.
 func (r *Reader) Bucket(name string) (*leaky.Bucket, bool) {
 	b, ok := r.buckets[name]
 	return b, ok

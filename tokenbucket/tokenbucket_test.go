@@ -447,6 +447,9 @@ func TestScriptCacheFlushed(t *testing.T) {
 // key, coalesced decisions over keys on every node (grouped by slot, with
 // no CROSSSLOT error), agreement with the model, and NOSCRIPT recovery.
 func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-master Redis Cluster takes seconds to start: runs in make test")
+	}
 	noLeaks(t)
 	cl := redistest.NewCluster(t)
 	cc := cl.Client(t)

@@ -13,6 +13,9 @@ import (
 // hash tag is the caller's key. Denials and Reset work there too, and so do
 // Redis's own clock and EVALSHA's fallback to EVAL on each master.
 func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-master Redis Cluster takes seconds to start: runs in make test")
+	}
 	noLeaks(t)
 	cluster := redistest.NewCluster(t)
 	rdb := cluster.Client(t)

@@ -65,8 +65,18 @@ upstreams:
     lanes: {default: 1, bulk: 1}
 `
 
+// handlerConfig has only an upstream served by a Go handler.
+const handlerConfig = `
+redis: {url: "%REDIS%"}
+upstreams:
+  mail:
+    handler: true
+    limits: [{rate: 10, per: 1s}]
+`
+
 func TestCommands(t *testing.T) {
 	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
+	handlers := writeFile(t, "handlers.yaml", strings.ReplaceAll(handlerConfig, "%REDIS%", srv.URL()))
 	bad := writeFile(t, "bad.yaml", "upstreams:\n  stripe:\n    base_url: ftp://x\n    limits: [{rate: 0, per: 1s}]\n    colour: red\n")
 	for _, tc := range []struct {
 		name    string
@@ -89,10 +99,19 @@ func TestCommands(t *testing.T) {
 		{name: "missing config file", args: []string{"config", "validate", "/nonexistent.yaml"}, code: 1, errOut: "nonexistent.yaml"},
 		{name: "work needs --config", args: []string{"work"}, code: 1, errOut: `"config" not set`},
 		{name: "work unknown upstream", args: []string{"work", "--config", good, "--upstream", "twilio"}, code: 1, errOut: "--upstream twilio: no such upstream"},
+		{name: "work refuses a named handler upstream", args: []string{"work", "--config", handlers, "--upstream", "mail"}, code: 1, errOut: "upstream mail is served by a Go handler"},
+		{name: "work with only handler upstreams", args: []string{"work", "--config", handlers, "--metrics-listen", "off"}, code: 1, errOut: "no HTTP upstreams to drain"},
+		{name: "work metrics listener refused", args: []string{"work", "--config", good, "--metrics-listen", "256.0.0.1:1"}, code: 1, errOut: "metrics listener"},
+		{name: "dev bad demo rate", args: []string{"dev", "--demo-rate", "0"}, code: 1, errOut: "--demo-rate 0: must be between 1 and 10000"},
+		{name: "dev api key with a space", args: []string{"dev", "--api-key", "a b"}, code: 1, errOut: "--api-key must not contain whitespace"},
+		{name: "dev listen refused", args: []string{"dev", "--listen", "256.0.0.1:1", "--redis", "%REDIS%"}, code: 1, errOut: "listen on 256.0.0.1:1"},
 		{name: "status bad interval", args: []string{"status", "--config", good, "--interval", "1ms"}, code: 1, errOut: "--interval"},
 		{name: "enqueue needs the API", args: []string{"enqueue", "--upstream", "stripe", "--path", "/x"}, code: 1, errOut: "--api URL"},
 		{name: "enqueue needs path or task", args: []string{"enqueue", "--upstream", "stripe"}, code: 1, errOut: "--path"},
 		{name: "enqueue bad header", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--header", "nocolon", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "want 'Name: value'"},
+		{name: "enqueue data twice", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--data", "{}", "--data-file", "-", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "give --data or --data-file, not both"},
+		{name: "enqueue bad not-before", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--not-before", "tomorrow", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "want an RFC 3339 time"},
+		{name: "enqueue needs a key", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--api", "http://x"}, code: 1, errOut: "--api-key (or $SHAPER_API_KEY) is required"},
 		{name: "enqueue bad cost", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--cost", "tokens", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "NAME=N"},
 		{name: "pause needs a target", args: []string{"pause", "stripe"}, code: 1, errOut: "--config FILE"},
 		{name: "pause unknown upstream", args: []string{"pause", "twilio", "--config", good}, code: 1, errOut: `no upstream "twilio"`},
@@ -105,7 +124,11 @@ func TestCommands(t *testing.T) {
 		{name: "redis override refused", args: []string{"status", "--config", good, "--redis", "redis://127.0.0.1:1/0"}, code: 1, errOut: "redis does not answer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, errOut, code := run(t, nil, "", tc.args...)
+			args := make([]string, len(tc.args))
+			for i, a := range tc.args {
+				args[i] = strings.ReplaceAll(a, "%REDIS%", srv.URL())
+			}
+			out, errOut, code := run(t, nil, "", args...)
 			if code != tc.code {
 				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, out, errOut)
 			}

@@ -6,11 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -20,7 +20,7 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 type devOptions struct {
@@ -87,84 +87,28 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	if err != nil {
 		return err
 	}
-	key := opts.apiKey
-	if key == "" {
-		var b [16]byte
-		rand.Read(b[:])
-		key = "dev_" + hex.EncodeToString(b[:])
-	} else if strings.ContainsAny(key, " \t\r\n") {
-		return errors.New("--api-key must not contain whitespace")
+	key, err := devAPIKey(opts.apiKey)
+	if err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	// The store: a real Redis if asked for, else one in this process.
-	redisURL := f.redisOverride()
-	storeName := "a real Redis at " + redisURL
-	var wg sync.WaitGroup
-	bgCtx, cancelBackground := context.WithCancel(context.Background())
-	defer func() {
-		cancelBackground()
-		wg.Wait()
-	}()
-	if redisURL == "" {
-		mr := miniredis.NewMiniRedis()
-		if err := mr.Start(); err != nil {
-			return fmt.Errorf("embedded store: %w", err)
-		}
-		defer mr.Close()
-		redisURL = "redis://" + mr.Addr() + "/0"
-		storeName = "an embedded in-memory store (miniredis)"
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// miniredis only expires keys when told time has passed.
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-bgCtx.Done():
-					return
-				case <-t.C:
-					mr.FastForward(time.Second)
-				}
-			}
-		}()
+	redisURL, storeName, stopStore, err := startDevStore(f.redisOverride())
+	if err != nil {
+		return err
+	}
+	defer stopStore()
+	fake, demoURL, stopDemo, err := startDemoUpstream(opts.demoRate)
+	if err != nil {
+		return err
+	}
+	defer stopDemo()
+	cfg, keys, err := devConfigFor(f, key, redisURL, opts.listen, demoURL, opts.demoRate)
+	if err != nil {
+		return err
 	}
 
-	// The demo upstream: the same fake third-party API as examples/thirdparty.
-	fake, err := thirdparty.New(thirdparty.Config{Algorithm: thirdparty.SlidingLog, Rate: opts.demoRate, Per: time.Second,
-		Style: thirdparty.StylePlain, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond})
-	if err != nil {
-		return err
-	}
-	demoLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	demoURL := "http://" + demoLn.Addr().String()
-	demo := &http.Server{Handler: fake, ReadHeaderTimeout: 5 * time.Second}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		demo.Serve(demoLn)
-	}()
-	defer demo.Close()
-
-	env := func(name string) (string, bool) {
-		if name == "SHAPER_DEV_KEY" {
-			return key, true
-		}
-		return f.LookupEnv(name)
-	}
-	cfg, err := config.Parse([]byte(fmt.Sprintf(devConfig, redisURL, opts.listen, demoURL, opts.demoRate)), env)
-	if err != nil {
-		return fmt.Errorf("dev config: %w", err)
-	}
-	keys, err := cfg.ResolveKeys(env)
-	if err != nil {
-		return err
-	}
 	rdb, err := cfg.Redis.NewClient("")
 	if err != nil {
 		return err
@@ -173,7 +117,6 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("store does not answer: %w", err)
 	}
-
 	reg, m := newRegistry()
 	parts, err := buildAPI(rdb, cfg, keys, reg, m, log)
 	if err != nil {
@@ -196,17 +139,116 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	}
 	printDevBanner(f, ln.Addr(), key, storeName, demoURL, opts.demoRate)
 
-	errs := make(chan error, 2)
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
-	go func() { errs <- d.Run(runCtx) }()
-	go func() {
-		errs <- serveUntilDone(runCtx, ln, parts.server.Handler(), time.Duration(cfg.API.ShutdownTimeout), log)
-	}()
-	first := <-errs
-	cancelRun()
-	second := <-errs
+	err = runAPIAndWorkers(ctx, d, ln, parts.server.Handler(), time.Duration(cfg.API.ShutdownTimeout), log)
 	fmt.Fprintf(f.ErrOut, "\ndemo upstream: %s\n", fake.Report())
+	return err
+}
+
+// devAPIKey is the key dev's API accepts: --api-key, else a random one.
+func devAPIKey(given string) (string, error) {
+	if given == "" {
+		var b [16]byte
+		rand.Read(b[:])
+		return "dev_" + hex.EncodeToString(b[:]), nil
+	}
+	if strings.ContainsAny(given, " \t\r\n") {
+		return "", errors.New("--api-key must not contain whitespace")
+	}
+	return given, nil
+}
+
+// startDevStore gives the Redis to use and how to describe it: the --redis
+// override when there is one, else an in-memory miniredis in this process
+// that stop shuts down.
+func startDevStore(override string) (url, name string, stop func(), err error) {
+	if override != "" {
+		return override, "a real Redis at " + override, func() {}, nil
+	}
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		return "", "", nil, fmt.Errorf("embedded store: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// miniredis only expires keys when told time has passed.
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				mr.FastForward(time.Second)
+			}
+		}
+	}()
+	stop = func() {
+		cancel()
+		<-done
+		mr.Close()
+	}
+	return "redis://" + mr.Addr() + "/0", "an embedded in-memory store (miniredis)", stop, nil
+}
+
+// startDemoUpstream serves the fake third-party API of package fakeupstream
+// (the one examples/thirdparty runs on its own) on a loopback port, allowing
+// rate requests per second, until stop.
+func startDemoUpstream(rate int64) (fake *fakeupstream.Server, url string, stop func(), err error) {
+	fake, err = fakeupstream.New(fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: rate, Per: time.Second,
+		Style: fakeupstream.StylePlain, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond})
+	if err != nil {
+		return nil, "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	hs := &http.Server{Handler: fake, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		hs.Serve(ln)
+	}()
+	stop = func() {
+		hs.Close()
+		<-done
+	}
+	return fake, "http://" + ln.Addr().String(), stop, nil
+}
+
+// devConfigFor parses dev's built-in config. The API key reaches it through
+// key_env, as a real config's keys do, without touching the environment.
+func devConfigFor(f *Factory, key, redisURL, listen, demoURL string, rate int64) (*config.Config, []config.APIKey, error) {
+	env := func(name string) (string, bool) {
+		if name == "SHAPER_DEV_KEY" {
+			return key, true
+		}
+		return f.LookupEnv(name)
+	}
+	cfg, err := config.Parse([]byte(fmt.Sprintf(devConfig, redisURL, listen, demoURL, rate)), env)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dev config: %w", err)
+	}
+	keys, err := cfg.ResolveKeys(env)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, keys, nil
+}
+
+// runAPIAndWorkers runs the workers and serves the API on ln until ctx ends
+// or either stops, then stops the other and waits for it.
+func runAPIAndWorkers(ctx context.Context, d *dispatcher.Dispatcher, ln net.Listener, api http.Handler, grace time.Duration, log *slog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- d.Run(ctx) }()
+	go func() { errs <- serveUntilDone(ctx, ln, api, grace, log) }()
+	first := <-errs
+	cancel()
+	second := <-errs
 	return errors.Join(first, second)
 }
 

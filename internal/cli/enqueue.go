@@ -35,7 +35,8 @@ func (a *apiFlags) url(f *Factory) string {
 	return v
 }
 
-func (a *apiFlags) client(f *Factory) (*client.Client, error) {
+// client reaches the API with the CLI's user agent and any further options.
+func (a *apiFlags) client(f *Factory, opts ...client.Option) (*client.Client, error) {
 	url := a.url(f)
 	if url == "" {
 		return nil, errors.New("--api URL (or $SHAPER_API_URL) is required, e.g. http://localhost:8080")
@@ -47,7 +48,7 @@ func (a *apiFlags) client(f *Factory) (*client.Client, error) {
 	if key == "" {
 		return nil, errors.New("--api-key (or $SHAPER_API_KEY) is required")
 	}
-	return client.New(url, key, client.WithUserAgent("shaper-cli/"+Version))
+	return client.New(url, key, append([]client.Option{client.WithUserAgent("shaper-cli/" + Version)}, opts...)...)
 }
 
 type enqueueOptions struct {
@@ -114,69 +115,11 @@ The request body comes from --data, or --data-file (- for stdin).`,
 }
 
 func enqueueRun(ctx context.Context, f *Factory, opts *enqueueOptions) error {
-	req := client.JobRequest{
-		Upstream: opts.upstream, Method: opts.method, Path: opts.path, Lane: opts.lane,
-		IdempotencyKey: opts.idempotencyKey, MaxAttempts: opts.maxAttempts, TTL: opts.ttl, Task: opts.task,
-	}
-	if opts.path == "" && opts.task == "" {
-		return errors.New("give --path (an HTTP upstream) or --task (a Go handler upstream)")
-	}
-	for _, h := range opts.headers {
-		name, value, ok := strings.Cut(h, ":")
-		if !ok || strings.TrimSpace(name) == "" {
-			return fmt.Errorf("--header %q: want 'Name: value'", h)
-		}
-		if req.Headers == nil {
-			req.Headers = map[string]string{}
-		}
-		req.Headers[strings.TrimSpace(name)] = strings.TrimSpace(value)
-	}
-	switch {
-	case opts.data != "" && opts.dataFile != "":
-		return errors.New("give --data or --data-file, not both")
-	case opts.data != "":
-		req.Body = []byte(opts.data)
-	case opts.dataFile == "-":
-		b, err := io.ReadAll(f.In)
-		if err != nil {
-			return fmt.Errorf("read the body from stdin: %w", err)
-		}
-		req.Body = b
-	case opts.dataFile != "":
-		b, err := os.ReadFile(opts.dataFile)
-		if err != nil {
-			return err
-		}
-		req.Body = b
-	}
-	for _, c := range opts.costs {
-		name, v, ok := strings.Cut(c, "=")
-		n, err := strconv.ParseInt(v, 10, 64)
-		if !ok || name == "" || err != nil {
-			return fmt.Errorf("--cost %q: want NAME=N, e.g. tokens=1200", c)
-		}
-		if req.Cost == nil {
-			req.Cost = map[string]int64{}
-		}
-		req.Cost[name] = n
-	}
-	if opts.notBefore != "" {
-		t, err := time.Parse(time.RFC3339, opts.notBefore)
-		if err != nil {
-			return fmt.Errorf("--not-before %q: want an RFC 3339 time such as 2026-12-01T09:00:00Z", opts.notBefore)
-		}
-		req.NotBefore = t
-	}
-	url := opts.api.url(f)
-	key := opts.api.apiKey
-	if key == "" {
-		key, _ = f.LookupEnv("SHAPER_API_KEY")
-	}
-	if url == "" || key == "" {
-		_, err := opts.api.client(f)
+	req, err := jobRequest(f, opts)
+	if err != nil {
 		return err
 	}
-	c, err := client.New(url, key, client.WithUserAgent("shaper-cli/"+Version), client.WithRetry(opts.retry))
+	c, err := opts.api.client(f, client.WithRetry(opts.retry))
 	if err != nil {
 		return err
 	}
@@ -185,28 +128,124 @@ func enqueueRun(ctx context.Context, f *Factory, opts *enqueueOptions) error {
 		return err
 	}
 	if opts.wait {
-		wctx, cancel := context.WithTimeout(ctx, opts.waitTimeout)
-		defer cancel()
-		if !opts.json {
-			fmt.Fprintf(f.ErrOut, "enqueued %s; waiting for it to finish\n", job.ID)
-		}
-		if job, err = c.Wait(wctx, job.ID); err != nil {
-			return fmt.Errorf("waiting for %s: %w", job.ID, err)
-		}
-	}
-	if opts.json {
-		enc := json.NewEncoder(f.Out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(job); err != nil {
+		if job, err = waitForJob(ctx, f, c, opts, job.ID); err != nil {
 			return err
 		}
-	} else {
-		printJob(f.Out, job)
+	}
+	if err := reportJob(f.Out, job, opts.json); err != nil {
+		return err
 	}
 	if opts.wait && job.State != client.StateSucceeded {
 		return exitCode(1)
 	}
 	return nil
+}
+
+// jobRequest builds the request from the flags, refusing a malformed flag
+// before anything is sent.
+func jobRequest(f *Factory, opts *enqueueOptions) (client.JobRequest, error) {
+	req := client.JobRequest{
+		Upstream: opts.upstream, Method: opts.method, Path: opts.path, Lane: opts.lane,
+		IdempotencyKey: opts.idempotencyKey, MaxAttempts: opts.maxAttempts, TTL: opts.ttl, Task: opts.task,
+	}
+	if opts.path == "" && opts.task == "" {
+		return req, errors.New("give --path (an HTTP upstream) or --task (a Go handler upstream)")
+	}
+	var err error
+	if req.Headers, err = parseHeaderFlags(opts.headers); err != nil {
+		return req, err
+	}
+	if req.Body, err = readBody(f, opts.data, opts.dataFile); err != nil {
+		return req, err
+	}
+	if req.Cost, err = parseCostFlags(opts.costs); err != nil {
+		return req, err
+	}
+	if opts.notBefore != "" {
+		t, err := time.Parse(time.RFC3339, opts.notBefore)
+		if err != nil {
+			return req, fmt.Errorf("--not-before %q: want an RFC 3339 time such as 2026-12-01T09:00:00Z", opts.notBefore)
+		}
+		req.NotBefore = t
+	}
+	return req, nil
+}
+
+// parseHeaderFlags reads --header 'Name: value' flags (nil for none).
+func parseHeaderFlags(flags []string) (map[string]string, error) {
+	var headers map[string]string
+	for _, h := range flags {
+		name, value, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return nil, fmt.Errorf("--header %q: want 'Name: value'", h)
+		}
+		if headers == nil {
+			headers = map[string]string{}
+		}
+		headers[strings.TrimSpace(name)] = strings.TrimSpace(value)
+	}
+	return headers, nil
+}
+
+// readBody takes the body from --data, or from --data-file (- for stdin).
+func readBody(f *Factory, data, dataFile string) ([]byte, error) {
+	switch {
+	case data != "" && dataFile != "":
+		return nil, errors.New("give --data or --data-file, not both")
+	case data != "":
+		return []byte(data), nil
+	case dataFile == "-":
+		b, err := io.ReadAll(f.In)
+		if err != nil {
+			return nil, fmt.Errorf("read the body from stdin: %w", err)
+		}
+		return b, nil
+	case dataFile != "":
+		return os.ReadFile(dataFile)
+	}
+	return nil, nil
+}
+
+// parseCostFlags reads --cost NAME=N flags (nil for none).
+func parseCostFlags(flags []string) (map[string]int64, error) {
+	var costs map[string]int64
+	for _, c := range flags {
+		name, v, ok := strings.Cut(c, "=")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if !ok || name == "" || err != nil {
+			return nil, fmt.Errorf("--cost %q: want NAME=N, e.g. tokens=1200", c)
+		}
+		if costs == nil {
+			costs = map[string]int64{}
+		}
+		costs[name] = n
+	}
+	return costs, nil
+}
+
+// waitForJob waits up to --wait-timeout for the job to finish.
+func waitForJob(ctx context.Context, f *Factory, c *client.Client, opts *enqueueOptions, id string) (*client.Job, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.waitTimeout)
+	defer cancel()
+	if !opts.json {
+		fmt.Fprintf(f.ErrOut, "enqueued %s; waiting for it to finish\n", id)
+	}
+	job, err := c.Wait(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("waiting for %s: %w", id, err)
+	}
+	return job, nil
+}
+
+// reportJob prints the job for a person, or as indented JSON.
+func reportJob(w io.Writer, job *client.Job, asJSON bool) error {
+	if !asJSON {
+		printJob(w, job)
+		return nil
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(job)
 }
 
 func printJob(w io.Writer, j *client.Job) {

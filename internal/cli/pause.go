@@ -8,9 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
-	"github.com/shaperhq/shaper/server"
+	"github.com/shaperhq/shaper/status"
 )
 
 type pauseOptions struct {
@@ -67,7 +66,7 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 	if opts.duration < 0 {
 		return fmt.Errorf("--for %v: must be positive", opts.duration)
 	}
-	if opts.duration > server.Indefinitely {
+	if opts.duration > status.Indefinitely {
 		return fmt.Errorf("--for %v: at most a year; leave --for out to pause until resumed", opts.duration)
 	}
 	if opts.configPath == "" && opts.api.url(f) == "" {
@@ -92,8 +91,7 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 	if err != nil {
 		return err
 	}
-	u, ok := cfg.Upstreams[name]
-	if !ok {
+	if _, ok := cfg.Upstreams[name]; !ok {
 		return fmt.Errorf("no upstream %q in %s (have: %v)", name, opts.configPath, cfg.UpstreamNames())
 	}
 	rdb, err := f.redisClient(ctx, cfg)
@@ -101,35 +99,24 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 		return err
 	}
 	defer rdb.Close()
-	b, err := leaky.New(rdb, leaky.Config{Prefix: cfg.Redis.Prefix}).Bucket(name, leaky.BucketConfig{
-		Limits: cfg.Limits(name), Guard: time.Duration(u.Guard), Concurrency: u.Concurrency,
-	})
+	q, err := queue.New(rdb, queueConfig(cfg))
 	if err != nil {
 		return err
 	}
-	if !pause {
-		if err := b.Unblock(ctx); err != nil {
-			return err
-		}
-		// Jobs handed back during the pause were scheduled for its end.
-		q, err := queue.New(rdb, queueConfig(cfg))
-		if err != nil {
-			return err
-		}
-		defer q.Close()
-		if _, err := q.RunDeferred(ctx, name); err != nil {
-			return err
-		}
-		return reportPause(f, name, false, 0)
-	}
-	d := opts.duration
-	if d == 0 {
-		d = server.Indefinitely
-	}
-	if _, err := b.Block(ctx, d, "paused from the command line"); err != nil {
+	defer q.Close()
+	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
+	if err != nil {
 		return err
 	}
-	return reportPause(f, name, true, opts.duration)
+	if pause {
+		_, err = st.Pause(ctx, name, opts.duration, "paused from the command line")
+	} else {
+		_, err = st.Resume(ctx, name)
+	}
+	if err != nil {
+		return err
+	}
+	return reportPause(f, name, pause, opts.duration)
 }
 
 func reportPause(f *Factory, name string, pause bool, d time.Duration) error {

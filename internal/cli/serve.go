@@ -108,7 +108,7 @@ func buildAPI(rdb redis.UniversalClient, cfg *config.Config, keys []config.APIKe
 		q.Close()
 		return nil, err
 	}
-	err = metrics.RegisterBacklog(reg, func(ctx context.Context) (map[string]map[string]int64, error) {
+	err = metrics.RegisterBacklog(reg, m, func(ctx context.Context) (map[string]map[string]int64, error) {
 		out := map[string]map[string]int64{}
 		for _, name := range cfg.UpstreamNames() {
 			counts, err := q.Counts(ctx, name)

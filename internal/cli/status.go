@@ -148,11 +148,10 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 		}
 		paused := "-"
 		if u.PausedUntil != nil {
-			left := u.PausedUntil.Sub(now)
-			if left > 300*24*time.Hour {
+			if u.UntilResumed(now) {
 				paused = "until resumed"
 			} else {
-				paused = "for " + humanDuration(left)
+				paused = "for " + humanDuration(u.PausedUntil.Sub(now))
 			}
 			if u.PauseReason != "" {
 				paused += " (" + u.PauseReason + ")"
@@ -186,19 +185,20 @@ func perSecond(r float64) string {
 	return fmt.Sprintf("%.1f/s", r)
 }
 
-// humanDuration rounds a duration for people: 0s, 850ms, 12s, 3m20s, 2h5m.
+// humanDuration rounds a duration for people: 0s, 850ms, 12s, 3m20s, 2h5m,
+// 42d. Each unit is chosen after rounding, so 59m59.6s reads 1h0m.
 func humanDuration(d time.Duration) string {
-	switch {
-	case d <= 0:
+	if d <= 0 {
 		return "0s"
-	case d < time.Second:
+	}
+	if d < time.Second {
 		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(time.Second).String()
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	case d < 1000*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+	if r := d.Round(time.Second); r < time.Hour {
+		return r.String()
+	}
+	if r := d.Round(time.Minute); r < 1000*time.Hour {
+		return strings.TrimSuffix(r.String(), "0s")
 	}
 	return fmt.Sprintf("%.0fd", math.Round(d.Hours()/24))
 }

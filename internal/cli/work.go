@@ -13,12 +13,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -71,23 +71,9 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 	if err != nil {
 		return err
 	}
-	ups, err := selectUpstreams(cfg, opts.upstreams)
+	chosen, err := httpUpstreams(cfg, opts.upstreams, log)
 	if err != nil {
 		return err
-	}
-	var chosen []shaper.Upstream
-	for _, u := range ups {
-		if u.Handler {
-			if len(opts.upstreams) > 0 {
-				return fmt.Errorf("upstream %s is served by a Go handler (handler: true); run it from your own program with dispatcher.Handle", u.Name)
-			}
-			log.Warn("skipping an upstream served by a Go handler; run it from your own program", "upstream", u.Name)
-			continue
-		}
-		chosen = append(chosen, u.Shaper())
-	}
-	if len(chosen) == 0 {
-		return errors.New("no HTTP upstreams to drain")
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
@@ -98,17 +84,71 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 	}
 	defer rdb.Close()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := metrics.New(reg)
+	reg, m := newRegistry()
 	q, err := queue.New(rdb, queueConfig(cfg))
 	if err != nil {
 		return err
 	}
 	defer q.Close()
+	d, err := dispatcher.New(rdb, workerConfig(cfg, chosen, log, m))
+	if err != nil {
+		return err
+	}
 
-	d, err := dispatcher.New(rdb, dispatcher.Config{
-		Upstreams:       chosen,
+	// The metrics listener and the dead-job trimmer outlive d.Run's
+	// shutdown a little, and are stopped and waited for on the way out.
+	var wg sync.WaitGroup
+	bgCtx, cancelBackground := context.WithCancel(context.Background())
+	defer func() {
+		cancelBackground()
+		wg.Wait()
+	}()
+	if addr := metricsAddr(cfg, opts.metricsListen); addr != "" {
+		if err := serveMetrics(bgCtx, &wg, addr, workerMux(reg, rdb), log); err != nil {
+			return err
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		trimDeadLoop(bgCtx, q, chosen, log)
+	}()
+
+	log.Info("worker starting", "upstreams", len(chosen), "version", Version)
+	err = d.Run(ctx)
+	log.Info("worker stopped")
+	return err
+}
+
+// httpUpstreams is what this replica drains: the named upstreams (all when
+// none are named) that shaper sends over HTTP. An upstream served by a Go
+// handler is skipped with a warning, or refused when named outright.
+func httpUpstreams(cfg *config.Config, names []string, log *slog.Logger) ([]shaper.Upstream, error) {
+	ups, err := selectUpstreams(cfg, names)
+	if err != nil {
+		return nil, err
+	}
+	var chosen []shaper.Upstream
+	for _, u := range ups {
+		if u.Handler {
+			if len(names) > 0 {
+				return nil, fmt.Errorf("upstream %s is served by a Go handler (handler: true); run it from your own program with dispatcher.Handle", u.Name)
+			}
+			log.Warn("skipping an upstream served by a Go handler; run it from your own program", "upstream", u.Name)
+			continue
+		}
+		chosen = append(chosen, u.Shaper())
+	}
+	if len(chosen) == 0 {
+		return nil, errors.New("no HTTP upstreams to drain")
+	}
+	return chosen, nil
+}
+
+// workerConfig is the dispatcher's config for a worker replica.
+func workerConfig(cfg *config.Config, ups []shaper.Upstream, log *slog.Logger, m *metrics.Metrics) dispatcher.Config {
+	return dispatcher.Config{
+		Upstreams:       ups,
 		Horizon:         time.Duration(cfg.Work.Horizon),
 		MaxHold:         time.Duration(cfg.Work.MaxHold),
 		PollInterval:    time.Duration(cfg.Work.PollInterval),
@@ -116,56 +156,46 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 		Prefix:          cfg.Redis.Prefix,
 		Logger:          log,
 		Metrics:         m,
-	})
-	if err != nil {
-		return err
 	}
+}
 
-	listen := cfg.Work.MetricsListen
-	if opts.metricsListen != "" {
-		listen = opts.metricsListen
+// metricsAddr is where the worker serves /metrics: --metrics-listen over
+// work.metrics_listen, "" (and "off") for nowhere.
+func metricsAddr(cfg *config.Config, flag string) string {
+	addr := cfg.Work.MetricsListen
+	if flag != "" {
+		addr = flag
 	}
-	if listen == "off" {
-		listen = ""
+	if addr == "off" {
+		return ""
 	}
-	var wg sync.WaitGroup
-	runCtx, cancelBackground := context.WithCancel(context.Background())
-	defer func() {
-		cancelBackground()
-		wg.Wait()
-	}()
-	if listen != "" {
-		ln, err := net.Listen("tcp", listen)
-		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		log.Info("metrics listening", "addr", ln.Addr().String())
-		hs := &http.Server{Handler: workerMux(reg, rdb), ReadHeaderTimeout: 5 * time.Second}
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics listener failed", "err", err)
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			<-runCtx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			hs.Shutdown(sctx)
-			cancel()
-		}()
+	return addr
+}
+
+// serveMetrics serves h on addr until ctx ends, in goroutines counted in wg.
+// Only a failure to listen is returned; a later serve error is logged.
+func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
 	}
-	wg.Add(1)
+	log.Info("metrics listening", "addr", ln.Addr().String())
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		trimDeadLoop(runCtx, q, chosen, log)
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener failed", "err", err)
+		}
 	}()
-
-	log.Info("worker starting", "upstreams", len(chosen), "version", Version)
-	err = d.Run(ctx)
-	log.Info("worker stopped")
-	return err
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		hs.Shutdown(sctx)
+		cancel()
+	}()
+	return nil
 }
 
 // workerMux serves /metrics and /healthz (the process is alive and Redis answers).

@@ -33,6 +33,9 @@ func TestServerStartRestart(t *testing.T) {
 }
 
 func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 3-master Redis Cluster takes seconds to start: runs in make test")
+	}
 	cl := NewCluster(t)
 	if len(cl.Nodes) != 3 {
 		t.Fatalf("got %d nodes, want 3", len(cl.Nodes))

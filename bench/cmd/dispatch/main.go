@@ -1,6 +1,6 @@
 // Command dispatch measures shaper's dispatch as a user runs it: real
 // `shaper work` processes built from this tree draining a deep backlog into
-// the fake upstream of examples/thirdparty, on a redis-server it starts
+// the fake upstream of package fakeupstream, on a redis-server it starts
 // itself. Three sections:
 //
 //   - pacing: how exactly the upstream's limit is kept at several rates with

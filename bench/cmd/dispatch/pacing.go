@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/bench/internal/fleet"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -19,7 +19,7 @@ type pacingResult struct {
 	most, mostTen  int
 	late           int           // slots given up because a worker woke too late
 	stall          time.Duration // the measuring process's worst scheduling delay
-	gaps           thirdparty.GapStats
+	gaps           fakeupstream.GapStats
 }
 
 // pacing drains a deep backlog at each rate with each number of replicas and
@@ -110,8 +110,8 @@ func (b *bench) pacingCase(ctx context.Context, rate, replicas int) (pacingResul
 		}
 	}
 	res.received = len(window)
-	res.most = thirdparty.MaxInWindow(window, time.Second)
-	res.mostTen = thirdparty.MaxInWindow(window, 100*time.Millisecond)
-	res.gaps = thirdparty.GapPercentiles(window)
+	res.most = fakeupstream.MaxInWindow(window, time.Second)
+	res.mostTen = fakeupstream.MaxInWindow(window, 100*time.Millisecond)
+	res.gaps = fakeupstream.GapPercentiles(window)
 	return res, nil
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/redisstats"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 // pickupRate is the limit in the pickup cases: well above one job at a
@@ -66,7 +66,7 @@ func (b *bench) pickup(ctx context.Context, out io.Writer) error {
 		l := r.latencies
 		perSec := idleFor.Seconds()
 		fmt.Fprintf(out, "| %s | %d | %d | %s | %s | %s | %s | %.0f cmds/s | %s |\n", r.name, r.replicas, len(l),
-			ms(thirdparty.Percentile(l, 50)), ms(thirdparty.Percentile(l, 90)), ms(thirdparty.Percentile(l, 99)), ms(thirdparty.Percentile(l, 100)),
+			ms(fakeupstream.Percentile(l, 50)), ms(fakeupstream.Percentile(l, 90)), ms(fakeupstream.Percentile(l, 99)), ms(fakeupstream.Percentile(l, 100)),
 			float64(r.idle.Total())/perSec, perSecond(r.idle, perSec))
 	}
 	fmt.Fprintln(out)
@@ -146,7 +146,7 @@ func (b *bench) pickupShaper(ctx context.Context, replicas int) (pickupResult, e
 		}
 		res.latencies = append(res.latencies, d)
 	}
-	fmt.Fprintf(os.Stderr, "pickup shaper × %d: p50 %v\n", replicas, thirdparty.Percentile(res.latencies, 50))
+	fmt.Fprintf(os.Stderr, "pickup shaper × %d: p50 %v\n", replicas, fakeupstream.Percentile(res.latencies, 50))
 	return res, nil
 }
 
@@ -202,7 +202,7 @@ func (b *bench) pickupAsynq(ctx context.Context, interval string, samples int) (
 		}
 		res.latencies = append(res.latencies, d)
 	}
-	fmt.Fprintf(os.Stderr, "pickup %s: p50 %v\n", res.name, thirdparty.Percentile(res.latencies, 50))
+	fmt.Fprintf(os.Stderr, "pickup %s: p50 %v\n", res.name, fakeupstream.Percentile(res.latencies, 50))
 	return res, nil
 }
 

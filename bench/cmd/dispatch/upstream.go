@@ -6,14 +6,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 // upstream is the fake third-party API served in this process with no limit,
 // so it only records. It also counts arrivals and can announce each one,
 // which Report (it recomputes everything) is too slow to poll for.
 type upstream struct {
-	fake    *thirdparty.Server
+	fake    *fakeupstream.Server
 	hs      *http.Server
 	url     string
 	arrived atomic.Int64
@@ -21,7 +21,7 @@ type upstream struct {
 }
 
 func startUpstream() (*upstream, error) {
-	fake, err := thirdparty.New(thirdparty.Config{MaxRecords: 1_000_000})
+	fake, err := fakeupstream.New(fakeupstream.Config{MaxRecords: 1_000_000})
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
 	"github.com/shaperhq/shaper/bench/internal/stats"
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -95,7 +95,7 @@ type measurement struct {
 	perSecond float64
 	mostPer   int // most sends in any window of length per
 	mostTenth int // ... of length per/10
-	gaps      thirdparty.GapStats
+	gaps      fakeupstream.GapStats
 	lateP99   time.Duration
 	lateMax   time.Duration
 	late      int
@@ -210,10 +210,10 @@ func measure(ctx context.Context, self, addr string, k caseKey, o options, bucke
 	slices.Sort(sends)
 	m.sends = len(sends)
 	m.perSecond = float64(len(sends)) / o.duration.Seconds()
-	m.mostPer = thirdparty.MaxInWindow(sends, o.per)
-	m.mostTenth = thirdparty.MaxInWindow(sends, o.per/10)
-	m.gaps = thirdparty.GapPercentiles(sends)
-	m.lateP99 = thirdparty.Percentile(lateness, 99)
+	m.mostPer = fakeupstream.MaxInWindow(sends, o.per)
+	m.mostTenth = fakeupstream.MaxInWindow(sends, o.per/10)
+	m.gaps = fakeupstream.GapPercentiles(sends)
+	m.lateP99 = fakeupstream.Percentile(lateness, 99)
 	if len(lateness) > 0 {
 		m.lateMax = slices.Max(lateness)
 	}

@@ -1,5 +1,5 @@
 // Command thirdparty runs the fake rate-limited upstream of package
-// thirdparty on its own, for demos and for tests that need it in a separate
+// fakeupstream on its own, for demos and for tests that need it in a separate
 // process. It prints the address it listens on, serves until SIGINT or
 // SIGTERM, then finishes the requests in flight and prints what it saw.
 //
@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 func main() {
@@ -49,10 +49,10 @@ const shutdownGrace = 10 * time.Second
 // options are the command's flags.
 type options struct {
 	listen string
-	cfg    thirdparty.Config
+	cfg    fakeupstream.Config
 	// The optional limits exist only when their rate is set.
-	endpoint thirdparty.Limit
-	cost     thirdparty.CostLimit
+	endpoint fakeupstream.Limit
+	cost     fakeupstream.CostLimit
 }
 
 // parse reads the flags into a Config; errors are already printed to stderr.
@@ -67,26 +67,26 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	}
 	c := &o.cfg
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8090", "`address` to listen on (port 0 picks a free one; the address is printed)")
-	fs.StringVar(&alg, "algorithm", string(thirdparty.SlidingLog), "how limits count: sliding_log, fixed_window or token_bucket")
+	fs.StringVar(&alg, "algorithm", string(fakeupstream.SlidingLog), "how limits count: sliding_log, fixed_window or token_bucket")
 	fs.Int64Var(&c.Rate, "rate", 0, "most requests per API key per -per (0: no request limit)")
-	fs.DurationVar(&c.Per, "per", thirdparty.DefaultPer, "the request limit's window or refill period")
+	fs.DurationVar(&c.Per, "per", fakeupstream.DefaultPer, "the request limit's window or refill period")
 	fs.Int64Var(&c.Burst, "burst", 0, "token_bucket capacity (0: -rate)")
 	fs.IntVar(&c.Concurrency, "concurrency", 0, "most requests in flight per API key (0: no cap)")
 	fs.Int64Var(&o.endpoint.Rate, "endpoint-rate", 0, "most requests per API key and endpoint (method and path) per -endpoint-per (0: none)")
-	fs.DurationVar(&o.endpoint.Per, "endpoint-per", thirdparty.DefaultPer, "the endpoint limit's window or refill period")
+	fs.DurationVar(&o.endpoint.Per, "endpoint-per", fakeupstream.DefaultPer, "the endpoint limit's window or refill period")
 	fs.Int64Var(&o.endpoint.Burst, "endpoint-burst", 0, "token_bucket capacity of the endpoint limit (0: -endpoint-rate)")
-	fs.StringVar(&o.cost.Name, "cost-name", thirdparty.DefaultCostName, "name of the cost the cost limit counts")
+	fs.StringVar(&o.cost.Name, "cost-name", fakeupstream.DefaultCostName, "name of the cost the cost limit counts")
 	fs.StringVar(&o.cost.Header, "cost-header", "", "request header carrying the cost (default X-Cost-<Name>); without it a JSON body's max_tokens")
 	fs.Int64Var(&o.cost.Rate, "cost-rate", 0, "most cost per API key per -cost-per (0: no cost limit)")
 	fs.DurationVar(&o.cost.Per, "cost-per", time.Minute, "the cost limit's window or refill period")
 	fs.Int64Var(&o.cost.Burst, "cost-burst", 0, "token_bucket capacity of the cost limit (0: -cost-rate)")
-	fs.StringVar(&style, "style", string(thirdparty.StylePlain), "whose 429s to imitate: plain, stripe or openai")
+	fs.StringVar(&style, "style", string(fakeupstream.StylePlain), "whose 429s to imitate: plain, stripe or openai")
 	fs.DurationVar(&c.Latency, "latency", 0, "delay before every admitted answer")
 	fs.DurationVar(&c.Jitter, "jitter", 0, "extra random delay, uniform in [0, jitter]")
 	fs.Float64Var(&c.FailRate, "fail-rate", 0, "fraction of admitted requests answered 500 or 503")
 	fs.Uint64Var(&c.Seed, "seed", 0, "seed for failures and jitter")
-	fs.StringVar(&c.IdempotencyHeader, "idempotency-header", thirdparty.DefaultIdempotencyHeader, "request header carrying the idempotency key")
-	fs.IntVar(&c.MaxRecords, "max-records", thirdparty.DefaultMaxRecords, "arrivals kept for the report")
+	fs.StringVar(&c.IdempotencyHeader, "idempotency-header", fakeupstream.DefaultIdempotencyHeader, "request header carrying the idempotency key")
+	fs.IntVar(&c.MaxRecords, "max-records", fakeupstream.DefaultMaxRecords, "arrivals kept for the report")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
@@ -98,7 +98,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		fs.Usage()
 		return o, errUsage
 	}
-	c.Algorithm, c.Style = thirdparty.Algorithm(alg), thirdparty.Style(style)
+	c.Algorithm, c.Style = fakeupstream.Algorithm(alg), fakeupstream.Style(style)
 	if o.endpoint.Rate != 0 || o.endpoint.Burst != 0 {
 		c.EndpointLimit = &o.endpoint
 	}
@@ -115,7 +115,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	s, err := thirdparty.New(o.cfg)
+	s, err := fakeupstream.New(o.cfg)
 	if err != nil {
 		return err
 	}

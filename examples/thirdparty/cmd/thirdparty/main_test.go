@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 func TestParse(t *testing.T) {
@@ -22,9 +22,9 @@ func TestParse(t *testing.T) {
 	}{
 		{"defaults", nil, func(t *testing.T, o options) {
 			c := o.cfg
-			if o.listen != "127.0.0.1:8090" || c.Algorithm != thirdparty.SlidingLog || c.Style != thirdparty.StylePlain ||
+			if o.listen != "127.0.0.1:8090" || c.Algorithm != fakeupstream.SlidingLog || c.Style != fakeupstream.StylePlain ||
 				c.Rate != 0 || c.Per != time.Second || c.EndpointLimit != nil || c.CostLimit != nil ||
-				c.IdempotencyHeader != "Idempotency-Key" || c.MaxRecords != thirdparty.DefaultMaxRecords {
+				c.IdempotencyHeader != "Idempotency-Key" || c.MaxRecords != fakeupstream.DefaultMaxRecords {
 				t.Errorf("defaults: %+v", o)
 			}
 		}},
@@ -35,16 +35,16 @@ func TestParse(t *testing.T) {
 			"-style", "openai", "-latency", "5ms", "-jitter", "2ms", "-fail-rate", "0.1", "-seed", "9",
 			"-idempotency-header", "X-Idem", "-max-records", "1000",
 		}, func(t *testing.T, o options) {
-			want := thirdparty.Config{
-				Algorithm: thirdparty.TokenBucket, Rate: 100, Per: 2 * time.Second, Burst: 10, Concurrency: 4,
-				Style: thirdparty.StyleOpenAI, Latency: 5 * time.Millisecond, Jitter: 2 * time.Millisecond,
+			want := fakeupstream.Config{
+				Algorithm: fakeupstream.TokenBucket, Rate: 100, Per: 2 * time.Second, Burst: 10, Concurrency: 4,
+				Style: fakeupstream.StyleOpenAI, Latency: 5 * time.Millisecond, Jitter: 2 * time.Millisecond,
 				FailRate: 0.1, Seed: 9, IdempotencyHeader: "X-Idem", MaxRecords: 1000,
 			}
 			c := o.cfg
-			if c.EndpointLimit == nil || *c.EndpointLimit != (thirdparty.Limit{Rate: 5, Per: 3 * time.Second, Burst: 2}) {
+			if c.EndpointLimit == nil || *c.EndpointLimit != (fakeupstream.Limit{Rate: 5, Per: 3 * time.Second, Burst: 2}) {
 				t.Errorf("endpoint limit %+v", c.EndpointLimit)
 			}
-			if c.CostLimit == nil || *c.CostLimit != (thirdparty.CostLimit{Name: "units", Header: "X-Units", Rate: 900, Per: time.Hour, Burst: 50}) {
+			if c.CostLimit == nil || *c.CostLimit != (fakeupstream.CostLimit{Name: "units", Header: "X-Units", Rate: 900, Per: time.Hour, Burst: 50}) {
 				t.Errorf("cost limit %+v", c.CostLimit)
 			}
 			c.EndpointLimit, c.CostLimit = nil, nil

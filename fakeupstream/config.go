@@ -1,4 +1,4 @@
-package thirdparty
+package fakeupstream
 
 import (
 	"fmt"

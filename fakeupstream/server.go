@@ -1,4 +1,4 @@
-// Package thirdparty is a fake rate-limited third-party API for shaper's
+// Package fakeupstream is a fake rate-limited third-party API for shaper's
 // demos, tests and benchmarks: an http.Handler that plays the upstream
 // (Stripe, OpenAI or a plain API), enforces a limit per API key the way such
 // an upstream does, answers 429 in that upstream's style, and records the
@@ -8,12 +8,13 @@
 //
 // It is one process with its state in memory, which is exactly what an
 // upstream looks like from the outside. `shaper dev` serves it in-process as
-// the upstream named demo; cmd/thirdparty runs it on its own.
+// the upstream named demo; examples/thirdparty/cmd/thirdparty runs it on its
+// own.
 //
 // Most callers build a Server with New, serve it (httptest.NewServer or an
 // http.Server), send traffic, then read Report. Paths under /_thirdparty/
 // are the server's own: GET /_thirdparty/report and POST /_thirdparty/reset.
-package thirdparty
+package fakeupstream
 
 import (
 	"context"
@@ -94,7 +95,7 @@ type Record struct {
 func New(cfg Config) (*Server, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
-		return nil, fmt.Errorf("thirdparty config: %w", err)
+		return nil, fmt.Errorf("fakeupstream config: %w", err)
 	}
 	s := &Server{cfg: cfg, start: cfg.Now(), sleep: sleepCtx, inFlight: map[string]int{}}
 	s.clear()

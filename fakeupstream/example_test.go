@@ -1,4 +1,4 @@
-package thirdparty_test
+package fakeupstream_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 // A Stripe-like upstream that allows 2 requests per second per API key.
@@ -14,10 +14,10 @@ import (
 // refuses it, and the report counts the violation.
 func Example() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	upstream, err := thirdparty.New(thirdparty.Config{
+	upstream, err := fakeupstream.New(fakeupstream.Config{
 		Rate:  2,
 		Per:   time.Second,
-		Style: thirdparty.StyleStripe,
+		Style: fakeupstream.StyleStripe,
 		Now:   func() time.Time { return now }, // a still clock keeps the example exact
 	})
 	if err != nil {
@@ -56,8 +56,8 @@ func Example() {
 func ExampleMaxInWindow() {
 	ms := func(v int) time.Duration { return time.Duration(v) * time.Millisecond }
 	sends := []time.Duration{ms(0), ms(400), ms(900), ms(1000), ms(1300)}
-	fmt.Println(thirdparty.MaxInWindow(sends, time.Second)) // (300ms, 1300ms] holds four
-	fmt.Println(thirdparty.GapPercentiles(sends).P50)       // gaps 100, 300, 400, 500ms
+	fmt.Println(fakeupstream.MaxInWindow(sends, time.Second)) // (300ms, 1300ms] holds four
+	fmt.Println(fakeupstream.GapPercentiles(sends).P50)       // gaps 100, 300, 400, 500ms
 	// Output:
 	// 4
 	// 300ms
