@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -39,9 +40,12 @@ func Example() {
 	defer rdb.Close()
 	ctx := context.Background()
 
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
-		"api": {Lanes: []string{"default"}, MaxAttempts: 3, ResultRetention: time.Hour}, // keep the answer an hour
-	}})
+	// One description of the upstream serves the queue and the dispatcher.
+	api := shaper.Upstream{
+		Name: "api", BaseURL: upstream.URL, Limits: []leaky.Limit{leaky.PerSecond(10)},
+		Retry: shaper.Retry{MaxAttempts: 3}, ResultRetention: time.Hour, // keep the answer an hour
+	}
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{api}})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -54,7 +58,7 @@ func Example() {
 	}
 
 	d, err := dispatcher.New(rdb, dispatcher.Config{
-		Upstreams: []dispatcher.Upstream{{Name: "api", BaseURL: upstream.URL, Limits: []leaky.Limit{leaky.PerSecond(10)}}},
+		Upstreams: []shaper.Upstream{api},
 		Logger:    slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -25,8 +26,8 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
-		"stripe": {Lanes: []string{"default"}, MaxPending: 1000, MaxAttempts: 5},
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{
+		{Name: "stripe", MaxPending: 1000, Retry: shaper.Retry{MaxAttempts: 5}},
 	}})
 	if err != nil {
 		fmt.Println(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/server"
@@ -34,21 +35,22 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 
-	limits := []leaky.Limit{leaky.PerSecond(25)}
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{"stripe": {Lanes: []string{"default"}, MaxAttempts: 5}}})
+	stripe := shaper.Upstream{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: []leaky.Limit{leaky.PerSecond(25)},
+		Retry: shaper.Retry{MaxAttempts: 5}}
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{stripe}})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer q.Close()
-	st, err := status.NewReader(rdb, q, "", []status.Source{{Name: "stripe", Limits: limits}})
+	st, err := status.NewReader(rdb, q, "")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	srv, err := server.New(rdb, q, st, server.Config{
 		Keys:      []server.Key{{Name: "billing", Tenant: "acme", Secret: "sk_live_example"}},
-		Upstreams: []server.Upstream{{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: limits}},
+		Upstreams: []shaper.Upstream{stripe},
 		Admission: tokenbucket.Limit{Capacity: 100, Refill: 20, Per: time.Second},
 		Logger:    slog.New(slog.DiscardHandler),
 	})

@@ -8,6 +8,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/status"
@@ -27,7 +28,7 @@ func Example() {
 	defer rdb.Close()
 	ctx := context.Background()
 
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{"stripe": {Lanes: []string{"default"}}}})
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe", Limits: []leaky.Limit{leaky.PerSecond(25)}}}})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -39,7 +40,7 @@ func Example() {
 			return
 		}
 	}
-	r, err := status.NewReader(rdb, q, "", []status.Source{{Name: "stripe", Limits: []leaky.Limit{leaky.PerSecond(25)}}})
+	r, err := status.NewReader(rdb, q, "")
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -24,15 +25,14 @@ func TestResumeRunsHandedBackJobs(t *testing.T) {
 	var sent atomic.Int64
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { sent.Add(1) }))
 	defer upstream.Close()
-	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
-		"api": {Lanes: []string{"default"}, MaxAttempts: 3, ResultRetention: time.Hour},
-	}})
+	api := shaper.Upstream{Name: "api", BaseURL: upstream.URL, Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 1,
+		Retry: shaper.Retry{MaxAttempts: 3}, ResultRetention: time.Hour}
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{api}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer q.Close()
-	limits := []leaky.Limit{leaky.PerSecond(100)}
-	r, err := NewReader(rdb, q, "", []Source{{Name: "api", Limits: limits}})
+	r, err := NewReader(rdb, q, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestResumeRunsHandedBackJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	d, err := dispatcher.New(rdb, dispatcher.Config{
-		Upstreams: []dispatcher.Upstream{{Name: "api", BaseURL: upstream.URL, Limits: limits, Workers: 1}},
+		Upstreams: []shaper.Upstream{api},
 		MaxHold:   50 * time.Millisecond,
 		Logger:    slog.New(slog.DiscardHandler),
 	})
