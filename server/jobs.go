@@ -212,13 +212,14 @@ func (s *Server) upstreamNames() []string {
 }
 
 // decode reads a JSON body strictly: the right content type, within the size
-// limit, no unknown fields, nothing after the value.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+// limit, no unknown fields, nothing after the value. It returns the problem
+// to answer with, or nil; the caller decides when to answer, so that a bad
+// request can be charged to admission first.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *problem {
 	ct := r.Header.Get("Content-Type")
 	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-		writeProblem(w, problem{Type: problemUnsupportedMedia, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
-			Detail: fmt.Sprintf("Content-Type %q: send application/json", ct)})
-		return false
+		return &problem{Type: problemUnsupportedMedia, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
+			Detail: fmt.Sprintf("Content-Type %q: send application/json", ct)}
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	dec := json.NewDecoder(r.Body)
@@ -230,17 +231,15 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		}
 	}
 	if err == nil {
-		return true
+		return nil
 	}
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
-		writeProblem(w, problem{Type: problemTooLarge, Title: "Request too large", Status: http.StatusRequestEntityTooLarge,
-			Detail: fmt.Sprintf("the body exceeds %d bytes (api.max_body_bytes)", s.cfg.MaxBodyBytes)})
-		return false
+		return &problem{Type: problemTooLarge, Title: "Request too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("the body exceeds %d bytes (api.max_body_bytes)", s.cfg.MaxBodyBytes)}
 	}
-	writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
-		Detail: "malformed JSON: " + describeJSONError(err)})
-	return false
+	return &problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
+		Detail: "malformed JSON: " + describeJSONError(err)}
 }
 
 // describeJSONError names the field a decoding error is about.
@@ -264,20 +263,25 @@ func describeJSONError(err error) string {
 	return err.Error()
 }
 
+// handleEnqueue answers POST /v1/jobs. The order is: authenticate (done by
+// authed), charge one admission token, then validate, so that a key sending
+// invalid requests spends its allowance like any other and meets 429.
 func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	var req JobRequest
-	if !s.decode(w, r, &req) {
-		s.m.JobsRejected.WithLabelValues(req.Upstream, "invalid").Inc()
+	bad := s.decode(w, r, &req)
+	if !s.admit(w, r, 1) {
+		s.m.JobsRejected.WithLabelValues(s.upstreamLabel(req.Upstream), "rate_limited").Inc()
+		return
+	}
+	if bad != nil {
+		s.m.JobsRejected.WithLabelValues(s.upstreamLabel(req.Upstream), "invalid").Inc()
+		writeProblem(w, *bad)
 		return
 	}
 	k := caller(r)
 	job, status, errs := s.toJob(&req, k, s.cfg.Now(), "")
 	if errs != nil {
 		s.rejectJob(w, req.Upstream, status, errs)
-		return
-	}
-	if !s.admit(w, r, 1) {
-		s.m.JobsRejected.WithLabelValues(req.Upstream, "rate_limited").Inc()
 		return
 	}
 	info, created, err := s.q.Enqueue(r.Context(), job)
@@ -295,14 +299,23 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		IdempotencyKey: info.IdempotencyKey, CreatedAt: info.CreatedAt})
 }
 
+// upstreamLabel is the upstream label for a name a request gave: the name
+// when it is configured, else "unknown", so no request can add a series.
+func (s *Server) upstreamLabel(name string) string {
+	if _, ok := s.ups[name]; ok {
+		return name
+	}
+	return "unknown"
+}
+
 func (s *Server) rejectJob(w http.ResponseWriter, upstream string, status int, errs []fieldError) {
 	reason := "invalid"
 	title := "Invalid job"
 	typ := problemInvalid
 	if status == http.StatusNotFound {
-		reason, title, typ, upstream = "unknown_upstream", "Unknown upstream", problemNotFound, "unknown"
+		reason, title, typ = "unknown_upstream", "Unknown upstream", problemNotFound
 	}
-	s.m.JobsRejected.WithLabelValues(upstream, reason).Inc()
+	s.m.JobsRejected.WithLabelValues(s.upstreamLabel(upstream), reason).Inc()
 	writeProblem(w, problem{Type: typ, Title: title, Status: status, Detail: summarize(errs), Errors: errs})
 }
 
@@ -351,15 +364,28 @@ type batchResult struct {
 	Error  *problem `json:"error,omitempty"`
 }
 
+// handleBatch answers POST /v1/jobs/batch. Admission is charged before any
+// item is looked at: one token per item, valid or not (one token when the
+// body cannot be read or holds no or too many items), all or nothing.
 func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	var req batchRequest
-	if !s.decode(w, r, &req) {
+	bad := s.decode(w, r, &req)
+	if bad == nil && (len(req.Jobs) == 0 || len(req.Jobs) > s.cfg.MaxBatch) {
+		bad = &problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("jobs: a batch holds 1 to %d jobs, got %d", s.cfg.MaxBatch, len(req.Jobs)),
+			Errors: []fieldError{{Field: "jobs", Message: fmt.Sprintf("must hold 1 to %d jobs", s.cfg.MaxBatch)}}}
+	}
+	charge := int64(len(req.Jobs))
+	if bad != nil {
+		charge = 1
+	}
+	if !s.admit(w, r, charge) {
+		s.m.JobsRejected.WithLabelValues("unknown", "rate_limited").Add(float64(charge))
 		return
 	}
-	if len(req.Jobs) == 0 || len(req.Jobs) > s.cfg.MaxBatch {
-		writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
-			Detail: fmt.Sprintf("jobs: a batch holds 1 to %d jobs, got %d", s.cfg.MaxBatch, len(req.Jobs)),
-			Errors: []fieldError{{Field: "jobs", Message: fmt.Sprintf("must hold 1 to %d jobs", s.cfg.MaxBatch)}}})
+	if bad != nil {
+		s.m.JobsRejected.WithLabelValues("unknown", "invalid").Inc()
+		writeProblem(w, *bad)
 		return
 	}
 	k := caller(r)
@@ -375,6 +401,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 			results[i].Status = http.StatusBadRequest
 			results[i].Error = &problem{Type: problemInvalid, Title: "Invalid job", Status: http.StatusBadRequest,
 				Detail: fmt.Sprintf("jobs[%d]: %s", i, describeJSONError(err))}
+			s.m.JobsRejected.WithLabelValues(s.upstreamLabel(jr.Upstream), "invalid").Inc()
 			continue
 		}
 		job, status, errs := s.toJob(&jr, k, now, fmt.Sprintf("jobs[%d].", i))
@@ -385,19 +412,10 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 			}
 			results[i].Status = status
 			results[i].Error = &problem{Type: typ, Title: "Invalid job", Status: status, Detail: summarize(errs), Errors: errs}
-			s.m.JobsRejected.WithLabelValues(jr.Upstream, "invalid").Inc()
+			s.m.JobsRejected.WithLabelValues(s.upstreamLabel(jr.Upstream), "invalid").Inc()
 			continue
 		}
 		jobs[i] = job
-	}
-	valid := 0
-	for _, j := range jobs {
-		if j != nil {
-			valid++
-		}
-	}
-	if valid > 0 && !s.admit(w, r, int64(valid)) {
-		return
 	}
 	// Enqueue concurrently, so the round trips share pipelines.
 	var wg sync.WaitGroup

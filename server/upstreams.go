@@ -55,7 +55,8 @@ func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 	d := Indefinitely
 	if r.ContentLength != 0 {
 		var req pauseRequest
-		if !s.decode(w, r, &req) {
+		if bad := s.decode(w, r, &req); bad != nil {
+			writeProblem(w, *bad)
 			return
 		}
 		if req.For != "" {
