@@ -20,10 +20,15 @@ var (
 	// ErrRateLimited is a 429: the API key's admission allowance is spent.
 	// Wait Error.RetryAfter (or use WithRetry).
 	ErrRateLimited = errors.New("rate limited")
-	// ErrBacklogFull is a 503: the upstream's queue is at max_pending, or
-	// the server is otherwise unavailable. Wait Error.RetryAfter, which the
+	// ErrBacklogFull is a 503 whose problem type is backlog-full: the
+	// upstream's queue is at max_pending. Wait Error.RetryAfter, which the
 	// server derives from how fast the backlog drains.
 	ErrBacklogFull = errors.New("backlog full")
+	// ErrUnavailable is any other 503: the server cannot reach Redis
+	// (problem type store-unavailable; nothing was stored), or something in
+	// between cannot reach the server (a proxy's 503). Retrying shortly is
+	// right; Error.RetryAfter says when if the server said.
+	ErrUnavailable = errors.New("service unavailable")
 	// ErrNotFound is a 404: no such job for this key's tenant, or no such
 	// upstream.
 	ErrNotFound = errors.New("not found")
@@ -37,6 +42,10 @@ var (
 	// finished, so it can no longer be cancelled.
 	ErrConflict = errors.New("conflict")
 )
+
+// problemBacklogFull is the problem type of a 503 for a full backlog; every
+// other 503 is ErrUnavailable.
+const problemBacklogFull = "https://shaperhq.github.io/problems/backlog-full"
 
 // Error is a request the server refused, read from its RFC 9457
 // problem+json answer, or made up from the status and body when the answer
@@ -112,7 +121,9 @@ func (e *Error) Is(target error) bool {
 	case ErrRateLimited:
 		return e.StatusCode == http.StatusTooManyRequests
 	case ErrBacklogFull:
-		return e.StatusCode == http.StatusServiceUnavailable
+		return e.StatusCode == http.StatusServiceUnavailable && e.Type == problemBacklogFull
+	case ErrUnavailable:
+		return e.StatusCode == http.StatusServiceUnavailable && e.Type != problemBacklogFull
 	case ErrNotFound:
 		return e.StatusCode == http.StatusNotFound
 	case ErrInvalid:

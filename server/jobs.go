@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -284,11 +285,19 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		s.rejectJob(w, req.Upstream, status, errs)
 		return
 	}
-	info, created, err := s.q.Enqueue(r.Context(), job)
+	if !s.store.allow() {
+		s.m.JobsRejected.WithLabelValues(job.Upstream, "store_error").Inc()
+		writeProblem(w, storeUnavailable(heldDetail))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+	info, created, err := s.q.Enqueue(ctx, job)
+	cancel()
 	if err != nil {
 		s.enqueueError(w, r, job.Upstream, err)
 		return
 	}
+	s.store.succeeded()
 	if !created {
 		writeJSON(w, http.StatusOK, jobView(info))
 		return
@@ -332,6 +341,7 @@ func summarize(errs []fieldError) string {
 func (s *Server) enqueueError(w http.ResponseWriter, r *http.Request, upstream string, err error) {
 	var full *queue.BacklogFullError
 	if errors.As(err, &full) {
+		s.store.succeeded()
 		s.m.JobsRejected.WithLabelValues(upstream, "backlog_full").Inc()
 		retry := s.backlogRetryAfter(r.Context(), upstream, full)
 		w.Header().Set("Retry-After", fmt.Sprint(retry))
@@ -339,9 +349,18 @@ func (s *Server) enqueueError(w http.ResponseWriter, r *http.Request, upstream s
 			Detail: full.Error() + fmt.Sprintf("; retry in %ds", retry), RetryAfter: retry})
 		return
 	}
+	s.store.record(r.Context(), err)
 	s.m.JobsRejected.WithLabelValues(upstream, "store_error").Inc()
-	s.internalError(w, r, "enqueue", err)
+	if r.Context().Err() != nil {
+		return
+	}
+	s.m.RedisErrors.WithLabelValues("enqueue").Inc()
+	s.log.Error("enqueue failed", "upstream", upstream, "err", err)
+	writeProblem(w, storeUnavailable("could not store the job: Redis does not answer; nothing was enqueued"))
 }
+
+// heldDetail explains a 503 given without asking Redis.
+const heldDetail = "could not store the job: Redis failed moments ago and is not answering yet; nothing was enqueued"
 
 type accepted struct {
 	ID             string      `json:"id"`
@@ -428,10 +447,24 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			info, created, err := s.q.EnqueueMany(r.Context(), job)
+			if !s.store.allow() {
+				s.m.JobsRejected.WithLabelValues(job.Upstream, "store_error").Inc()
+				results[i].Status = http.StatusServiceUnavailable
+				p := storeUnavailable(heldDetail)
+				results[i].Error = &p
+				return
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+			info, created, err := s.q.EnqueueMany(ctx, job)
+			cancel()
+			var full *queue.BacklogFullError
+			if err == nil || errors.As(err, &full) {
+				s.store.succeeded()
+			} else {
+				s.store.record(r.Context(), err)
+			}
 			switch {
 			case err != nil:
-				var full *queue.BacklogFullError
 				if errors.As(err, &full) {
 					s.m.JobsRejected.WithLabelValues(job.Upstream, "backlog_full").Inc()
 					results[i].Status = http.StatusServiceUnavailable
@@ -441,8 +474,8 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 				}
 				s.m.RedisErrors.WithLabelValues("enqueue").Inc()
 				results[i].Status = http.StatusServiceUnavailable
-				results[i].Error = &problem{Type: problemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-					Detail: "could not enqueue: store unavailable", RetryAfter: 1}
+				p := storeUnavailable("could not store the job: Redis does not answer; nothing was enqueued")
+				results[i].Error = &p
 			case !created:
 				results[i].Status, results[i].Job = http.StatusOK, jobView(info)
 			default:

@@ -18,7 +18,18 @@ const (
 	problemBacklogFull      = problemBase + "backlog-full"
 	problemConflict         = problemBase + "conflict"
 	problemUnavailable      = problemBase + "unavailable"
+	// problemStoreUnavailable is a 503 because Redis cannot be reached:
+	// nothing was stored, and trying again shortly is right (unlike a full
+	// backlog, which says when to come back from the drain rate).
+	problemStoreUnavailable = problemBase + "store-unavailable"
 )
+
+// storeUnavailable is the 503 for a request that needed Redis and could not
+// reach it.
+func storeUnavailable(detail string) problem {
+	return problem{Type: problemStoreUnavailable, Title: "Store unavailable", Status: http.StatusServiceUnavailable,
+		Detail: detail, RetryAfter: 1}
+}
 
 // problem is an RFC 9457 problem detail, with the fields at fault.
 type problem struct {

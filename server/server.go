@@ -62,9 +62,13 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxBatch caps jobs per batch request; default 1000.
 	MaxBatch int
-	Prefix   string
-	Logger   *slog.Logger
-	Metrics  *metrics.Metrics
+	// StoreTimeout bounds each Redis call an enqueue makes (admission, then
+	// the enqueue itself), so a producer hears back in about that long
+	// however Redis fails; default 400ms. Healthy calls take milliseconds.
+	StoreTimeout time.Duration
+	Prefix       string
+	Logger       *slog.Logger
+	Metrics      *metrics.Metrics
 	// Registry is served at /metrics; nil serves no metrics.
 	Registry *prometheus.Registry
 	// Now is the clock for job timestamps; nil is time.Now.
@@ -84,7 +88,13 @@ type Server struct {
 	keys      []keyEntry
 	ups       map[string]upstreamEntry
 	mux       *http.ServeMux
+	store     *breaker
 }
+
+// storeProbeEvery is how often, while Redis is failing, one enqueue is let
+// through to see whether it is back: often enough that recovery is seen
+// within a second or so, rarely enough that an outage costs Redis nothing.
+const storeProbeEvery = 250 * time.Millisecond
 
 type keyEntry struct {
 	Key
@@ -114,11 +124,15 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = 400 * time.Millisecond
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, rdb: rdb, q: q, st: st, log: log, m: metrics.OrDiscard(cfg.Metrics), ups: map[string]upstreamEntry{}}
+	s := &Server{cfg: cfg, rdb: rdb, q: q, st: st, log: log, m: metrics.OrDiscard(cfg.Metrics), ups: map[string]upstreamEntry{},
+		store: &breaker{probeEvery: storeProbeEvery, log: log}}
 	for _, k := range cfg.Keys {
 		if k.Secret == "" {
 			return nil, fmt.Errorf("server: key %s has no secret", k.Name)
@@ -156,7 +170,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 		return nil, fmt.Errorf("server: admission: %w", err)
 	}
 	s.admission = &shaper.Fallible{
-		Limiter: tb,
+		Limiter: &gatedLimiter{limiter: tb, store: s.store, budget: cfg.StoreTimeout},
 		Policy:  cfg.OnRedisError,
 		Local:   tokenbucket.NewLocal(cfg.Admission, nil),
 		Name:    "admission",
@@ -291,8 +305,7 @@ func (s *Server) internalError(w http.ResponseWriter, r *http.Request, component
 	}
 	s.m.RedisErrors.WithLabelValues(component).Inc()
 	s.log.Error("request failed", "path", r.URL.Path, "component", component, "err", err)
-	writeProblem(w, problem{Type: problemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-		Detail: "shaper could not reach its store; retry shortly", RetryAfter: 1})
+	writeProblem(w, storeUnavailable("shaper could not reach Redis; retry shortly"))
 }
 
 // backlogRetryAfter estimates when an upstream at max_pending will have

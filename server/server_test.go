@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper/client"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
@@ -30,7 +32,7 @@ func TestMain(m *testing.M) { redistest.Main(m, &srv) }
 
 type fixture struct {
 	t   *testing.T
-	rdb *redis.Client
+	rdb redis.UniversalClient
 	q   *queue.Queue
 	hs  *httptest.Server
 	reg *prometheus.Registry
@@ -42,6 +44,12 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 	t.Helper()
 	rdb := srv.Client(t)
 	rdb.FlushAll(context.Background())
+	return newFixtureOn(t, rdb, admission, maxPending, nil)
+}
+
+// newFixtureOn builds the API on rdb; tune, when set, adjusts its config.
+func newFixtureOn(t *testing.T, rdb redis.UniversalClient, admission tokenbucket.Limit, maxPending int64, tune func(*Config)) *fixture {
+	t.Helper()
 	q, err := queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{
 		"stripe": {Lanes: []string{"default", "bulk"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
 		"openai": {Lanes: []string{"default"}, MaxPending: maxPending, MaxAttempts: 3, ResultRetention: time.Hour, DeadRetention: time.Hour},
@@ -59,7 +67,7 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	s, err := New(rdb, q, st, Config{
+	cfg := Config{
 		Keys: []Key{
 			{Name: "billing", Tenant: "billing", Secret: "billing-secret"},
 			{Name: "ops", Tenant: "ops", Secret: "ops-secret", Admin: true},
@@ -75,7 +83,11 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 		Logger:       quiet(),
 		Metrics:      metrics.New(reg),
 		Registry:     reg,
-	})
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	s, err := New(rdb, q, st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,6 +366,14 @@ func TestBacklogFull(t *testing.T) {
 	resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(fmt.Sprint(body["detail"]), "max_pending 2") {
 		t.Fatalf("got %d %v (Retry-After %q), want 503 naming max_pending", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	c, err := client.New(f.hs.URL, "billing-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Enqueue(context.Background(), client.JobRequest{Upstream: "stripe", Path: "/x"})
+	if !errors.Is(err, client.ErrBacklogFull) || errors.Is(err, client.ErrUnavailable) {
+		t.Errorf("client: got %v, want ErrBacklogFull and not ErrUnavailable", err)
 	}
 }
 
