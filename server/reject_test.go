@@ -125,4 +125,31 @@ func TestInvalidRequestsPayAdmission(t *testing.T) {
 	if n := counter(t, f.reg, "shaper_admission_decisions_total", "denied"); n != 2 {
 		t.Fatalf("denied decisions: got %v, want 2", n)
 	}
+	// Refused batches are counted per job, as single enqueues are.
+	if n := sumCounter(t, f.reg, "shaper_jobs_rejected_total", "reason", "rate_limited"); n != 4 {
+		t.Fatalf("rate_limited rejections: got %v, want 4 (3 items, 1 unreadable batch)", n)
+	}
+}
+
+// sumCounter adds up the series of a counter whose label has the value.
+func sumCounter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }

@@ -60,7 +60,9 @@ type Config struct {
 	OnRedisError shaper.OnRedisError
 	// MaxBodyBytes caps request bodies; default 1 MiB.
 	MaxBodyBytes int64
-	// MaxBatch caps jobs per batch request; default 1000.
+	// MaxBatch caps jobs per batch request; default 1000. A batch is
+	// admitted whole, one token per job, so the admission capacity caps it
+	// too: with the default capacity of 100, a batch holds up to 100 jobs.
 	MaxBatch int
 	// StoreTimeout bounds each Redis call an enqueue makes (admission, then
 	// the enqueue itself), so a producer hears back in about that long
@@ -89,6 +91,9 @@ type Server struct {
 	ups       map[string]upstreamEntry
 	mux       *http.ServeMux
 	store     *breaker
+	// maxBatch is the most jobs a batch may hold: MaxBatch, or the
+	// admission capacity if that is smaller.
+	maxBatch int
 }
 
 // storeProbeEvery is how often, while Redis is failing, one enqueue is let
@@ -188,6 +193,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 			}
 		},
 	}
+	s.maxBatch = int(min(int64(cfg.MaxBatch), cfg.Admission.Capacity))
 	s.policy = httplimit.Policy{Name: "enqueue", Quota: cfg.Admission.Capacity, Window: cfg.Admission.Window()}
 	s.routes()
 	return s, nil
@@ -283,7 +289,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, n int64) bool {
 	if err != nil {
 		if errors.Is(err, shaper.ErrInvalid) {
 			writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
-				Detail: fmt.Sprintf("%d jobs in one request exceed the admission capacity of %d; split the batch", n, s.cfg.Admission.Capacity)})
+				Detail: fmt.Sprintf("%d jobs in one request exceed the admission capacity of %d", n, s.cfg.Admission.Capacity)})
 			return false
 		}
 		s.internalError(w, r, "admission", err)
