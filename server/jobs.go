@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -50,111 +51,165 @@ var (
 
 const maxIdempotencyKey = 255
 
+// fieldProblems collects a request's field problems, each field named with
+// the item's prefix ("jobs[3]." in a batch).
+type fieldProblems struct {
+	prefix string
+	list   []fieldError
+}
+
+func (p *fieldProblems) add(field, format string, args ...any) {
+	p.list = append(p.list, fieldError{Field: p.prefix + field, Message: fmt.Sprintf(format, args...)})
+}
+
 // toJob validates a request against its upstream and builds the job. It
-// returns the field problems, all of them, and the HTTP status they call for.
+// returns the field problems, all of them, and the HTTP status they call
+// for: 404 for an unknown upstream, else 400.
 func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix string) (*queue.Job, int, []fieldError) {
-	var errs []fieldError
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fieldError{Field: prefix + field, Message: fmt.Sprintf(format, args...)})
-	}
+	p := &fieldProblems{prefix: prefix}
 	if req.Upstream == "" {
-		bad("upstream", "is required")
-		return nil, http.StatusBadRequest, errs
+		p.add("upstream", "is required")
+		return nil, http.StatusBadRequest, p.list
 	}
 	up, ok := s.ups[req.Upstream]
 	if !ok {
-		bad("upstream", "no upstream %q is configured (have: %s)", req.Upstream, strings.Join(s.upstreamNames(), ", "))
-		return nil, http.StatusNotFound, errs
+		p.add("upstream", "no upstream %q is configured (have: %s)", req.Upstream, strings.Join(s.upstreamNames(), ", "))
+		return nil, http.StatusNotFound, p.list
 	}
 	job := &queue.Job{Tenant: k.Tenant, Upstream: req.Upstream, Lane: req.Lane, Headers: req.Headers,
 		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, MaxAttempts: req.MaxAttempts, CreatedAt: now.UTC()}
-
 	if up.BaseURL == "" {
-		if req.Task == "" {
-			bad("task", "is required: upstream %s is served by a Go handler that takes named tasks", up.Name)
-		} else if !taskPattern.MatchString(req.Task) {
-			bad("task", "%q: must be 1-128 letters, digits and ._:/-", req.Task)
-		}
-		if req.Path != "" || req.Method != "" || len(req.Headers) > 0 {
-			bad("path", "upstream %s is served by a Go handler: send task and body, not method, path or headers", up.Name)
-		}
-		job.Task = req.Task
+		checkTask(p, up, req, job)
 	} else {
-		if req.Task != "" {
-			bad("task", "upstream %s is an HTTP API: send method and path, not task", up.Name)
-		}
-		switch {
-		case req.Path == "":
-			bad("path", "is required: the request path relative to %s", up.BaseURL)
-		default:
-			if _, err := dispatcher.Target(up.base, req.Path); err != nil {
-				bad("path", "%v", err)
-			}
-		}
-		method := strings.ToUpper(req.Method)
-		if req.Method != "" && !methodAllowed[method] {
-			bad("method", "%q: must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", req.Method)
-		}
-		job.Method, job.Path = method, req.Path
-		for name, v := range req.Headers {
-			canon := http.CanonicalHeaderKey(name)
-			switch {
-			case !tokenPattern.MatchString(name):
-				bad("headers."+name, "is not a valid header name")
-			case strings.ContainsAny(v, "\r\n\x00"):
-				bad("headers."+name, "value must not contain line breaks or NUL")
-			case reservedHeaders[canon]:
-				bad("headers."+name, "is set by the HTTP client; a job may not set it")
-			case up.headers[canon]:
-				bad("headers."+name, "is set by shaper's workers for upstream %s; a job may not set it", up.Name)
-			}
+		checkRequest(p, up, req, job)
+	}
+	checkBody(p, req, job)
+	checkCost(p, up, req)
+	s.checkLane(p, up, req)
+	checkAttempts(p, req)
+	checkSchedule(p, req, job, now)
+	if len(p.list) > 0 {
+		return nil, http.StatusBadRequest, p.list
+	}
+	return job, 0, nil
+}
+
+// checkTask reads a job for a Go handler upstream: a named task, and no
+// HTTP request parts.
+func checkTask(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queue.Job) {
+	if req.Task == "" {
+		p.add("task", "is required: upstream %s is served by a Go handler that takes named tasks", up.Name)
+	} else if !taskPattern.MatchString(req.Task) {
+		p.add("task", "%q: must be 1-128 letters, digits and ._:/-", req.Task)
+	}
+	if req.Path != "" || req.Method != "" || len(req.Headers) > 0 {
+		p.add("path", "upstream %s is served by a Go handler: send task and body, not method, path or headers", up.Name)
+	}
+	job.Task = req.Task
+}
+
+// checkRequest reads a job for an HTTP upstream: method, path and headers.
+func checkRequest(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queue.Job) {
+	if req.Task != "" {
+		p.add("task", "upstream %s is an HTTP API: send method and path, not task", up.Name)
+	}
+	// The path must stay on the upstream.
+	switch {
+	case req.Path == "":
+		p.add("path", "is required: the request path relative to %s", up.BaseURL)
+	default:
+		if _, err := dispatcher.Target(up.base, req.Path); err != nil {
+			p.add("path", "%v", err)
 		}
 	}
+	method := strings.ToUpper(req.Method)
+	if req.Method != "" && !methodAllowed[method] {
+		p.add("method", "%q: must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", req.Method)
+	}
+	job.Method, job.Path = method, req.Path
+	// Header names and values must be sendable, and not the ones the HTTP
+	// client or the workers set.
+	for name, v := range req.Headers {
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case !tokenPattern.MatchString(name):
+			p.add("headers."+name, "is not a valid header name")
+		case strings.ContainsAny(v, "\r\n\x00"):
+			p.add("headers."+name, "value must not contain line breaks or NUL")
+		case reservedHeaders[canon]:
+			p.add("headers."+name, "is set by the HTTP client; a job may not set it")
+		case up.headers[canon]:
+			p.add("headers."+name, "is set by shaper's workers for upstream %s; a job may not set it", up.Name)
+		}
+	}
+}
 
+// checkBody reads the body, given as text or as base64.
+func checkBody(p *fieldProblems, req *JobRequest, job *queue.Job) {
 	switch {
 	case req.Body != nil && req.BodyBase64 != nil:
-		bad("body", "send either body or body_base64, not both")
+		p.add("body", "send either body or body_base64, not both")
 	case req.Body != nil:
 		job.Body = []byte(*req.Body)
 	case req.BodyBase64 != nil:
 		b, err := base64.StdEncoding.DecodeString(*req.BodyBase64)
 		if err != nil {
-			bad("body_base64", "is not valid base64: %v", err)
+			p.add("body_base64", "is not valid base64: %v", err)
 		}
 		job.Body = b
 	}
+}
 
+// checkCost requires every named cost to be one the upstream's limits
+// count, and the job to fit within each limit's burst.
+func checkCost(p *fieldProblems, up upstreamEntry, req *JobRequest) {
 	for name, n := range req.Cost {
 		switch {
 		case n < 0:
-			bad("cost."+name, "%d: must not be negative", n)
+			p.add("cost."+name, "%d: must not be negative", n)
 		case !up.costs[name]:
-			bad("cost."+name, "upstream %s has no limit counting %q (it counts: %s)", up.Name, name, strings.Join(costNames(up), ", "))
+			p.add("cost."+name, "upstream %s has no limit counting %q (it counts: %s)", up.Name, name, strings.Join(costNames(up), ", "))
 		}
 	}
-	if len(errs) == 0 {
+	if len(p.list) == 0 {
 		if err := up.bucket.CheckCosts(leaky.Costs(req.Cost)); err != nil {
-			bad("cost", "%v; a single job cannot be sent within that limit: raise the limit's burst or split the job", err)
+			p.add("cost", "%v; a single job cannot be sent within that limit: raise the limit's burst or split the job", err)
 		}
 	}
-	if req.Lane != "" && !queue.ValidName(req.Lane) {
-		bad("lane", "%q: not a valid lane name", req.Lane)
-	} else if u, _ := s.q.Upstream(req.Upstream); req.Lane != "" && !contains(u.Lanes, req.Lane) {
-		bad("lane", "upstream %s has no lane %q (lanes: %s)", up.Name, req.Lane, strings.Join(u.Lanes, ", "))
+}
+
+// checkLane requires the lane, when given, to be one of the upstream's.
+func (s *Server) checkLane(p *fieldProblems, up upstreamEntry, req *JobRequest) {
+	if req.Lane == "" {
+		return
 	}
+	if !queue.ValidName(req.Lane) {
+		p.add("lane", "%q: not a valid lane name", req.Lane)
+	} else if u, _ := s.q.Upstream(req.Upstream); !slices.Contains(u.Lanes, req.Lane) {
+		p.add("lane", "upstream %s has no lane %q (lanes: %s)", up.Name, req.Lane, strings.Join(u.Lanes, ", "))
+	}
+}
+
+// checkAttempts bounds the idempotency key and max_attempts.
+func checkAttempts(p *fieldProblems, req *JobRequest) {
 	if len(req.IdempotencyKey) > maxIdempotencyKey || strings.ContainsFunc(req.IdempotencyKey, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-		bad("idempotency_key", "must be at most %d printable characters", maxIdempotencyKey)
+		p.add("idempotency_key", "must be at most %d printable characters", maxIdempotencyKey)
 	}
 	if req.MaxAttempts < 0 || req.MaxAttempts > 100 {
-		bad("max_attempts", "%d: must be between 1 and 100 (0 or absent for the upstream's default)", req.MaxAttempts)
+		p.add("max_attempts", "%d: must be between 1 and 100 (0 or absent for the upstream's default)", req.MaxAttempts)
 	}
+}
+
+// checkSchedule reads not_before and ttl; a ttl counts from not_before
+// when that is later than now.
+func checkSchedule(p *fieldProblems, req *JobRequest, job *queue.Job, now time.Time) {
 	if req.NotBefore != "" {
 		t, err := time.Parse(time.RFC3339Nano, req.NotBefore)
 		switch {
 		case err != nil:
-			bad("not_before", "%q: must be an RFC 3339 time such as 2026-12-01T09:00:00Z", req.NotBefore)
+			p.add("not_before", "%q: must be an RFC 3339 time such as 2026-12-01T09:00:00Z", req.NotBefore)
 		case t.After(now.Add(366 * 24 * time.Hour)):
-			bad("not_before", "must be within a year")
+			p.add("not_before", "must be within a year")
 		default:
 			job.NotBefore = t.UTC()
 		}
@@ -163,9 +218,9 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 		ttl, err := time.ParseDuration(req.TTL)
 		switch {
 		case err != nil:
-			bad("ttl", "%q: must be a duration such as 30s, 10m or 24h", req.TTL)
+			p.add("ttl", "%q: must be a duration such as 30s, 10m or 24h", req.TTL)
 		case ttl <= 0:
-			bad("ttl", "%q: must be positive", req.TTL)
+			p.add("ttl", "%q: must be positive", req.TTL)
 		default:
 			start := now
 			if job.NotBefore.After(now) {
@@ -174,10 +229,6 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 			job.ExpiresAt = start.Add(ttl).UTC()
 		}
 	}
-	if len(errs) > 0 {
-		return nil, http.StatusBadRequest, errs
-	}
-	return job, 0, nil
 }
 
 func costNames(u upstreamEntry) []string {
@@ -190,15 +241,6 @@ func costNames(u upstreamEntry) []string {
 		return []string{"requests only"}
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Server) upstreamNames() []string {
