@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/shaperhq/shaper/internal/wire"
 )
 
 // Sentinels that errors.Is matches an *Error against, one per way a caller
@@ -42,10 +44,6 @@ var (
 	// finished, so it can no longer be cancelled.
 	ErrConflict = errors.New("conflict")
 )
-
-// problemBacklogFull is the problem type of a 503 for a full backlog; every
-// other 503 is ErrUnavailable.
-const problemBacklogFull = "https://shaperhq.github.io/problems/backlog-full"
 
 // Error is a request the server refused, read from its RFC 9457
 // problem+json answer, or made up from the status and body when the answer
@@ -121,9 +119,9 @@ func (e *Error) Is(target error) bool {
 	case ErrRateLimited:
 		return e.StatusCode == http.StatusTooManyRequests
 	case ErrBacklogFull:
-		return e.StatusCode == http.StatusServiceUnavailable && e.Type == problemBacklogFull
+		return e.StatusCode == http.StatusServiceUnavailable && e.Type == wire.TypeBacklogFull
 	case ErrUnavailable:
-		return e.StatusCode == http.StatusServiceUnavailable && e.Type != problemBacklogFull
+		return e.StatusCode == http.StatusServiceUnavailable && e.Type != wire.TypeBacklogFull
 	case ErrNotFound:
 		return e.StatusCode == http.StatusNotFound
 	case ErrInvalid:
@@ -197,7 +195,7 @@ func newError(resp *http.Response, raw []byte, now time.Time) *Error {
 	if e.Title == "" {
 		e.Title = http.StatusText(resp.StatusCode)
 	}
-	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
+	if d, ok := wire.ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 		e.RetryAfter, e.retryAfterKnown = d, true
 	}
 	e.RateLimit = parseRateLimit(resp.Header)
@@ -255,7 +253,7 @@ func fieldErrors(raw json.RawMessage) []FieldError {
 
 func looksJSON(contentType string, raw []byte) bool {
 	mt, _, _ := mime.ParseMediaType(contentType)
-	if mt == "application/json" || mt == "application/problem+json" || strings.HasSuffix(mt, "+json") {
+	if mt == "application/json" || mt == wire.ContentTypeProblem || strings.HasSuffix(mt, "+json") {
 		return true
 	}
 	t := bytes.TrimSpace(raw)
@@ -274,25 +272,6 @@ func textOf(raw []byte) string {
 		s = string([]rune(s)[:maxRunes]) + "…"
 	}
 	return s
-}
-
-// parseRetryAfter reads Retry-After as delta seconds or an HTTP date.
-func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
-	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if n < 0 {
-			return 0, false
-		}
-		return time.Duration(min(n, int64(math.MaxInt64/time.Second))) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	return max(0, t.Sub(now)), true
 }
 
 // parseRateLimit reads the structured RateLimit and RateLimit-Policy

@@ -16,7 +16,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/httplimit"
+	"github.com/shaperhq/shaper/internal/wire"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -233,16 +233,10 @@ func caller(r *http.Request) *keyEntry { return r.Context().Value(ctxKey{}).(*ke
 // compared in constant time against every configured key.
 func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		given := ""
-		if a := r.Header.Get("Authorization"); a != "" {
-			scheme, token, ok := strings.Cut(a, " ")
-			if !ok || !strings.EqualFold(scheme, "Bearer") {
-				s.unauthorized(w, "Authorization must be \"Bearer KEY\"")
-				return
-			}
-			given = strings.TrimSpace(token)
-		} else {
-			given = strings.TrimSpace(r.Header.Get("X-API-Key"))
+		given, err := wire.APIKey(r)
+		if err != nil {
+			s.unauthorized(w, err.Error())
+			return
 		}
 		if given == "" {
 			s.unauthorized(w, "an API key is required: send Authorization: Bearer KEY")
