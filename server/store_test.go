@@ -52,6 +52,14 @@ func TestEnqueueWithoutRedis(t *testing.T) {
 	// PoolSize failures it probes once a second), as in a real outage.
 	var took []time.Duration
 	var mu sync.Mutex
+	note := func(what string, i int, d time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		took = append(took, d)
+		if d > answerBound/2 {
+			t.Logf("slow: %s %d answered in %v", what, i, d)
+		}
+	}
 	var wg sync.WaitGroup
 	for i := 0; i < 40; i++ {
 		wg.Add(1)
@@ -59,9 +67,7 @@ func TestEnqueueWithoutRedis(t *testing.T) {
 			defer wg.Done()
 			start := time.Now()
 			resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/burst"}`)
-			mu.Lock()
-			defer mu.Unlock()
-			took = append(took, time.Since(start))
+			note("burst", i, time.Since(start))
 			if resp.StatusCode != 503 || body["type"] != problemStoreUnavailable {
 				t.Errorf("burst: got %d %v, want 503 store-unavailable", resp.StatusCode, body)
 			}
@@ -72,7 +78,7 @@ func TestEnqueueWithoutRedis(t *testing.T) {
 		start := time.Now()
 		if i%3 == 2 {
 			resp, body := f.do("POST", "/v1/jobs/batch", `{"jobs":[{"upstream":"stripe","path":"/a"},{"upstream":"stripe","path":"/b"}]}`)
-			took = append(took, time.Since(start))
+			note("batch", i, time.Since(start))
 			if resp.StatusCode != 200 {
 				t.Fatalf("batch %d: got %d %v, want 200 with per-item 503s", i, resp.StatusCode, body)
 			}
@@ -85,7 +91,7 @@ func TestEnqueueWithoutRedis(t *testing.T) {
 			}
 		} else {
 			resp, body := f.do("POST", "/v1/jobs", fmt.Sprintf(`{"upstream":"stripe","path":"/x/%d"}`, i))
-			took = append(took, time.Since(start))
+			note("enqueue", i, time.Since(start))
 			if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || body["type"] != problemStoreUnavailable {
 				t.Fatalf("enqueue %d: got %d (Retry-After %q) %v, want 503 store-unavailable with Retry-After",
 					i, resp.StatusCode, resp.Header.Get("Retry-After"), body)
