@@ -91,7 +91,9 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		charge = 1
 	}
 	if !s.admit(w, r, charge) {
-		s.m.JobsRejected.WithLabelValues("unknown", "rate_limited").Add(float64(charge - int64(len(items))))
+		if bad != nil {
+			s.m.JobsRejected.WithLabelValues("unknown", "rate_limited").Inc()
+		}
 		for _, it := range items {
 			s.m.JobsRejected.WithLabelValues(s.upstreamLabel(it.req.Upstream), "rate_limited").Inc()
 		}
