@@ -66,7 +66,8 @@ type Config struct {
 	MaxBatch int
 	// StoreTimeout bounds each Redis call an enqueue makes (admission, then
 	// the enqueue itself), so a producer hears back in about that long
-	// however Redis fails; default 400ms. Healthy calls take milliseconds.
+	// however Redis fails; default 300ms. Healthy calls take milliseconds;
+	// the rest of the 500ms a producer may wait is margin for a loaded host.
 	StoreTimeout time.Duration
 	Prefix       string
 	Logger       *slog.Logger
@@ -130,7 +131,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 		cfg.Now = time.Now
 	}
 	if cfg.StoreTimeout <= 0 {
-		cfg.StoreTimeout = 400 * time.Millisecond
+		cfg.StoreTimeout = 300 * time.Millisecond
 	}
 	log := cfg.Logger
 	if log == nil {
