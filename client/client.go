@@ -3,8 +3,8 @@
 // or in batches), reads and cancels jobs, waits for them to finish, and reads,
 // pauses and resumes upstreams, all over shaper's v1 HTTP API. Refusals come
 // back as *Error, which errors.Is matches against sentinels such as
-// ErrRateLimited and ErrBacklogFull; WithRetry makes the client wait out
-// those two by itself, as long as the server asks it to.
+// ErrRateLimited, ErrBacklogFull and ErrUnavailable; WithRetry makes the
+// client wait out those by itself, as long as the server asks it to.
 package client
 
 import (
@@ -43,8 +43,8 @@ const maxErrorBody = 64 << 10
 //
 // Every method takes a ctx that bounds it whole, including any waits for
 // retries or polls. Refusals are *Error values; match them with errors.Is
-// against ErrRateLimited, ErrBacklogFull, ErrNotFound, ErrInvalid,
-// ErrUnauthorized and ErrConflict, or errors.As to read the details.
+// against ErrRateLimited, ErrBacklogFull, ErrUnavailable, ErrNotFound,
+// ErrInvalid, ErrUnauthorized and ErrConflict, or errors.As to read the details.
 type Client struct {
 	base         string // scheme://host[/prefix], no trailing slash
 	apiKey       string
@@ -75,7 +75,7 @@ func WithHTTPClient(hc *http.Client) Option {
 }
 
 // WithRetry makes the client retry a request refused with 429 (admission
-// limit) or 503 (backlog full) up to maxRetries more times, each after the
+// limit) or 503 (backlog full, or the server unavailable) up to maxRetries more times, each after the
 // wait the server names in Retry-After. Nothing else is retried: not
 // invalid requests, not other statuses, not network errors, whose outcome
 // the client cannot know.

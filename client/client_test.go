@@ -75,7 +75,7 @@ func jsonOf(t *testing.T, b []byte) map[string]any {
 }
 
 var allSentinels = []error{
-	client.ErrRateLimited, client.ErrBacklogFull, client.ErrNotFound,
+	client.ErrRateLimited, client.ErrBacklogFull, client.ErrUnavailable, client.ErrNotFound,
 	client.ErrInvalid, client.ErrUnauthorized, client.ErrConflict,
 }
 
@@ -575,12 +575,26 @@ func TestErrorsFromTheServer(t *testing.T) {
 			},
 		},
 		{
+			name: "store unavailable", key: producerKey,
+			prepare: func(f *fake) { f.setStoreDown(true) },
+			call: func(c *client.Client) error {
+				_, err := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe"})
+				return err
+			},
+			want: client.ErrUnavailable, wantStatus: 503,
+			check: func(t *testing.T, e *client.Error) {
+				if e.RetryAfter != time.Second || e.Type != "https://shaperhq.github.io/problems/store-unavailable" {
+					t.Errorf("got %+v, want store-unavailable, retry after 1s", e)
+				}
+			},
+		},
+		{
 			name: "proxy 503 in plain text", key: producerKey,
 			prepare: func(f *fake) {
 				f.answer(canned{status: 503, header: http.Header{"Content-Type": {"text/plain"}}, body: "upstream connect error\nor disconnect/reset before headers\n"})
 			},
 			call:       func(c *client.Client) error { _, err := c.Get(ctx, "x.y.z"); return err },
-			want:       client.ErrBacklogFull,
+			want:       client.ErrUnavailable,
 			wantStatus: 503,
 			check: func(t *testing.T, e *client.Error) {
 				if e.Title != "Service Unavailable" || e.Detail != "upstream connect error or disconnect/reset before headers" || e.RetryAfter != 0 {

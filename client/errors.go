@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/shaperhq/shaper/internal/wire"
 )
 
 // Sentinels that errors.Is matches an *Error against, one per way a caller
@@ -20,10 +22,15 @@ var (
 	// ErrRateLimited is a 429: the API key's admission allowance is spent.
 	// Wait Error.RetryAfter (or use WithRetry).
 	ErrRateLimited = errors.New("rate limited")
-	// ErrBacklogFull is a 503: the upstream's queue is at max_pending, or
-	// the server is otherwise unavailable. Wait Error.RetryAfter, which the
+	// ErrBacklogFull is a 503 whose problem type is backlog-full: the
+	// upstream's queue is at max_pending. Wait Error.RetryAfter, which the
 	// server derives from how fast the backlog drains.
 	ErrBacklogFull = errors.New("backlog full")
+	// ErrUnavailable is any other 503: the server cannot reach Redis
+	// (problem type store-unavailable; nothing was stored), or something in
+	// between cannot reach the server (a proxy's 503). Retrying shortly is
+	// right; Error.RetryAfter says when if the server said.
+	ErrUnavailable = errors.New("service unavailable")
 	// ErrNotFound is a 404: no such job for this key's tenant, or no such
 	// upstream.
 	ErrNotFound = errors.New("not found")
@@ -112,7 +119,9 @@ func (e *Error) Is(target error) bool {
 	case ErrRateLimited:
 		return e.StatusCode == http.StatusTooManyRequests
 	case ErrBacklogFull:
-		return e.StatusCode == http.StatusServiceUnavailable
+		return e.StatusCode == http.StatusServiceUnavailable && e.Type == wire.TypeBacklogFull
+	case ErrUnavailable:
+		return e.StatusCode == http.StatusServiceUnavailable && e.Type != wire.TypeBacklogFull
 	case ErrNotFound:
 		return e.StatusCode == http.StatusNotFound
 	case ErrInvalid:
@@ -186,7 +195,7 @@ func newError(resp *http.Response, raw []byte, now time.Time) *Error {
 	if e.Title == "" {
 		e.Title = http.StatusText(resp.StatusCode)
 	}
-	if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
+	if d, ok := wire.ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 		e.RetryAfter, e.retryAfterKnown = d, true
 	}
 	e.RateLimit = parseRateLimit(resp.Header)
@@ -244,7 +253,7 @@ func fieldErrors(raw json.RawMessage) []FieldError {
 
 func looksJSON(contentType string, raw []byte) bool {
 	mt, _, _ := mime.ParseMediaType(contentType)
-	if mt == "application/json" || mt == "application/problem+json" || strings.HasSuffix(mt, "+json") {
+	if mt == "application/json" || mt == wire.ContentTypeProblem || strings.HasSuffix(mt, "+json") {
 		return true
 	}
 	t := bytes.TrimSpace(raw)
@@ -263,25 +272,6 @@ func textOf(raw []byte) string {
 		s = string([]rune(s)[:maxRunes]) + "…"
 	}
 	return s
-}
-
-// parseRetryAfter reads Retry-After as delta seconds or an HTTP date.
-func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, false
-	}
-	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if n < 0 {
-			return 0, false
-		}
-		return time.Duration(min(n, int64(math.MaxInt64/time.Second))) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	return max(0, t.Sub(now)), true
 }
 
 // parseRateLimit reads the structured RateLimit and RateLimit-Policy

@@ -39,6 +39,9 @@ type fake struct {
 	// tokens is each key's admission allowance; a key absent from it is
 	// unlimited.
 	tokens map[string]int
+	// storeDown makes every enqueue fail as the real server does when it
+	// cannot reach Redis.
+	storeDown bool
 }
 
 type fakeKey struct {
@@ -166,6 +169,12 @@ func (f *fake) setTokens(key string, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tokens[key] = n
+}
+
+func (f *fake) setStoreDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.storeDown = down
 }
 
 func (f *fake) setStates(states ...string) {
@@ -373,6 +382,11 @@ func (f *fake) create(tenant string, req wireJobRequest) (int, map[string]any, *
 		if id, ok := f.idem[tenant+"\x00"+req.IdempotencyKey]; ok {
 			return http.StatusOK, f.jobs[id].wire, nil
 		}
+	}
+	if f.storeDown {
+		p := newProblem(http.StatusServiceUnavailable, "Store unavailable", "could not store the job: Redis does not answer", nil)
+		p.RetryAfter = 1
+		return p.Status, nil, &p
 	}
 	pending := 0
 	for _, j := range f.jobs {

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -70,6 +71,24 @@ func (r *Redis) NewClient(overrideURL string) (redis.UniversalClient, error) {
 		return nil, err
 	}
 	return redis.NewUniversalClient(o), nil
+}
+
+// FailFast shortens go-redis's waits for a process that answers producers
+// (shaper serve): with the defaults (a 5 s dial tried 5 times, then 3
+// retries with backoff) an enqueue against a dead Redis took seconds, while
+// a producer must hear 503 within half a second. One dial attempt and one
+// retry remain: after a Redis restart pooled connections are dead, and the
+// retry on a fresh one is what recovers. Callers' context deadlines reach
+// the socket, so the API can bound each call. Values a redis:// URL sets
+// itself are kept. Workers keep the defaults: nobody waits on them.
+func FailFast(o *redis.UniversalOptions) {
+	o.DialTimeout = cmp.Or(o.DialTimeout, 250*time.Millisecond)
+	o.DialerRetries = cmp.Or(o.DialerRetries, 1)
+	o.MaxRetries = cmp.Or(o.MaxRetries, 1)
+	o.ReadTimeout = cmp.Or(o.ReadTimeout, time.Second)
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, time.Second)
+	o.PoolTimeout = cmp.Or(o.PoolTimeout, 250*time.Millisecond)
+	o.ContextTimeoutEnabled = true
 }
 
 // fromURL carries everything redis.ParseURL understands over to universal

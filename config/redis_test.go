@@ -221,3 +221,28 @@ func startSentinel(t *testing.T, master string, primaryPort int) string {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+func TestFailFast(t *testing.T) {
+	for _, tc := range []struct {
+		url         string
+		dial        time.Duration
+		maxRetries  int
+		readTimeout time.Duration
+	}{
+		{"redis://127.0.0.1:6379/0", 250 * time.Millisecond, 1, time.Second},
+		// What a URL sets itself is kept.
+		{"redis://127.0.0.1:6379/0?dial_timeout=2s&max_retries=5&read_timeout=3s", 2 * time.Second, 5, 3 * time.Second},
+	} {
+		r := Redis{URL: tc.url}
+		o, err := r.Options("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		FailFast(o)
+		if o.DialTimeout != tc.dial || o.MaxRetries != tc.maxRetries || o.ReadTimeout != tc.readTimeout ||
+			o.DialerRetries != 1 || o.PoolTimeout != 250*time.Millisecond || !o.ContextTimeoutEnabled {
+			t.Errorf("%s: got dial %v, retries %d, read %v, dialer retries %d, pool %v, ctx %v; want dial %v, retries %d, read %v, 1, 250ms, true",
+				tc.url, o.DialTimeout, o.MaxRetries, o.ReadTimeout, o.DialerRetries, o.PoolTimeout, o.ContextTimeoutEnabled, tc.dial, tc.maxRetries, tc.readTimeout)
+		}
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/wire"
 )
 
 // kind is what to do with a job after an attempt.
@@ -69,22 +71,11 @@ func classify(status int, h http.Header, now time.Time, fallback time.Duration) 
 	}
 }
 
-// retryAfter reads Retry-After as delta seconds or an HTTP date.
+// retryAfter reads Retry-After by the rules shaper's API and client share;
+// zero when there is none.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	v := strings.TrimSpace(h.Get("Retry-After"))
-	if v == "" {
-		return 0
-	}
-	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		if secs <= 0 {
-			return 0
-		}
-		return time.Duration(secs * float64(time.Second))
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
+	d, _ := wire.ParseRetryAfter(h.Get("Retry-After"), now)
+	return d
 }
 
 // quotaExhausted reports whether remaining-quota headers say nothing is

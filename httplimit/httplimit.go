@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/wire"
 )
 
 // Policy is the limit as the RateLimit-Policy header announces it: Quota
@@ -198,17 +198,15 @@ func hashSecret(secret string) string {
 }
 
 // APIKey is the request's API key: the token of `Authorization: Bearer`,
-// else the X-API-Key header; "" when there is neither.
+// else the X-API-Key header; "" when there is neither, or when
+// Authorization names another scheme. The rules are shaper's API's own, so
+// the middleware keys a request by the key the server authenticates.
 func APIKey(r *http.Request) string {
-	if auth := r.Header.Get("Authorization"); auth != "" {
-		scheme, token, ok := strings.Cut(auth, " ")
-		if ok && strings.EqualFold(scheme, "Bearer") {
-			if token = strings.TrimSpace(token); token != "" {
-				return token
-			}
-		}
+	key, err := wire.APIKey(r)
+	if err != nil {
+		return "" // another scheme: no API key, so the client's address keys it
 	}
-	return strings.TrimSpace(r.Header.Get("X-API-Key"))
+	return key
 }
 
 // ClientIP is the address of the client that sent r. The connection's peer
@@ -295,9 +293,9 @@ func WriteHeaders(h http.Header, p Policy, res shaper.Result) {
 
 // Problem types this package answers with.
 const (
-	ProblemRateLimited = "https://shaperhq.github.io/problems/rate-limited"
-	ProblemInvalid     = "https://shaperhq.github.io/problems/invalid-request"
-	ProblemUnavailable = "https://shaperhq.github.io/problems/limiter-unavailable"
+	ProblemRateLimited = wire.TypeRateLimited
+	ProblemInvalid     = wire.TypeInvalid
+	ProblemUnavailable = wire.TypeLimiterUnavailable
 )
 
 // WriteTooManyRequests answers 429 with the rate-limit headers and an RFC
@@ -318,21 +316,9 @@ func WriteTooManyRequests(w http.ResponseWriter, p Policy, res shaper.Result) {
 	})
 }
 
-type problem struct {
-	Type       string `json:"type"`
-	Title      string `json:"title"`
-	Status     int    `json:"status"`
-	Detail     string `json:"detail,omitempty"`
-	RetryAfter int64  `json:"retry_after,omitempty"`
-}
+type problem = wire.Problem
 
-func writeProblem(w http.ResponseWriter, p problem) {
-	body, _ := json.Marshal(p) // a struct of strings and ints always encodes
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(p.Status)
-	w.Write(append(body, '\n'))
-}
+func writeProblem(w http.ResponseWriter, p problem) { wire.WriteProblem(w, p) }
 
 func retryAfterSeconds(res shaper.Result) int64 {
 	return max(1, ceilSeconds(res.RetryAfter))

@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -51,111 +50,165 @@ var (
 
 const maxIdempotencyKey = 255
 
+// fieldProblems collects a request's field problems, each field named with
+// the item's prefix ("jobs[3]." in a batch).
+type fieldProblems struct {
+	prefix string
+	list   []fieldError
+}
+
+func (p *fieldProblems) add(field, format string, args ...any) {
+	p.list = append(p.list, fieldError{Field: p.prefix + field, Message: fmt.Sprintf(format, args...)})
+}
+
 // toJob validates a request against its upstream and builds the job. It
-// returns the field problems, all of them, and the HTTP status they call for.
+// returns the field problems, all of them, and the HTTP status they call
+// for: 404 for an unknown upstream, else 400.
 func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix string) (*queue.Job, int, []fieldError) {
-	var errs []fieldError
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fieldError{Field: prefix + field, Message: fmt.Sprintf(format, args...)})
-	}
+	p := &fieldProblems{prefix: prefix}
 	if req.Upstream == "" {
-		bad("upstream", "is required")
-		return nil, http.StatusBadRequest, errs
+		p.add("upstream", "is required")
+		return nil, http.StatusBadRequest, p.list
 	}
 	up, ok := s.ups[req.Upstream]
 	if !ok {
-		bad("upstream", "no upstream %q is configured (have: %s)", req.Upstream, strings.Join(s.upstreamNames(), ", "))
-		return nil, http.StatusNotFound, errs
+		p.add("upstream", "no upstream %q is configured (have: %s)", req.Upstream, strings.Join(s.upstreamNames(), ", "))
+		return nil, http.StatusNotFound, p.list
 	}
 	job := &queue.Job{Tenant: k.Tenant, Upstream: req.Upstream, Lane: req.Lane, Headers: req.Headers,
 		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, MaxAttempts: req.MaxAttempts, CreatedAt: now.UTC()}
-
 	if up.BaseURL == "" {
-		if req.Task == "" {
-			bad("task", "is required: upstream %s is served by a Go handler that takes named tasks", up.Name)
-		} else if !taskPattern.MatchString(req.Task) {
-			bad("task", "%q: must be 1-128 letters, digits and ._:/-", req.Task)
-		}
-		if req.Path != "" || req.Method != "" || len(req.Headers) > 0 {
-			bad("path", "upstream %s is served by a Go handler: send task and body, not method, path or headers", up.Name)
-		}
-		job.Task = req.Task
+		checkTask(p, up, req, job)
 	} else {
-		if req.Task != "" {
-			bad("task", "upstream %s is an HTTP API: send method and path, not task", up.Name)
-		}
-		switch {
-		case req.Path == "":
-			bad("path", "is required: the request path relative to %s", up.BaseURL)
-		default:
-			if _, err := dispatcher.Target(up.base, req.Path); err != nil {
-				bad("path", "%v", err)
-			}
-		}
-		method := strings.ToUpper(req.Method)
-		if req.Method != "" && !methodAllowed[method] {
-			bad("method", "%q: must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", req.Method)
-		}
-		job.Method, job.Path = method, req.Path
-		for name, v := range req.Headers {
-			canon := http.CanonicalHeaderKey(name)
-			switch {
-			case !tokenPattern.MatchString(name):
-				bad("headers."+name, "is not a valid header name")
-			case strings.ContainsAny(v, "\r\n\x00"):
-				bad("headers."+name, "value must not contain line breaks or NUL")
-			case reservedHeaders[canon]:
-				bad("headers."+name, "is set by the HTTP client; a job may not set it")
-			case up.headers[canon]:
-				bad("headers."+name, "is set by shaper's workers for upstream %s; a job may not set it", up.Name)
-			}
+		checkRequest(p, up, req, job)
+	}
+	checkBody(p, req, job)
+	checkCost(p, up, req)
+	checkLane(p, up, req)
+	checkAttempts(p, req)
+	checkSchedule(p, req, job, now)
+	if len(p.list) > 0 {
+		return nil, http.StatusBadRequest, p.list
+	}
+	return job, 0, nil
+}
+
+// checkTask reads a job for a Go handler upstream: a named task, and no
+// HTTP request parts.
+func checkTask(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queue.Job) {
+	if req.Task == "" {
+		p.add("task", "is required: upstream %s is served by a Go handler that takes named tasks", up.Name)
+	} else if !taskPattern.MatchString(req.Task) {
+		p.add("task", "%q: must be 1-128 letters, digits and ._:/-", req.Task)
+	}
+	if req.Path != "" || req.Method != "" || len(req.Headers) > 0 {
+		p.add("path", "upstream %s is served by a Go handler: send task and body, not method, path or headers", up.Name)
+	}
+	job.Task = req.Task
+}
+
+// checkRequest reads a job for an HTTP upstream: method, path and headers.
+func checkRequest(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queue.Job) {
+	if req.Task != "" {
+		p.add("task", "upstream %s is an HTTP API: send method and path, not task", up.Name)
+	}
+	// The path must stay on the upstream.
+	switch {
+	case req.Path == "":
+		p.add("path", "is required: the request path relative to %s", up.BaseURL)
+	default:
+		if _, err := dispatcher.Target(up.base, req.Path); err != nil {
+			p.add("path", "%v", err)
 		}
 	}
+	method := strings.ToUpper(req.Method)
+	if req.Method != "" && !methodAllowed[method] {
+		p.add("method", "%q: must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", req.Method)
+	}
+	job.Method, job.Path = method, req.Path
+	// Header names and values must be sendable, and not the ones the HTTP
+	// client or the workers set.
+	for name, v := range req.Headers {
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case !tokenPattern.MatchString(name):
+			p.add("headers."+name, "is not a valid header name")
+		case strings.ContainsAny(v, "\r\n\x00"):
+			p.add("headers."+name, "value must not contain line breaks or NUL")
+		case reservedHeaders[canon]:
+			p.add("headers."+name, "is set by the HTTP client; a job may not set it")
+		case up.headers[canon]:
+			p.add("headers."+name, "is set by shaper's workers for upstream %s; a job may not set it", up.Name)
+		}
+	}
+}
 
+// checkBody reads the body, given as text or as base64.
+func checkBody(p *fieldProblems, req *JobRequest, job *queue.Job) {
 	switch {
 	case req.Body != nil && req.BodyBase64 != nil:
-		bad("body", "send either body or body_base64, not both")
+		p.add("body", "send either body or body_base64, not both")
 	case req.Body != nil:
 		job.Body = []byte(*req.Body)
 	case req.BodyBase64 != nil:
 		b, err := base64.StdEncoding.DecodeString(*req.BodyBase64)
 		if err != nil {
-			bad("body_base64", "is not valid base64: %v", err)
+			p.add("body_base64", "is not valid base64: %v", err)
 		}
 		job.Body = b
 	}
+}
 
+// checkCost requires every named cost to be one the upstream's limits
+// count, and the job to fit within each limit's burst.
+func checkCost(p *fieldProblems, up upstreamEntry, req *JobRequest) {
 	for name, n := range req.Cost {
 		switch {
 		case n < 0:
-			bad("cost."+name, "%d: must not be negative", n)
+			p.add("cost."+name, "%d: must not be negative", n)
 		case !up.costs[name]:
-			bad("cost."+name, "upstream %s has no limit counting %q (it counts: %s)", up.Name, name, strings.Join(costNames(up), ", "))
+			p.add("cost."+name, "upstream %s has no limit counting %q (it counts: %s)", up.Name, name, strings.Join(costNames(up), ", "))
 		}
 	}
-	if len(errs) == 0 {
+	if len(p.list) == 0 {
 		if err := up.bucket.CheckCosts(leaky.Costs(req.Cost)); err != nil {
-			bad("cost", "%v; a single job cannot be sent within that limit: raise the limit's burst or split the job", err)
+			p.add("cost", "%v; a single job cannot be sent within that limit: raise the limit's burst or split the job", err)
 		}
 	}
-	if req.Lane != "" && !queue.ValidName(req.Lane) {
-		bad("lane", "%q: not a valid lane name", req.Lane)
-	} else if req.Lane != "" && !up.HasLane(req.Lane) {
-		bad("lane", "upstream %s has no lane %q (lanes: %s)", up.Name, req.Lane, strings.Join(up.LaneNames(), ", "))
+}
+
+// checkLane requires the lane, when given, to be one of the upstream's.
+func checkLane(p *fieldProblems, up upstreamEntry, req *JobRequest) {
+	if req.Lane == "" {
+		return
 	}
+	if !queue.ValidName(req.Lane) {
+		p.add("lane", "%q: not a valid lane name", req.Lane)
+	} else if !up.HasLane(req.Lane) {
+		p.add("lane", "upstream %s has no lane %q (lanes: %s)", up.Name, req.Lane, strings.Join(up.LaneNames(), ", "))
+	}
+}
+
+// checkAttempts bounds the idempotency key and max_attempts.
+func checkAttempts(p *fieldProblems, req *JobRequest) {
 	if len(req.IdempotencyKey) > maxIdempotencyKey || strings.ContainsFunc(req.IdempotencyKey, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-		bad("idempotency_key", "must be at most %d printable characters", maxIdempotencyKey)
+		p.add("idempotency_key", "must be at most %d printable characters", maxIdempotencyKey)
 	}
 	if req.MaxAttempts < 0 || req.MaxAttempts > 100 {
-		bad("max_attempts", "%d: must be between 1 and 100 (0 or absent for the upstream's default)", req.MaxAttempts)
+		p.add("max_attempts", "%d: must be between 1 and 100 (0 or absent for the upstream's default)", req.MaxAttempts)
 	}
+}
+
+// checkSchedule reads not_before and ttl; a ttl counts from not_before
+// when that is later than now.
+func checkSchedule(p *fieldProblems, req *JobRequest, job *queue.Job, now time.Time) {
 	if req.NotBefore != "" {
 		t, err := time.Parse(time.RFC3339Nano, req.NotBefore)
 		switch {
 		case err != nil:
-			bad("not_before", "%q: must be an RFC 3339 time such as 2026-12-01T09:00:00Z", req.NotBefore)
+			p.add("not_before", "%q: must be an RFC 3339 time such as 2026-12-01T09:00:00Z", req.NotBefore)
 		case t.After(now.Add(366 * 24 * time.Hour)):
-			bad("not_before", "must be within a year")
+			p.add("not_before", "must be within a year")
 		default:
 			job.NotBefore = t.UTC()
 		}
@@ -164,9 +217,9 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 		ttl, err := time.ParseDuration(req.TTL)
 		switch {
 		case err != nil:
-			bad("ttl", "%q: must be a duration such as 30s, 10m or 24h", req.TTL)
+			p.add("ttl", "%q: must be a duration such as 30s, 10m or 24h", req.TTL)
 		case ttl <= 0:
-			bad("ttl", "%q: must be positive", req.TTL)
+			p.add("ttl", "%q: must be positive", req.TTL)
 		default:
 			start := now
 			if job.NotBefore.After(now) {
@@ -175,10 +228,6 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 			job.ExpiresAt = start.Add(ttl).UTC()
 		}
 	}
-	if len(errs) > 0 {
-		return nil, http.StatusBadRequest, errs
-	}
-	return job, 0, nil
 }
 
 func costNames(u upstreamEntry) []string {
@@ -198,13 +247,14 @@ func (s *Server) upstreamNames() []string {
 }
 
 // decode reads a JSON body strictly: the right content type, within the size
-// limit, no unknown fields, nothing after the value.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+// limit, no unknown fields, nothing after the value. It returns the problem
+// to answer with, or nil; the caller decides when to answer, so that a bad
+// request can be charged to admission first.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *problem {
 	ct := r.Header.Get("Content-Type")
 	if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-		writeProblem(w, problem{Type: problemUnsupportedMedia, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
-			Detail: fmt.Sprintf("Content-Type %q: send application/json", ct)})
-		return false
+		return &problem{Type: problemUnsupportedMedia, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
+			Detail: fmt.Sprintf("Content-Type %q: send application/json", ct)}
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	dec := json.NewDecoder(r.Body)
@@ -216,17 +266,15 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		}
 	}
 	if err == nil {
-		return true
+		return nil
 	}
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
-		writeProblem(w, problem{Type: problemTooLarge, Title: "Request too large", Status: http.StatusRequestEntityTooLarge,
-			Detail: fmt.Sprintf("the body exceeds %d bytes (api.max_body_bytes)", s.cfg.MaxBodyBytes)})
-		return false
+		return &problem{Type: problemTooLarge, Title: "Request too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("the body exceeds %d bytes (api.max_body_bytes)", s.cfg.MaxBodyBytes)}
 	}
-	writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
-		Detail: "malformed JSON: " + describeJSONError(err)})
-	return false
+	return &problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
+		Detail: "malformed JSON: " + describeJSONError(err)}
 }
 
 // describeJSONError names the field a decoding error is about.
@@ -248,181 +296,6 @@ func describeJSONError(err error) string {
 		return "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
 	}
 	return err.Error()
-}
-
-func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
-	var req JobRequest
-	if !s.decode(w, r, &req) {
-		s.m.JobsRejected.WithLabelValues(req.Upstream, "invalid").Inc()
-		return
-	}
-	k := caller(r)
-	job, status, errs := s.toJob(&req, k, s.cfg.Now(), "")
-	if errs != nil {
-		s.rejectJob(w, req.Upstream, status, errs)
-		return
-	}
-	if !s.admit(w, r, 1) {
-		s.m.JobsRejected.WithLabelValues(req.Upstream, "rate_limited").Inc()
-		return
-	}
-	info, created, err := s.q.Enqueue(r.Context(), job)
-	if err != nil {
-		s.enqueueError(w, r, job.Upstream, err)
-		return
-	}
-	if !created {
-		writeJSON(w, http.StatusOK, jobView(info))
-		return
-	}
-	s.m.JobsEnqueued.WithLabelValues(info.Upstream, info.Lane).Inc()
-	w.Header().Set("Location", "/v1/jobs/"+info.ID)
-	writeJSON(w, http.StatusAccepted, accepted{ID: info.ID, State: info.State, Upstream: info.Upstream, Lane: info.Lane,
-		IdempotencyKey: info.IdempotencyKey, CreatedAt: info.CreatedAt})
-}
-
-func (s *Server) rejectJob(w http.ResponseWriter, upstream string, status int, errs []fieldError) {
-	reason := "invalid"
-	title := "Invalid job"
-	typ := problemInvalid
-	if status == http.StatusNotFound {
-		reason, title, typ, upstream = "unknown_upstream", "Unknown upstream", problemNotFound, "unknown"
-	}
-	s.m.JobsRejected.WithLabelValues(upstream, reason).Inc()
-	writeProblem(w, problem{Type: typ, Title: title, Status: status, Detail: summarize(errs), Errors: errs})
-}
-
-func summarize(errs []fieldError) string {
-	parts := make([]string, len(errs))
-	for i, e := range errs {
-		parts[i] = e.Field + " " + e.Message
-	}
-	return strings.Join(parts, "; ")
-}
-
-// enqueueError answers a failed enqueue: 503 for a full backlog, with when
-// to come back, else a store failure.
-func (s *Server) enqueueError(w http.ResponseWriter, r *http.Request, upstream string, err error) {
-	var full *queue.BacklogFullError
-	if errors.As(err, &full) {
-		s.m.JobsRejected.WithLabelValues(upstream, "backlog_full").Inc()
-		retry := s.backlogRetryAfter(r.Context(), upstream, full)
-		w.Header().Set("Retry-After", fmt.Sprint(retry))
-		writeProblem(w, problem{Type: problemBacklogFull, Title: "Backlog full", Status: http.StatusServiceUnavailable,
-			Detail: full.Error() + fmt.Sprintf("; retry in %ds", retry), RetryAfter: retry})
-		return
-	}
-	s.m.JobsRejected.WithLabelValues(upstream, "store_error").Inc()
-	s.internalError(w, r, "enqueue", err)
-}
-
-type accepted struct {
-	ID             string      `json:"id"`
-	State          queue.State `json:"state"`
-	Upstream       string      `json:"upstream"`
-	Lane           string      `json:"lane"`
-	IdempotencyKey string      `json:"idempotency_key"`
-	CreatedAt      time.Time   `json:"created_at"`
-}
-
-// batchRequest is the body of POST /v1/jobs/batch.
-type batchRequest struct {
-	Jobs []json.RawMessage `json:"jobs"`
-}
-
-type batchResult struct {
-	Index  int      `json:"index"`
-	Status int      `json:"status"`
-	Job    any      `json:"job,omitempty"`
-	Error  *problem `json:"error,omitempty"`
-}
-
-func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
-	var req batchRequest
-	if !s.decode(w, r, &req) {
-		return
-	}
-	if len(req.Jobs) == 0 || len(req.Jobs) > s.cfg.MaxBatch {
-		writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
-			Detail: fmt.Sprintf("jobs: a batch holds 1 to %d jobs, got %d", s.cfg.MaxBatch, len(req.Jobs)),
-			Errors: []fieldError{{Field: "jobs", Message: fmt.Sprintf("must hold 1 to %d jobs", s.cfg.MaxBatch)}}})
-		return
-	}
-	k := caller(r)
-	now := s.cfg.Now()
-	results := make([]batchResult, len(req.Jobs))
-	jobs := make([]*queue.Job, len(req.Jobs))
-	for i, raw := range req.Jobs {
-		results[i].Index = i
-		var jr JobRequest
-		dec := json.NewDecoder(strings.NewReader(string(raw)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&jr); err != nil {
-			results[i].Status = http.StatusBadRequest
-			results[i].Error = &problem{Type: problemInvalid, Title: "Invalid job", Status: http.StatusBadRequest,
-				Detail: fmt.Sprintf("jobs[%d]: %s", i, describeJSONError(err))}
-			continue
-		}
-		job, status, errs := s.toJob(&jr, k, now, fmt.Sprintf("jobs[%d].", i))
-		if errs != nil {
-			typ := problemInvalid
-			if status == http.StatusNotFound {
-				typ = problemNotFound
-			}
-			results[i].Status = status
-			results[i].Error = &problem{Type: typ, Title: "Invalid job", Status: status, Detail: summarize(errs), Errors: errs}
-			s.m.JobsRejected.WithLabelValues(jr.Upstream, "invalid").Inc()
-			continue
-		}
-		jobs[i] = job
-	}
-	valid := 0
-	for _, j := range jobs {
-		if j != nil {
-			valid++
-		}
-	}
-	if valid > 0 && !s.admit(w, r, int64(valid)) {
-		return
-	}
-	// Enqueue concurrently, so the round trips share pipelines.
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	for i, job := range jobs {
-		if job == nil {
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			info, created, err := s.q.EnqueueMany(r.Context(), job)
-			switch {
-			case err != nil:
-				var full *queue.BacklogFullError
-				if errors.As(err, &full) {
-					s.m.JobsRejected.WithLabelValues(job.Upstream, "backlog_full").Inc()
-					results[i].Status = http.StatusServiceUnavailable
-					results[i].Error = &problem{Type: problemBacklogFull, Title: "Backlog full", Status: http.StatusServiceUnavailable,
-						Detail: full.Error(), RetryAfter: s.backlogRetryAfter(r.Context(), job.Upstream, full)}
-					return
-				}
-				s.m.RedisErrors.WithLabelValues("enqueue").Inc()
-				results[i].Status = http.StatusServiceUnavailable
-				results[i].Error = &problem{Type: problemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-					Detail: "could not enqueue: store unavailable", RetryAfter: 1}
-			case !created:
-				results[i].Status, results[i].Job = http.StatusOK, jobView(info)
-			default:
-				s.m.JobsEnqueued.WithLabelValues(info.Upstream, info.Lane).Inc()
-				results[i].Status = http.StatusAccepted
-				results[i].Job = accepted{ID: info.ID, State: info.State, Upstream: info.Upstream, Lane: info.Lane,
-					IdempotencyKey: info.IdempotencyKey, CreatedAt: info.CreatedAt}
-			}
-		}()
-	}
-	wg.Wait()
-	writeJSON(w, http.StatusOK, map[string]any{"results": results})
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {

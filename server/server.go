@@ -16,7 +16,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/httplimit"
+	"github.com/shaperhq/shaper/internal/wire"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -51,11 +51,18 @@ type Config struct {
 	OnRedisError shaper.OnRedisError
 	// MaxBodyBytes caps request bodies; default 1 MiB.
 	MaxBodyBytes int64
-	// MaxBatch caps jobs per batch request; default 1000.
+	// MaxBatch caps jobs per batch request; default 1000. A batch is
+	// admitted whole, one token per job, so the admission capacity caps it
+	// too: with the default capacity of 100, a batch holds up to 100 jobs.
 	MaxBatch int
-	Prefix   string
-	Logger   *slog.Logger
-	Metrics  *metrics.Metrics
+	// StoreTimeout bounds each Redis call an enqueue makes (admission, then
+	// the enqueue itself), so a producer hears back in about that long
+	// however Redis fails; default 300ms. Healthy calls take milliseconds;
+	// the rest of the 500ms a producer may wait is margin for a loaded host.
+	StoreTimeout time.Duration
+	Prefix       string
+	Logger       *slog.Logger
+	Metrics      *metrics.Metrics
 	// Registry is served at /metrics; nil serves no metrics.
 	Registry *prometheus.Registry
 	// Now is the clock for job timestamps; nil is time.Now.
@@ -75,7 +82,16 @@ type Server struct {
 	keys      []keyEntry
 	ups       map[string]upstreamEntry
 	mux       *http.ServeMux
+	store     *breaker
+	// maxBatch is the most jobs a batch may hold: MaxBatch, or the
+	// admission capacity if that is smaller.
+	maxBatch int
 }
+
+// storeProbeEvery is how often, while Redis is failing, one enqueue is let
+// through to see whether it is back: often enough that recovery is seen
+// within a second or so, rarely enough that an outage costs Redis nothing.
+const storeProbeEvery = 250 * time.Millisecond
 
 type keyEntry struct {
 	Key
@@ -105,11 +121,15 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = 300 * time.Millisecond
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, rdb: rdb, q: q, st: st, log: log, m: metrics.OrDiscard(cfg.Metrics), ups: map[string]upstreamEntry{}}
+	s := &Server{cfg: cfg, rdb: rdb, q: q, st: st, log: log, m: metrics.OrDiscard(cfg.Metrics), ups: map[string]upstreamEntry{},
+		store: &breaker{probeEvery: storeProbeEvery, log: log}}
 	for _, k := range cfg.Keys {
 		if k.Secret == "" {
 			return nil, fmt.Errorf("server: key %s has no secret", k.Name)
@@ -147,7 +167,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 		return nil, fmt.Errorf("server: admission: %w", err)
 	}
 	s.admission = &shaper.Fallible{
-		Limiter: tb,
+		Limiter: &gatedLimiter{limiter: tb, store: s.store, budget: cfg.StoreTimeout},
 		Policy:  cfg.OnRedisError,
 		Local:   tokenbucket.NewLocal(cfg.Admission, nil),
 		Name:    "admission",
@@ -165,6 +185,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 			}
 		},
 	}
+	s.maxBatch = int(min(int64(cfg.MaxBatch), cfg.Admission.Capacity))
 	s.policy = httplimit.Policy{Name: "enqueue", Quota: cfg.Admission.Capacity, Window: cfg.Admission.Window()}
 	s.routes()
 	return s, nil
@@ -204,16 +225,10 @@ func caller(r *http.Request) *keyEntry { return r.Context().Value(ctxKey{}).(*ke
 // compared in constant time against every configured key.
 func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		given := ""
-		if a := r.Header.Get("Authorization"); a != "" {
-			scheme, token, ok := strings.Cut(a, " ")
-			if !ok || !strings.EqualFold(scheme, "Bearer") {
-				s.unauthorized(w, "Authorization must be \"Bearer KEY\"")
-				return
-			}
-			given = strings.TrimSpace(token)
-		} else {
-			given = strings.TrimSpace(r.Header.Get("X-API-Key"))
+		given, err := wire.APIKey(r)
+		if err != nil {
+			s.unauthorized(w, err.Error())
+			return
 		}
 		if given == "" {
 			s.unauthorized(w, "an API key is required: send Authorization: Bearer KEY")
@@ -260,7 +275,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, n int64) bool {
 	if err != nil {
 		if errors.Is(err, shaper.ErrInvalid) {
 			writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
-				Detail: fmt.Sprintf("%d jobs in one request exceed the admission capacity of %d; split the batch", n, s.cfg.Admission.Capacity)})
+				Detail: fmt.Sprintf("%d jobs in one request exceed the admission capacity of %d", n, s.cfg.Admission.Capacity)})
 			return false
 		}
 		s.internalError(w, r, "admission", err)
@@ -282,8 +297,7 @@ func (s *Server) internalError(w http.ResponseWriter, r *http.Request, component
 	}
 	s.m.RedisErrors.WithLabelValues(component).Inc()
 	s.log.Error("request failed", "path", r.URL.Path, "component", component, "err", err)
-	writeProblem(w, problem{Type: problemUnavailable, Title: "Service unavailable", Status: http.StatusServiceUnavailable,
-		Detail: "shaper could not reach its store; retry shortly", RetryAfter: 1})
+	writeProblem(w, storeUnavailable("shaper could not reach Redis; retry shortly"))
 }
 
 // backlogRetryAfter estimates when an upstream at max_pending will have

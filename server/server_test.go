@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/client"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
@@ -31,7 +33,7 @@ func TestMain(m *testing.M) { redistest.Main(m, &srv) }
 
 type fixture struct {
 	t   *testing.T
-	rdb *redis.Client
+	rdb redis.UniversalClient
 	q   *queue.Queue
 	hs  *httptest.Server
 	reg *prometheus.Registry
@@ -43,6 +45,12 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 	t.Helper()
 	rdb := srv.Client(t)
 	rdb.FlushAll(context.Background())
+	return newFixtureOn(t, rdb, admission, maxPending, nil)
+}
+
+// newFixtureOn builds the API on rdb; tune, when set, adjusts its config.
+func newFixtureOn(t *testing.T, rdb redis.UniversalClient, admission tokenbucket.Limit, maxPending int64, tune func(*Config)) *fixture {
+	t.Helper()
 	stripe := []leaky.Limit{leaky.PerSecond(100)}
 	openai := []leaky.Limit{leaky.PerMinute(5000), {Rate: 800000, Per: time.Minute, Cost: "tokens"}}
 	mail := []leaky.Limit{leaky.PerSecond(10)}
@@ -64,7 +72,7 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	s, err := New(rdb, q, st, Config{
+	cfg := Config{
 		Keys: []Key{
 			{Name: "billing", Tenant: "billing", Secret: "billing-secret"},
 			{Name: "ops", Tenant: "ops", Secret: "ops-secret", Admin: true},
@@ -76,7 +84,11 @@ func newFixture(t *testing.T, admission tokenbucket.Limit, maxPending int64) *fi
 		Logger:       quiet(),
 		Metrics:      metrics.New(reg),
 		Registry:     reg,
-	})
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	s, err := New(rdb, q, st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,6 +278,13 @@ func TestEnqueueGetCancel(t *testing.T) {
 
 func TestAdmissionLimit(t *testing.T) {
 	f := newFixture(t, tokenbucket.Limit{Capacity: 3, Refill: 1, Per: time.Hour}, 1000)
+	// A batch is admitted whole, so the capacity caps its size; one too big
+	// is refused, and pays one token like any invalid request.
+	resp, body := f.do("POST", "/v1/jobs/batch", `{"jobs":[{"upstream":"stripe","path":"/a"},{"upstream":"stripe","path":"/b"},{"upstream":"stripe","path":"/c"},{"upstream":"stripe","path":"/d"}]}`)
+	if resp.StatusCode != 400 || !strings.Contains(fmt.Sprint(body["detail"]), "split the batch") ||
+		!strings.Contains(fmt.Sprint(body["detail"]), "api.admission.capacity 3") {
+		t.Fatalf("oversize batch: got %d %v, want 400 naming the capacity", resp.StatusCode, body)
+	}
 	codes := map[int]int{}
 	var last *http.Response
 	var lastBody map[string]any
@@ -276,22 +295,52 @@ func TestAdmissionLimit(t *testing.T) {
 			last, lastBody = resp, body
 		}
 	}
-	if codes[202] != 3 || codes[429] != 2 {
-		t.Fatalf("got %v, want 3 accepted and 2 refused", codes)
+	if codes[202] != 2 || codes[429] != 3 {
+		t.Fatalf("got %v, want 2 accepted and 3 refused", codes)
 	}
 	if last.Header.Get("Retry-After") == "" || last.Header.Get("RateLimit-Policy") != `"enqueue";q=3;w=10800` || lastBody["retry_after"] == nil {
 		t.Fatalf("429 headers %v body %v", last.Header, lastBody)
 	}
-	// A batch is charged a token per job; one too big for the bucket is refused outright.
-	resp, body := f.do("POST", "/v1/jobs/batch", `{"jobs":[{"upstream":"stripe","path":"/a"},{"upstream":"stripe","path":"/b"},{"upstream":"stripe","path":"/c"},{"upstream":"stripe","path":"/d"}]}`)
-	if resp.StatusCode != 400 || !strings.Contains(fmt.Sprint(body["detail"]), "split the batch") {
-		t.Fatalf("oversize batch: %d %v", resp.StatusCode, body)
+	if got := f.backlog(); got != 2 {
+		t.Fatalf("backlog %d, want the 2 admitted jobs", got)
 	}
-	if got := f.backlog(); got != 3 {
-		t.Fatalf("backlog %d, want the 3 admitted jobs", got)
+	if n := counter(t, f.reg, "shaper_admission_decisions_total", "denied"); n != 3 {
+		t.Fatalf("denied decisions counted %v, want 3", n)
 	}
-	if n := counter(t, f.reg, "shaper_admission_decisions_total", "denied"); n != 2 {
-		t.Fatalf("denied decisions counted %v, want 2", n)
+}
+
+// TestBatchFollowsAdmissionCapacity: with the default admission (capacity
+// 100) and max_batch (1000), a batch of 100 jobs is accepted whole and one
+// of 101 is refused with a message that says why, before anything is stored.
+func TestBatchFollowsAdmissionCapacity(t *testing.T) {
+	rdb := srv.Client(t)
+	rdb.FlushAll(context.Background())
+	f := newFixtureOn(t, rdb, tokenbucket.Limit{Capacity: 100, Refill: 10, Per: time.Second}, 1000, func(c *Config) {
+		c.MaxBatch, c.MaxBodyBytes = 1000, 1<<20
+	})
+	batch := func(n int) string {
+		jobs := make([]string, n)
+		for i := range jobs {
+			jobs[i] = fmt.Sprintf(`{"upstream":"stripe","path":"/%d"}`, i)
+		}
+		return `{"jobs":[` + strings.Join(jobs, ",") + `]}`
+	}
+	resp, body := f.do("POST", "/v1/jobs/batch", batch(101))
+	if resp.StatusCode != 400 || !strings.Contains(fmt.Sprint(body["detail"]), "1 to 100 jobs") {
+		t.Fatalf("101 jobs: got %d %v, want 400 naming the limit of 100", resp.StatusCode, body)
+	}
+	time.Sleep(200 * time.Millisecond) // the refusal's token refills
+	resp, body = f.do("POST", "/v1/jobs/batch", batch(100))
+	if resp.StatusCode != 200 {
+		t.Fatalf("100 jobs: got %d %v, want 200", resp.StatusCode, body)
+	}
+	for _, r := range body["results"].([]any) {
+		if st := r.(map[string]any)["status"]; st != 202.0 {
+			t.Fatalf("100 jobs: got item %v, want every item 202", r)
+		}
+	}
+	if got := f.backlog(); got != 100 {
+		t.Fatalf("backlog %d, want 100", got)
 	}
 }
 
@@ -355,6 +404,14 @@ func TestBacklogFull(t *testing.T) {
 	resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(fmt.Sprint(body["detail"]), "max_pending 2") {
 		t.Fatalf("got %d %v (Retry-After %q), want 503 naming max_pending", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	c, err := client.New(f.hs.URL, "billing-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Enqueue(context.Background(), client.JobRequest{Upstream: "stripe", Path: "/x"})
+	if !errors.Is(err, client.ErrBacklogFull) || errors.Is(err, client.ErrUnavailable) {
+		t.Errorf("client: got %v, want ErrBacklogFull and not ErrUnavailable", err)
 	}
 }
 

@@ -51,7 +51,8 @@ func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 	var d time.Duration // until resumed
 	if r.ContentLength != 0 {
 		var req pauseRequest
-		if !s.decode(w, r, &req) {
+		if bad := s.decode(w, r, &req); bad != nil {
+			writeProblem(w, *bad)
 			return
 		}
 		if req.For != "" {

@@ -150,11 +150,16 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rdb, err := f.redisClient(ctx, cfg)
+	ro, err := cfg.Redis.Options(f.redisOverride())
 	if err != nil {
 		return err
 	}
+	config.FailFast(ro)
+	rdb := redis.NewUniversalClient(ro)
 	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis does not answer: %w", err)
+	}
 	reg, m := newRegistry()
 	parts, err := buildAPI(rdb, cfg, keys, reg, m, log)
 	if err != nil {

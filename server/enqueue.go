@@ -1,0 +1,239 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shaperhq/shaper/queue"
+)
+
+// Both enqueue endpoints take the same steps in the same order: authenticate
+// (authed), charge admission for the whole request, then judge each job
+// (decode, validate, store) through one path, process, which also counts and
+// logs. Charging before validating means a key that sends only invalid
+// requests spends its allowance like any other and meets 429.
+
+// outcome is what became of one job: its status and either the job as the
+// API answers it or the problem. A single enqueue writes it as the
+// response; a batch writes it as one item of its results.
+type outcome struct {
+	status  int
+	job     any // accepted for 202, JobView for 200
+	problem *problem
+}
+
+// write answers a single enqueue with o.
+func (o outcome) write(w http.ResponseWriter) {
+	switch {
+	case o.problem != nil:
+		writeProblem(w, *o.problem)
+	case o.status == http.StatusAccepted:
+		w.Header().Set("Location", "/v1/jobs/"+o.job.(accepted).ID)
+		writeJSON(w, o.status, o.job)
+	default:
+		writeJSON(w, o.status, o.job)
+	}
+}
+
+type accepted struct {
+	ID             string      `json:"id"`
+	State          queue.State `json:"state"`
+	Upstream       string      `json:"upstream"`
+	Lane           string      `json:"lane"`
+	IdempotencyKey string      `json:"idempotency_key"`
+	CreatedAt      time.Time   `json:"created_at"`
+}
+
+// handleEnqueue answers POST /v1/jobs; it costs one admission token
+// whatever its body.
+func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
+	var req JobRequest
+	bad := s.decode(w, r, &req)
+	if !s.admit(w, r, 1) {
+		s.m.JobsRejected.WithLabelValues(s.upstreamLabel(req.Upstream), "rate_limited").Inc()
+		return
+	}
+	s.process(r.Context(), caller(r), s.cfg.Now(), item{req: req, bad: bad}, "", s.q.Enqueue).write(w)
+}
+
+// batchRequest is the body of POST /v1/jobs/batch.
+type batchRequest struct {
+	Jobs []json.RawMessage `json:"jobs"`
+}
+
+type batchResult struct {
+	Index  int      `json:"index"`
+	Status int      `json:"status"`
+	Job    any      `json:"job,omitempty"`
+	Error  *problem `json:"error,omitempty"`
+}
+
+// item is one job request as decoded, with the problem when it could not be.
+type item struct {
+	req JobRequest
+	bad *problem
+}
+
+// handleBatch answers POST /v1/jobs/batch. It costs one admission token per
+// item, valid or not, all or nothing (one token when the body cannot be read
+// or holds no or too many items).
+func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
+	items, bad := s.decodeBatch(w, r)
+	charge := int64(len(items))
+	if bad != nil {
+		charge = 1
+	}
+	if !s.admit(w, r, charge) {
+		if bad != nil {
+			s.m.JobsRejected.WithLabelValues("unknown", "rate_limited").Inc()
+		}
+		for _, it := range items {
+			s.m.JobsRejected.WithLabelValues(s.upstreamLabel(it.req.Upstream), "rate_limited").Inc()
+		}
+		return
+	}
+	if bad != nil {
+		s.m.JobsRejected.WithLabelValues("unknown", "invalid").Inc()
+		writeProblem(w, *bad)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"results": s.processAll(r.Context(), caller(r), items)})
+}
+
+// decodeBatch reads a batch and each of its items; the problem is for the
+// batch as a whole (unreadable, or no or too many items).
+func (s *Server) decodeBatch(w http.ResponseWriter, r *http.Request) ([]item, *problem) {
+	var req batchRequest
+	if bad := s.decode(w, r, &req); bad != nil {
+		return nil, bad
+	}
+	if n := len(req.Jobs); n == 0 || n > s.maxBatch {
+		why := ""
+		if s.maxBatch < s.cfg.MaxBatch {
+			why = fmt.Sprintf(" (api.admission.capacity %d caps a batch, since a batch is admitted whole)", s.maxBatch)
+		}
+		return nil, &problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("jobs: a batch holds 1 to %d jobs%s, got %d; split the batch", s.maxBatch, why, n),
+			Errors: []fieldError{{Field: "jobs", Message: fmt.Sprintf("must hold 1 to %d jobs", s.maxBatch)}}}
+	}
+	items := make([]item, len(req.Jobs))
+	for i, raw := range req.Jobs {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&items[i].req); err != nil {
+			items[i].bad = &problem{Type: problemInvalid, Title: "Invalid job", Status: http.StatusBadRequest,
+				Detail: fmt.Sprintf("jobs[%d]: %s", i, describeJSONError(err))}
+		}
+	}
+	return items, nil
+}
+
+// batchParallel bounds a batch's enqueues in flight; together they share
+// the queue's pipelines.
+const batchParallel = 32
+
+// processAll runs every item of a batch through process, concurrently.
+func (s *Server) processAll(ctx context.Context, k *keyEntry, items []item) []batchResult {
+	now := s.cfg.Now()
+	results := make([]batchResult, len(items))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, batchParallel)
+	for i, it := range items {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			o := s.process(ctx, k, now, it, fmt.Sprintf("jobs[%d].", i), s.q.EnqueueMany)
+			results[i] = batchResult{Index: i, Status: o.status, Job: o.job, Error: o.problem}
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+// enqueueFunc stores a job: Queue.Enqueue, or EnqueueMany within a batch.
+type enqueueFunc func(ctx context.Context, job *queue.Job) (*queue.Info, bool, error)
+
+// process judges one job request and, when it is valid, stores it. It is
+// the one path of single and batch enqueues: every outcome is counted here,
+// and store failures are logged here. prefix names the item's fields
+// ("jobs[3]." in a batch).
+func (s *Server) process(ctx context.Context, k *keyEntry, now time.Time, it item, prefix string, enqueue enqueueFunc) outcome {
+	if it.bad != nil {
+		return s.reject(it.req.Upstream, "invalid", *it.bad)
+	}
+	job, status, errs := s.toJob(&it.req, k, now, prefix)
+	if errs != nil {
+		reason, title, typ := "invalid", "Invalid job", problemInvalid
+		if status == http.StatusNotFound {
+			reason, title, typ = "unknown_upstream", "Unknown upstream", problemNotFound
+		}
+		return s.reject(it.req.Upstream, reason, problem{Type: typ, Title: title, Status: status, Detail: summarize(errs), Errors: errs})
+	}
+	return s.storeJob(ctx, job, enqueue)
+}
+
+// reject counts a job refused for reason and makes p its outcome.
+func (s *Server) reject(upstream, reason string, p problem) outcome {
+	s.m.JobsRejected.WithLabelValues(s.upstreamLabel(upstream), reason).Inc()
+	return outcome{status: p.Status, problem: &p}
+}
+
+// storeJob stores one validated job within the store budget, behind the
+// breaker, and makes the outcome: 202 created, 200 an existing job with the
+// same idempotency key, 503 backlog full or store unavailable.
+func (s *Server) storeJob(ctx context.Context, job *queue.Job, enqueue enqueueFunc) outcome {
+	if !s.store.allow() {
+		return s.reject(job.Upstream, "store_error", storeUnavailable(
+			"could not store the job: Redis failed moments ago and is not answering yet; nothing was enqueued"))
+	}
+	tctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	info, created, err := enqueue(tctx, job)
+	cancel()
+	var full *queue.BacklogFullError
+	switch {
+	case errors.As(err, &full):
+		s.store.succeeded()
+		retry := s.backlogRetryAfter(ctx, job.Upstream, full)
+		return s.reject(job.Upstream, "backlog_full", problem{Type: problemBacklogFull, Title: "Backlog full",
+			Status: http.StatusServiceUnavailable, Detail: fmt.Sprintf("%v; retry in %ds", full, retry), RetryAfter: retry})
+	case err != nil:
+		s.store.record(ctx, err)
+		if ctx.Err() == nil { // else the producer left: nothing to say about Redis
+			s.m.RedisErrors.WithLabelValues("enqueue").Inc()
+			s.log.Error("enqueue failed", "upstream", job.Upstream, "err", err)
+		}
+		return s.reject(job.Upstream, "store_error", storeUnavailable("could not store the job: Redis does not answer; nothing was enqueued"))
+	}
+	s.store.succeeded()
+	if !created {
+		return outcome{status: http.StatusOK, job: jobView(info)}
+	}
+	s.m.JobsEnqueued.WithLabelValues(info.Upstream, info.Lane).Inc()
+	return outcome{status: http.StatusAccepted, job: accepted{ID: info.ID, State: info.State, Upstream: info.Upstream,
+		Lane: info.Lane, IdempotencyKey: info.IdempotencyKey, CreatedAt: info.CreatedAt}}
+}
+
+// upstreamLabel is the upstream label for a name a request gave: the name
+// when it is configured, else "unknown", so no request can add a series.
+func (s *Server) upstreamLabel(name string) string {
+	if _, ok := s.ups[name]; ok {
+		return name
+	}
+	return "unknown"
+}
+
+func summarize(errs []fieldError) string {
+	parts := make([]string, len(errs))
+	for i, e := range errs {
+		parts[i] = e.Field + " " + e.Message
+	}
+	return strings.Join(parts, "; ")
+}

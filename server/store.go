@@ -1,0 +1,101 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/shaperhq/shaper"
+)
+
+// errStoreHeld is what admission's limiter reports for a request the
+// breaker holds back: a Redis failure in all but name, so admission's
+// failure policy decides as it would for one, and counts it.
+var errStoreHeld = errors.New("store unreachable moments ago; not asked again yet")
+
+// breaker remembers that Redis failed recently. While Redis is unreachable
+// every command of an enqueue would otherwise wait out its own dial and
+// retries, so producers heard nothing for seconds; with the breaker open a
+// request is answered at once, and one request now and then (every
+// probeEvery) is let through to find out whether Redis is back. The first
+// success closes it.
+type breaker struct {
+	probeEvery time.Duration
+	log        *slog.Logger
+
+	mu      sync.Mutex
+	open    bool
+	lastTry time.Time
+}
+
+// allow reports whether a request may use Redis: always while closed,
+// once per probeEvery while open.
+func (b *breaker) allow() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return true
+	}
+	now := time.Now()
+	if now.Sub(b.lastTry) < b.probeEvery {
+		return false
+	}
+	b.lastTry = now
+	return true
+}
+
+// failed records a Redis failure and opens the breaker.
+func (b *breaker) failed(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		b.log.Error("redis unreachable; enqueues are answered 503 store-unavailable until a probe gets through",
+			"probe_every", b.probeEvery, "err", err)
+	}
+	b.open, b.lastTry = true, time.Now()
+}
+
+// succeeded records that Redis answered and closes the breaker.
+func (b *breaker) succeeded() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.open {
+		b.log.Info("redis reachable again; enqueues resume")
+	}
+	b.open = false
+}
+
+// record feeds the outcome of a store call to the breaker. Errors the
+// caller caused (its own cancelled context, an invalid argument) say
+// nothing about Redis.
+func (b *breaker) record(ctx context.Context, err error) {
+	switch {
+	case err == nil:
+		b.succeeded()
+	case ctx.Err() != nil, errors.Is(err, shaper.ErrInvalid):
+	default:
+		b.failed(err)
+	}
+}
+
+// gatedLimiter is admission's Redis limiter behind the breaker and a time
+// budget. While the breaker holds a request back it fails at once, without
+// asking Redis; the shaper.Fallible around it then applies on_redis_error.
+type gatedLimiter struct {
+	limiter shaper.Limiter
+	store   *breaker
+	budget  time.Duration
+}
+
+func (g *gatedLimiter) Allow(ctx context.Context, key string, n int64) (shaper.Result, error) {
+	if !g.store.allow() {
+		return shaper.Result{}, errStoreHeld
+	}
+	tctx, cancel := context.WithTimeout(ctx, g.budget)
+	defer cancel()
+	res, err := g.limiter.Allow(tctx, key, n)
+	g.store.record(ctx, err)
+	return res, err
+}
