@@ -210,7 +210,10 @@ func (s *Server) storeJob(ctx context.Context, job *queue.Job, enqueue enqueueFu
 			s.m.RedisErrors.WithLabelValues("enqueue").Inc()
 			s.log.Error("enqueue failed", "upstream", job.Upstream, "err", err)
 		}
-		return s.reject(job.Upstream, "store_error", storeUnavailable("could not store the job: Redis does not answer; nothing was enqueued"))
+		// A timed-out write may still have reached Redis: say so, rather
+		// than promise that nothing was stored.
+		return s.reject(job.Upstream, "store_error", storeUnavailable("could not store the job: Redis did not answer in time; "+
+			"it may or may not have been enqueued, so retry with the same idempotency_key (a repeat returns the stored job)"))
 	}
 	s.store.succeeded()
 	if !created {
