@@ -9,9 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
-	"path"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -247,31 +244,9 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 	return classify(resp.Status, http.Header(resp.Headers), time.Now(), u.cfg.PushbackDefault), resp, true
 }
 
-// Target resolves a job's path against the upstream's base URL. The path
-// must be relative: an absolute URL or a "//host" path could send the
-// upstream's credentials elsewhere.
-func Target(base *url.URL, p string) (string, error) {
-	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\\r\n") {
-		return "", fmt.Errorf("path %q: must start with a single / and stay on the upstream", p)
-	}
-	rel, err := url.Parse(p)
-	if err != nil || rel.Scheme != "" || rel.Host != "" || rel.User != nil {
-		return "", fmt.Errorf("path %q: must be relative to the upstream's base URL", p)
-	}
-	if clean := path.Clean(rel.Path); clean != rel.Path && clean+"/" != rel.Path {
-		return "", fmt.Errorf("path %q: must not contain . or .. segments or empty segments", p)
-	}
-	u := *base
-	u.Path = strings.TrimSuffix(base.Path, "/") + rel.Path
-	u.RawPath = ""
-	u.RawQuery = rel.RawQuery
-	u.Fragment = ""
-	return u.String(), nil
-}
-
 // do sends an HTTP job under reservation r.
 func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation) (*queue.Response, error) {
-	target, err := Target(u.base, job.Path)
+	target, err := queue.Target(u.base, job.Path)
 	if err != nil {
 		return nil, Permanent(err)
 	}
@@ -285,10 +260,12 @@ func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation)
 	}
 	rctx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, method, target, bytes.NewReader(job.Body))
+	req, err := http.NewRequestWithContext(rctx, method, target.String(), bytes.NewReader(job.Body))
 	if err != nil {
 		return nil, Permanent(fmt.Errorf("build request: %w", err))
 	}
+	// The URL as Target built it, not reparsed: its raw path is the one sent.
+	req.URL = target
 	for k, v := range job.Headers {
 		req.Header.Set(k, v)
 	}

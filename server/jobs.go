@@ -15,7 +15,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -38,15 +37,8 @@ type JobRequest struct {
 }
 
 var (
-	tokenPattern  = regexp.MustCompile(`^[!#$%&'*+.^_|~0-9A-Za-z-]+$`)
 	taskPattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 	methodAllowed = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "HEAD": true, "OPTIONS": true}
-	// reservedHeaders are set by the HTTP client or describe the connection;
-	// a job may not set them.
-	reservedHeaders = map[string]bool{
-		"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true, "Keep-Alive": true,
-		"Proxy-Connection": true, "Upgrade": true, "Te": true, "Trailer": true, "Proxy-Authorization": true, "Expect": true,
-	}
 )
 
 const maxIdempotencyKey = 255
@@ -88,7 +80,7 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 		case req.Path == "":
 			bad("path", "is required: the request path relative to %s", up.BaseURL)
 		default:
-			if _, err := dispatcher.Target(up.base, req.Path); err != nil {
+			if _, err := queue.Target(up.base, req.Path); err != nil {
 				bad("path", "%v", err)
 			}
 		}
@@ -99,13 +91,9 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 		job.Method, job.Path = method, req.Path
 		for name, v := range req.Headers {
 			canon := http.CanonicalHeaderKey(name)
-			switch {
-			case !tokenPattern.MatchString(name):
-				bad("headers."+name, "is not a valid header name")
-			case strings.ContainsAny(v, "\r\n\x00"):
-				bad("headers."+name, "value must not contain line breaks or NUL")
-			case reservedHeaders[canon]:
-				bad("headers."+name, "is set by the HTTP client; a job may not set it")
+			switch err := queue.CheckHeader(name, v); {
+			case err != nil:
+				bad("headers."+name, "%v", err)
 			case up.headers[canon]:
 				bad("headers."+name, "is set by shaper's workers for upstream %s; a job may not set it", up.Name)
 			}
