@@ -174,7 +174,7 @@ func (q *Queue) Prepare(job *Job) error {
 		if job.IdempotencyKey != "" {
 			job.ID = IdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey)
 		} else {
-			job.ID = NewID(job.Upstream, job.Lane)
+			job.ID = NewID(job.Tenant, job.Upstream, job.Lane)
 		}
 	}
 	if job.IdempotencyKey == "" {
@@ -206,6 +206,9 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 	u := q.cfg.Upstreams[job.Upstream]
 	if err := q.checkBacklog(ctx, job.Upstream, u); err != nil {
 		return nil, false, err
+	}
+	if info, err := q.legacyRepeat(ctx, job); info != nil || err != nil {
+		return info, false, err
 	}
 	payload, err := json.Marshal(job)
 	if err != nil {
@@ -243,6 +246,34 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
 	}
 	return info, true, nil
+}
+
+// legacyRepeat finds the job a producer's idempotency key made before job
+// IDs carried a tenant tag, so a key repeated across the upgrade does not
+// enqueue the job twice. It costs idempotent enqueues one EXISTS; it can go
+// once every job made before the upgrade is past its retention (the longer
+// of result_retention and dead_retention).
+func (q *Queue) legacyRepeat(ctx context.Context, job *Job) (*Info, error) {
+	if job.ID != IdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey) {
+		return nil, nil
+	}
+	legacy := legacyIdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey)
+	n, err := q.rdb.Exists(ctx, asynqKey(QueueName(job.Upstream, job.Lane), "t:"+legacy)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %s: %w", job.ID, err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	info, err := q.Get(ctx, legacy, job.Tenant)
+	if errors.Is(err, ErrNotFound) {
+		// Gone since the EXISTS: nothing to repeat.
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %s: exists as %s, but: %w", job.ID, legacy, err)
+	}
+	return info, nil
 }
 
 // backlogFresh is how long a backlog count may be trusted while the
@@ -354,13 +385,19 @@ func (q *Queue) pendingCount(ctx context.Context, upstream string, u Upstream) (
 }
 
 // Get reads a job. With a non-empty tenant, a job of another tenant is
-// reported as not found.
+// reported as not found; for an ID with a tenant tag (see NewID) that is
+// decided without touching Redis.
 func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	upstream, lane, err := ParseID(id)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, ErrNotFound)
 	}
 	if _, ok := q.cfg.Upstreams[upstream]; !ok {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	// Before Redis: reading another tenant's job only to refuse it would
+	// take as long as its payload is large, telling that it exists.
+	if tenant != "" && foreignID(id, tenant) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	ti, err := q.insp.GetTaskInfo(QueueName(upstream, lane), id)
