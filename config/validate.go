@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
 	"net"
 	"net/url"
 	"slices"
@@ -39,6 +40,7 @@ const (
 	defaultResultRetention   = Duration(24 * time.Hour)
 	defaultDeadRetention     = Duration(7 * 24 * time.Hour)
 	defaultPushback          = Duration(time.Second)
+	defaultStoreResponse     = "full"
 
 	maxBytes = 1 << 30
 )
@@ -407,6 +409,24 @@ func (k checker) upstream(p, name string, u *Upstream) {
 	k.positive(p+".result_retention", u.ResultRetention, defaultResultRetention)
 	k.positive(p+".dead_retention", u.DeadRetention, defaultDeadRetention)
 	k.positive(p+".pushback_default", u.PushbackDefault, defaultPushback)
+
+	if u.Handler && len(u.SensitiveHeaders) > 0 {
+		k.add(p+".sensitive_headers", "an upstream with handler: true takes no job headers (remove sensitive_headers, or handler)")
+	}
+	for i, pat := range u.SensitiveHeaders {
+		if err := queue.ValidHeaderPattern(pat); err != nil {
+			k.add(index(p+".sensitive_headers", i), "%v", err)
+		}
+	}
+	switch u.StoreResponse {
+	case "full", "headers", "status":
+	case "":
+		if k.set(p + ".store_response") {
+			k.add(p+".store_response", "empty: want full, headers or status (or leave it out for %s)", defaultStoreResponse)
+		}
+	default:
+		k.add(p+".store_response", "%q: want full (status, headers and body), headers (no body) or status", u.StoreResponse)
+	}
 }
 
 // managedHeader reports headers the HTTP client sets itself; a configured
@@ -565,6 +585,7 @@ func applyDefaults(c *Config, lines map[string]int) {
 		setDefault(&u.ResultRetention, defaultResultRetention)
 		setDefault(&u.DeadRetention, defaultDeadRetention)
 		setDefault(&u.PushbackDefault, defaultPushback)
+		setDefault(&u.StoreResponse, defaultStoreResponse)
 	}
 }
 

@@ -64,6 +64,12 @@ type Upstream struct {
 	IdempotencyHeader string
 	// MaxResponseBytes caps the stored response body; default 1 MiB.
 	MaxResponseBytes int64
+	// StoreResponse is what of an answer is kept with the job: StoreFull
+	// (the default), StoreHeaders or StoreStatus. Of an HTTP answer only
+	// allowed headers are kept (content type, rate-limit and request-id
+	// headers; never Set-Cookie); a Go handler's headers are kept as it
+	// returns them.
+	StoreResponse string
 	// PushbackDefault is how long a 429 without timing headers blocks the
 	// upstream; default 1s.
 	PushbackDefault time.Duration
@@ -193,6 +199,13 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc Upstream) (*upstream, er
 	uc.PushbackDefault = orDefault(uc.PushbackDefault, time.Second)
 	if uc.MaxResponseBytes <= 0 {
 		uc.MaxResponseBytes = 1 << 20
+	}
+	switch uc.StoreResponse {
+	case "":
+		uc.StoreResponse = StoreFull
+	case StoreFull, StoreHeaders, StoreStatus:
+	default:
+		return nil, fmt.Errorf("store_response %q: want full, headers or status", uc.StoreResponse)
 	}
 	if uc.IdempotencyHeader == "" {
 		uc.IdempotencyHeader = "Idempotency-Key"

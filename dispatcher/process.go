@@ -20,15 +20,25 @@ import (
 // processor is the asynq handler for one upstream's jobs.
 func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) error {
 	name := u.cfg.Name
-	return func(ctx context.Context, task *asynq.Task) error {
+	return func(ctx context.Context, task *asynq.Task) (err error) {
 		var job queue.Job
 		if err := json.Unmarshal(task.Payload(), &job); err != nil {
 			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 			return fmt.Errorf("undecodable job: %v: %w", err, asynq.SkipRetry)
 		}
+		if job.Secrets != "" {
+			defer func() {
+				if err == nil || errors.Is(err, asynq.SkipRetry) {
+					d.forgetSecrets(ctx, &job)
+				}
+			}()
+		}
 		if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
 			d.m.Dispatches.WithLabelValues(name, "expired").Inc()
 			return fmt.Errorf("expired at %s before it could be dispatched: %w", job.ExpiresAt.Format(time.RFC3339), asynq.SkipRetry)
+		}
+		if err := d.withSecrets(ctx, &job); err != nil {
+			return err
 		}
 		retried, _ := asynq.GetRetryCount(ctx)
 		attempt := retried + 1
@@ -67,6 +77,9 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			cancel()
 		}
 		if resp != nil {
+			resp = u.stored(resp)
+		}
+		if resp != nil {
 			if b, err := json.Marshal(resp); err == nil {
 				if _, err := task.ResultWriter().Write(b); err != nil {
 					d.log.Warn("could not store a job's response", "job", job.ID, "err", err)
@@ -95,6 +108,44 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 			return fmt.Errorf("%s: %w", v.reason, asynq.SkipRetry)
 		}
+	}
+}
+
+// withSecrets puts a job's sensitive headers (kept aside by the queue) back
+// into its headers for the send. Without them the job cannot be sent as
+// given: it dies if they expired, and waits if Redis cannot be read.
+func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
+	secret, err := queue.LoadSecrets(ctx, d.rdb, d.cfg.Prefix, job, time.Now())
+	switch {
+	case errors.Is(err, queue.ErrSecretsGone):
+		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
+		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
+	case err != nil:
+		d.m.RedisErrors.WithLabelValues("secrets").Inc()
+		d.log.Error("cannot read a job's sensitive headers; handing it back", "job", job.ID, "err", err)
+		return handBack(time.Second, "sensitive headers unreadable")
+	case secret == nil:
+		return nil
+	}
+	headers := make(map[string]string, len(job.Headers)+len(secret))
+	for k, v := range job.Headers {
+		headers[k] = v
+	}
+	for k, v := range secret {
+		headers[k] = v
+	}
+	job.Headers = headers
+	return nil
+}
+
+// forgetSecrets deletes a finished job's sensitive headers; the side key's
+// TTL covers a failed delete.
+func (d *Dispatcher) forgetSecrets(ctx context.Context, job *queue.Job) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := queue.DeleteSecrets(dctx, d.rdb, d.cfg.Prefix, job); err != nil {
+		d.m.RedisErrors.WithLabelValues("secrets").Inc()
+		d.log.Warn("could not delete a finished job's sensitive headers; they expire with their TTL", "job", job.ID, "err", err)
 	}
 }
 

@@ -36,6 +36,10 @@ type Job struct {
 	Body    []byte            `json:"body,omitempty"`
 	// Task names the work for a Go handler upstream.
 	Task string `json:"task,omitempty"`
+	// Secrets, set by Enqueue, names the side key that holds the job's
+	// sensitive headers (see SecretsKey); they are not in Headers as
+	// stored, only in the side key until the job finishes.
+	Secrets string `json:"secrets,omitempty"`
 
 	// Cost is the job's amounts by name ({"tokens": 1200}); each of the
 	// upstream's limits with a cost name counts its amount, every limit

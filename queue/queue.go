@@ -59,6 +59,10 @@ type Upstream struct {
 	ResultRetention time.Duration
 	// DeadRetention keeps dead and cancelled jobs.
 	DeadRetention time.Duration
+	// SensitiveHeaders are patterns of request header names (see
+	// MatchHeader) kept out of the stored job like Authorization, Cookie
+	// and Proxy-Authorization always are (see SecretsKey).
+	SensitiveHeaders []string
 }
 
 // Config is the queue's view of the config.
@@ -210,9 +214,15 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 	if info, err := q.legacyRepeat(ctx, job); info != nil || err != nil {
 		return info, false, err
 	}
-	payload, err := json.Marshal(job)
+	stored, secret := splitSecrets(job, u.SensitiveHeaders)
+	payload, err := json.Marshal(&stored)
 	if err != nil {
 		return nil, false, fmt.Errorf("encode job: %w", err)
+	}
+	if secret != nil {
+		if err := putSecrets(ctx, q.rdb, q.prefix, &stored, secret, time.Now()); err != nil {
+			return nil, false, fmt.Errorf("enqueue %s: store sensitive headers: %w", job.ID, err)
+		}
 	}
 	opts := []asynq.Option{
 		asynq.Queue(QueueName(job.Upstream, job.Lane)),
@@ -230,6 +240,13 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 		opts = append(opts, asynq.ProcessAt(job.NotBefore))
 	}
 	_, err = client.EnqueueContext(ctx, asynq.NewTask(TaskType, payload), opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) && secret != nil {
+		// The repeat found the first job, which has its own side key: this
+		// one names no task. (After another error the task may or may not
+		// exist, so the key is left to its TTL rather than risk a job that
+		// cannot be sent.) The TTL also covers a failed delete.
+		DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &stored)
+	}
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
 		info, gerr := q.Get(ctx, job.ID, job.Tenant)
@@ -241,7 +258,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}
 	q.noteEnqueued(job.Upstream)
-	info := &Info{Job: *job, State: StateQueued}
+	info := &Info{Job: stored, State: StateQueued}
 	if !job.NotBefore.IsZero() && job.NotBefore.After(time.Now()) {
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
 	}
@@ -502,6 +519,8 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 		// Most likely a worker took it in the meantime.
 		return nil, fmt.Errorf("cancel %s: %v: %w", id, err, ErrNotCancellable)
 	}
+	// The job will not be sent; its TTL covers a failed delete.
+	DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &info.Job)
 	info.State = StateCancelled
 	return info, nil
 }

@@ -21,6 +21,8 @@ func queueConfig(cfg *config.Config) queue.Config {
 			MaxAttempts:     u.Retry.MaxAttempts,
 			ResultRetention: time.Duration(u.ResultRetention),
 			DeadRetention:   time.Duration(u.DeadRetention),
+
+			SensitiveHeaders: u.SensitiveHeaders,
 		}
 	}
 	return qc
@@ -60,6 +62,7 @@ func dispatcherUpstream(u *config.Upstream) dispatcher.Upstream {
 		IdempotencyHeader: idem,
 		MaxResponseBytes:  u.MaxResponseBytes,
 		PushbackDefault:   time.Duration(u.PushbackDefault),
+		StoreResponse:     u.StoreResponse,
 	}
 }
 
