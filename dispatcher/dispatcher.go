@@ -268,15 +268,6 @@ func (d *Dispatcher) Handle(upstream string, h Handler) error {
 	return nil
 }
 
-// Bucket is an upstream's pacing bucket, for status and pause/resume.
-func (d *Dispatcher) Bucket(upstream string) (*leaky.Bucket, bool) {
-	u, ok := d.ups[upstream]
-	if !ok {
-		return nil, false
-	}
-	return u.bucket, true
-}
-
 // Run drains every upstream until ctx ends, then shuts down gracefully:
 // no new jobs are taken, jobs waiting for their slot are handed back to the
 // queue at once without spending an attempt, and requests in flight get up
@@ -359,14 +350,11 @@ func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
 		TaskCheckInterval:        d.cfg.PollInterval,
 		DelayedTaskCheckInterval: d.cfg.ForwardInterval,
 		ShutdownTimeout:          d.cfg.ShutdownTimeout,
-		IsFailure: func(err error) bool {
-			var df *deferral
-			return !errors.As(err, &df)
-		},
+		IsFailure:                queue.IsFailure,
 		RetryDelayFunc: func(n int, err error, _ *asynq.Task) time.Duration {
-			var df *deferral
+			var df *queue.Deferral
 			if errors.As(err, &df) {
-				return df.delay
+				return df.Delay
 			}
 			var rl *retryLater
 			if errors.As(err, &rl) {
@@ -378,15 +366,6 @@ func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
 		LogLevel: asynq.WarnLevel,
 	}
 }
-
-// deferral hands a job back to its queue to wait for its upstream; it
-// spends no attempt (asynq's IsFailure says no).
-type deferral struct {
-	delay time.Duration
-	why   string
-}
-
-func (e *deferral) Error() string { return queue.DeferredPrefix + e.why }
 
 // retryLater is a failed attempt with the delay before the next one.
 type retryLater struct {

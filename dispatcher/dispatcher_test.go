@@ -287,7 +287,7 @@ func TestShutdownHandsBackWaitingJobs(t *testing.T) {
 	h := newHarness(t, thirdparty.Config{}, Upstream{}, 2)
 	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 3}},
 		MaxHold: time.Hour, ShutdownTimeout: 5 * time.Second}, nil)
-	b, _ := d.Bucket("api")
+	b := d.ups["api"].bucket
 	if _, err := b.Block(context.Background(), time.Minute, "test pause"); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestLongBlockHoldsThenHandsBack(t *testing.T) {
 	h := newHarness(t, thirdparty.Config{}, Upstream{}, 2)
 	d := h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 2}},
 		MaxHold: 300 * time.Millisecond}, nil)
-	b, _ := d.Bucket("api")
+	b := d.ups["api"].bucket
 	until, err := b.Block(context.Background(), time.Minute, "test pause")
 	if err != nil {
 		t.Fatal(err)

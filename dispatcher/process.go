@@ -40,8 +40,7 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 		if err := d.withSecrets(ctx, &job); err != nil {
 			return err
 		}
-		retried, _ := asynq.GetRetryCount(ctx)
-		attempt := retried + 1
+		attempt := queue.Attempt(ctx)
 
 		var v verdict
 		var resp *queue.Response
@@ -50,7 +49,7 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			var err error
 			r, err = d.pace(ctx, u, &job)
 			if err != nil {
-				var df *deferral
+				var df *queue.Deferral
 				if errors.As(err, &df) {
 					d.m.Dispatches.WithLabelValues(name, "handed_back").Inc()
 				}
@@ -95,9 +94,9 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			return nil
 		case kindPushback:
 			d.m.Dispatches.WithLabelValues(name, "deferred").Inc()
-			return &deferral{delay: v.wait, why: v.reason}
+			return &queue.Deferral{Delay: v.wait, Why: v.reason}
 		case kindRetry:
-			if attempt < job.MaxAttempts {
+			if !queue.LastAttempt(&job, attempt) {
 				d.m.Dispatches.WithLabelValues(name, "retry").Inc()
 				delay := max(backoff(attempt, u.cfg.MinBackoff, u.cfg.MaxBackoff), v.wait)
 				return &retryLater{delay: delay, why: fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)}
@@ -241,7 +240,7 @@ func (d *Dispatcher) pace(ctx context.Context, u *upstream, job *queue.Job) (*le
 
 // handBack returns the job to its queue after delay, spending no attempt.
 func handBack(delay time.Duration, why string) error {
-	return &deferral{delay: delay, why: why}
+	return &queue.Deferral{Delay: delay, Why: why}
 }
 
 // errTooLate: the reservation's slot slipped past the guard before the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,11 +41,6 @@ func (e *BacklogFullError) Error() string {
 }
 
 func (e *BacklogFullError) Unwrap() error { return ErrBacklogFull }
-
-// DeferredPrefix starts the error a dispatcher records when it hands a job
-// back to wait for its upstream (pacing, a 429, a pause) rather than because
-// it failed. Such a job is shown as scheduled, not retrying.
-const DeferredPrefix = "deferred: "
 
 // Upstream is what the queue needs to know of one upstream.
 type Upstream struct {
@@ -165,7 +161,7 @@ func (q *Queue) Prepare(job *Job) error {
 	if job.Lane == "" {
 		job.Lane = u.Lanes[0]
 	}
-	if !contains(u.Lanes, job.Lane) {
+	if !slices.Contains(u.Lanes, job.Lane) {
 		return fmt.Errorf("lane %q of upstream %s (lanes: %s): %w", job.Lane, job.Upstream, strings.Join(u.Lanes, ", "), ErrUnknownLane)
 	}
 	if job.MaxAttempts <= 0 {
@@ -227,10 +223,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 	opts := []asynq.Option{
 		asynq.Queue(QueueName(job.Upstream, job.Lane)),
 		asynq.TaskID(job.ID),
-		// One retry more than attempts: the dispatcher ends a job's last
-		// attempt itself, so asynq never archives a job that was only
-		// waiting for its upstream.
-		asynq.MaxRetry(job.MaxAttempts),
+		asynq.MaxRetry(asynqMaxRetry(job.MaxAttempts)),
 		asynq.Retention(u.ResultRetention),
 		// Waits for the upstream happen inside the handler; the upstream's
 		// own timeout bounds each request.
@@ -315,7 +308,7 @@ func (q *Queue) checkBacklog(ctx context.Context, upstream string, u Upstream) e
 	if ok && time.Since(s.at) < backlogFresh && float64(s.count) < backlogMargin*float64(u.MaxPending) {
 		return nil
 	}
-	n, err := q.pendingCount(ctx, upstream, u)
+	n, err := q.pendingCount(ctx, upstream)
 	if err != nil {
 		return err
 	}
@@ -389,7 +382,7 @@ func (q *Queue) Counts(ctx context.Context, upstream string) (map[string]LaneCou
 	return out, nil
 }
 
-func (q *Queue) pendingCount(ctx context.Context, upstream string, u Upstream) (int64, error) {
+func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error) {
 	counts, err := q.Counts(ctx, upstream)
 	if err != nil {
 		return 0, err
@@ -448,28 +441,29 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	if err := json.Unmarshal(ti.Payload, &job); err != nil {
 		return nil, fmt.Errorf("job %s: undecodable payload: %w", ti.ID, err)
 	}
-	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt}
-	deferred := strings.HasPrefix(ti.LastErr, DeferredPrefix)
+	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt,
+		Attempts: attemptsMade(ti.State, ti.Retried)}
+	handedBack := deferred(ti.LastErr)
 	switch ti.State {
 	case asynq.TaskStatePending:
-		info.State, info.Attempts = StateQueued, ti.Retried
+		info.State = StateQueued
 	case asynq.TaskStateScheduled:
-		info.State, info.Attempts, info.NextAttemptAt = StateScheduled, ti.Retried, ti.NextProcessAt
+		info.State, info.NextAttemptAt = StateScheduled, ti.NextProcessAt
 	case asynq.TaskStateRetry:
-		info.State, info.Attempts, info.NextAttemptAt = StateRetrying, ti.Retried, ti.NextProcessAt
-		if deferred {
+		info.State, info.NextAttemptAt = StateRetrying, ti.NextProcessAt
+		if handedBack {
 			info.State = StateScheduled
 		}
 	case asynq.TaskStateActive:
-		info.State, info.Attempts = StateActive, ti.Retried+1
+		info.State = StateActive
 	case asynq.TaskStateCompleted:
-		info.State, info.Attempts = StateSucceeded, ti.Retried+1
+		info.State = StateSucceeded
 	case asynq.TaskStateArchived:
-		info.State, info.Attempts = StateDead, ti.Retried+1
+		info.State = StateDead
 	default:
 		info.State = StateQueued
 	}
-	if deferred && info.State != StateDead {
+	if handedBack && info.State != StateDead {
 		// A deferral is not an error the producer needs to see as one.
 		info.LastError = ""
 	}
@@ -551,7 +545,7 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 				return moved, fmt.Errorf("list waiting jobs of %s: %w", qn, err)
 			}
 			for _, t := range tasks {
-				if strings.HasPrefix(t.LastErr, DeferredPrefix) {
+				if deferred(t.LastErr) {
 					ids = append(ids, t.ID)
 				}
 			}
@@ -599,13 +593,4 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 		}
 	}
 	return deleted, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

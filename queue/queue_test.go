@@ -122,7 +122,7 @@ func TestEnqueueRefusesBadJobsAndFullBacklog(t *testing.T) {
 	if !errors.As(err, &full) || full.Pending != 3 || full.Max != 3 || !errors.Is(err, ErrBacklogFull) {
 		t.Fatalf("got %v, want a BacklogFullError at 3 of 3", err)
 	}
-	if n, _ := q.pendingCount(ctx, "stripe", q.cfg.Upstreams["stripe"]); n != 3 {
+	if n, _ := q.pendingCount(ctx, "stripe"); n != 3 {
 		t.Fatalf("after refusal: %d jobs, want 3 (nothing enqueued)", n)
 	}
 }
@@ -172,7 +172,7 @@ func TestStatesThroughAsynq(t *testing.T) {
 	asrv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Queues:            map[string]int{QueueName("stripe", "default"): 1},
 		TaskCheckInterval: 10 * time.Millisecond,
-		IsFailure:         func(err error) bool { return !strings.HasPrefix(err.Error(), DeferredPrefix) },
+		IsFailure:         IsFailure,
 		RetryDelayFunc:    func(int, error, *asynq.Task) time.Duration { return time.Hour },
 		LogLevel:          asynq.FatalLevel,
 	})
@@ -181,7 +181,7 @@ func TestStatesThroughAsynq(t *testing.T) {
 		defer func() { finished <- id }()
 		switch id {
 		case deferred.ID:
-			return errors.New(DeferredPrefix + "upstream blocked")
+			return &Deferral{Delay: time.Hour, Why: "upstream blocked"}
 		case done.ID:
 			t.ResultWriter().Write([]byte(`{"status":200,"body":"b2s="}`))
 			return nil
