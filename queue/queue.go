@@ -74,10 +74,13 @@ type Queue struct {
 	client *asynq.Client
 	// bulk enqueues through go-redis's autopipeliner (see EnqueueMany), or
 	// is client where rdb has none (a Ring).
-	bulk   *asynq.Client
-	insp   *asynq.Inspector
-	cfg    Config
-	prefix string
+	bulk *asynq.Client
+	// bulkRdb is the autopipeliner itself (or rdb), for EnqueueMany's own
+	// commands.
+	bulkRdb redis.Cmdable
+	insp    *asynq.Inspector
+	cfg     Config
+	prefix  string
 
 	mu      sync.Mutex
 	backlog map[string]backlogSample
@@ -115,10 +118,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 		prefix:  prefix,
 		backlog: map[string]backlogSample{},
 	}
-	q.bulk = q.client
+	q.bulk, q.bulkRdb = q.client, rdb
 	// The autopipeliner belongs to rdb and stops when rdb is closed.
 	if ap, err := rdb.AutoPipeline(); err == nil {
-		q.bulk = asynq.NewClientFromRedisClient(ap)
+		q.bulk, q.bulkRdb = asynq.NewClientFromRedisClient(ap), ap
 	}
 	return q, nil
 }
@@ -188,7 +191,7 @@ func (q *Queue) Prepare(job *Job) error {
 // changes. If the upstream's backlog is at max_pending it returns a
 // *BacklogFullError.
 func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
-	return q.enqueue(ctx, job, q.client)
+	return q.enqueue(ctx, job, q.client, q.rdb)
 }
 
 // EnqueueMany is Enqueue for callers that enqueue many jobs at once from
@@ -196,10 +199,10 @@ func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
 // coalesced into shared pipelines, which costs a lone caller a little and
 // saves a crowd a lot.
 func (q *Queue) EnqueueMany(ctx context.Context, job *Job) (*Info, bool, error) {
-	return q.enqueue(ctx, job, q.bulk)
+	return q.enqueue(ctx, job, q.bulk, q.bulkRdb)
 }
 
-func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*Info, bool, error) {
+func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client, rdb redis.Cmdable) (*Info, bool, error) {
 	if err := q.Prepare(job); err != nil {
 		return nil, false, err
 	}
@@ -207,7 +210,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 	if err := q.checkBacklog(ctx, job.Upstream, u); err != nil {
 		return nil, false, err
 	}
-	if info, err := q.legacyRepeat(ctx, job); info != nil || err != nil {
+	if info, err := q.legacyRepeat(ctx, rdb, job); info != nil || err != nil {
 		return info, false, err
 	}
 	stored, secret := splitSecrets(job, u.SensitiveHeaders)
@@ -216,7 +219,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 		return nil, false, fmt.Errorf("encode job: %w", err)
 	}
 	if secret != nil {
-		if err := putSecrets(ctx, q.rdb, q.prefix, &stored, secret, time.Now()); err != nil {
+		if err := putSecrets(ctx, rdb, q.prefix, &stored, secret, time.Now()); err != nil {
 			return nil, false, fmt.Errorf("enqueue %s: store sensitive headers: %w", job.ID, err)
 		}
 	}
@@ -263,12 +266,12 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 // enqueue the job twice. It costs idempotent enqueues one EXISTS; it can go
 // once every job made before the upgrade is past its retention (the longer
 // of result_retention and dead_retention).
-func (q *Queue) legacyRepeat(ctx context.Context, job *Job) (*Info, error) {
+func (q *Queue) legacyRepeat(ctx context.Context, rdb redis.Cmdable, job *Job) (*Info, error) {
 	if job.ID != IdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey) {
 		return nil, nil
 	}
 	legacy := legacyIdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey)
-	n, err := q.rdb.Exists(ctx, asynqKey(QueueName(job.Upstream, job.Lane), "t:"+legacy)).Result()
+	n, err := rdb.Exists(ctx, asynqKey(QueueName(job.Upstream, job.Lane), "t:"+legacy)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}

@@ -127,6 +127,15 @@ func TestSensitiveHeadersKeptAside(t *testing.T) {
 		t.Errorf("side key TTL of a job with a 10m ttl: %v, want 10m plus a minute", ttl)
 	}
 
+	// The batch path keeps them aside the same way.
+	many, _, err := q.EnqueueMany(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/m", Headers: map[string]string{"Cookie": "sid=m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secret, err := LoadSecrets(ctx, rdb, q.prefix, &many.Job, time.Now()); err != nil || secret["Cookie"] != "sid=m" || many.Headers != nil {
+		t.Fatalf("EnqueueMany: side key %v, %v; stored headers %v", secret, err, many.Headers)
+	}
+
 	// A job without sensitive headers has no side key.
 	plain, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/c", Headers: map[string]string{"X-Trace": "t2"}})
 	if err != nil || plain.Secrets != "" {
