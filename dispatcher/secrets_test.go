@@ -199,3 +199,21 @@ func TestStoredResponse(t *testing.T) {
 		t.Error("stored changed the answer it was given, which classify still reads")
 	}
 }
+
+// TestJobWithoutItsSecretsIsNotSent: a job whose sensitive headers expired
+// goes dead without a request, rather than being sent without them.
+func TestJobWithoutItsSecretsIsNotSent(t *testing.T) {
+	h := newHarness(t, thirdparty.Config{}, Upstream{}, 3)
+	h.start(Config{Upstreams: []Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
+	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"Cookie": "sid=1"}, NotBefore: time.Now().Add(300 * time.Millisecond)})
+	if n := h.rdb.Del(context.Background(), queue.SecretsKey("shaper", &info.Job)).Val(); n != 1 {
+		t.Fatalf("deleted %d side keys, want the job's one", n)
+	}
+	got := h.waitFor([]string{info.ID}, queue.StateSucceeded, queue.StateDead)[info.ID]
+	if got.State != queue.StateDead || got.Attempts != 1 || !strings.Contains(got.LastError, "sensitive headers are gone") {
+		t.Fatalf("got %s after %d attempts (%q), want dead for its lost headers", got.State, got.Attempts, got.LastError)
+	}
+	if n := h.fake.Report().Total; n != 0 {
+		t.Fatalf("upstream saw %d requests, want none", n)
+	}
+}
