@@ -63,7 +63,27 @@ type Upstream struct {
 	// PushbackDefault is how long a 429 that does not say when to retry
 	// blocks the upstream. Default DefaultPushback.
 	PushbackDefault time.Duration
+	// SensitiveHeaders are patterns of request header names (see
+	// MatchHeader) that, like Authorization, Cookie and
+	// Proxy-Authorization always, are secrets: kept out of the stored job
+	// and gone from Redis once it finishes (see SensitiveHeader).
+	SensitiveHeaders []string
+	// StoreResponse is what of an answer is kept with the job: StoreFull
+	// (the default), StoreHeaders or StoreStatus. Of an HTTP answer only
+	// allowed headers are kept (content type, rate-limit and request-id
+	// headers; never Set-Cookie).
+	StoreResponse string
 }
+
+// What of an upstream's answer is kept with the job (Upstream.StoreResponse).
+const (
+	// StoreFull keeps the status, the allowed headers and the body.
+	StoreFull = "full"
+	// StoreHeaders keeps the status and the allowed headers.
+	StoreHeaders = "headers"
+	// StoreStatus keeps the status only.
+	StoreStatus = "status"
+)
 
 // Retry bounds how a job that failed (not one that was rate limited) is
 // tried again: exponential backoff with full jitter between the bounds.
@@ -134,6 +154,9 @@ func (u Upstream) WithDefaults() Upstream {
 	u.ResultRetention = orDuration(u.ResultRetention, DefaultResultRetention)
 	u.DeadRetention = orDuration(u.DeadRetention, DefaultDeadRetention)
 	u.PushbackDefault = orDuration(u.PushbackDefault, DefaultPushback)
+	if u.StoreResponse == "" {
+		u.StoreResponse = StoreFull
+	}
 	return u
 }
 

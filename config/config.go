@@ -206,6 +206,16 @@ type Upstream struct {
 	// PushbackDefault is how long the upstream is paused after a 429 that
 	// does not say when to retry. Default 1s.
 	PushbackDefault Duration `yaml:"pushback_default"`
+	// SensitiveHeaders are patterns of job request header names that are
+	// never stored with the job, as Authorization, Cookie and
+	// Proxy-Authorization never are: they wait in a side key until the job
+	// finishes. Case-insensitive; "*" stands for any run of characters
+	// ("X-*-Token"). Default none beyond those three.
+	SensitiveHeaders []string `yaml:"sensitive_headers"`
+	// StoreResponse is what of the upstream's answer is kept with the job:
+	// "full" (status, allowed headers and body), "headers" (no body) or
+	// "status". Default "full".
+	StoreResponse string `yaml:"store_response"`
 }
 
 // Limit is one limit as written in the config; see leaky.Limit for the
@@ -405,6 +415,8 @@ func (u *Upstream) Shaper() shaper.Upstream {
 		ResultRetention:     time.Duration(u.ResultRetention),
 		DeadRetention:       time.Duration(u.DeadRetention),
 		PushbackDefault:     time.Duration(u.PushbackDefault),
+		SensitiveHeaders:    u.SensitiveHeaders,
+		StoreResponse:       u.StoreResponse,
 	}
 }
 

@@ -130,7 +130,7 @@ upstreams:
 			Lanes:             map[string]int{"default": 1},
 			Workers:           workers, MaxResponseBytes: 1 << 20,
 			ResultRetention: Duration(24 * time.Hour), DeadRetention: Duration(168 * time.Hour),
-			PushbackDefault: Duration(time.Second),
+			PushbackDefault: Duration(time.Second), StoreResponse: "full",
 		}
 	}
 	want.Upstreams = map[string]*Upstream{
@@ -207,6 +207,7 @@ upstreams:
     result_retention: 1h
     dead_retention: 2h
     pushback_default: 3s
+    store_response: headers
 `, nil)
 	wantRedis := Redis{
 		Sentinel: Sentinel{Master: "mymaster", Addrs: []string{"s1:26379", "s2:26379"}, Username: "su", Password: "sp"},
@@ -234,7 +235,7 @@ upstreams:
 		Retry:             Retry{MaxAttempts: 1, MinBackoff: Duration(2 * time.Second), MaxBackoff: Duration(2 * time.Second)},
 		IdempotencyHeader: "X-Idem", Lanes: map[string]int{"default": 2, "bulk": 1}, Workers: 4,
 		MaxResponseBytes: 10, ResultRetention: Duration(time.Hour), DeadRetention: Duration(2 * time.Hour),
-		PushbackDefault: Duration(3 * time.Second),
+		PushbackDefault: Duration(3 * time.Second), StoreResponse: "headers",
 	}
 	if got := c.Upstreams["mail"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("upstream: got %+v, want %+v", got, want)

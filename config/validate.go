@@ -43,6 +43,7 @@ const (
 	defaultResultRetention   = Duration(shaper.DefaultResultRetention)
 	defaultDeadRetention     = Duration(shaper.DefaultDeadRetention)
 	defaultPushback          = Duration(shaper.DefaultPushback)
+	defaultStoreResponse     = shaper.StoreFull
 
 	maxBytes = 1 << 30
 )
@@ -411,6 +412,24 @@ func (k checker) upstream(p, name string, u *Upstream) {
 	k.positive(p+".result_retention", u.ResultRetention, defaultResultRetention)
 	k.positive(p+".dead_retention", u.DeadRetention, defaultDeadRetention)
 	k.positive(p+".pushback_default", u.PushbackDefault, defaultPushback)
+
+	if u.Handler && len(u.SensitiveHeaders) > 0 {
+		k.add(p+".sensitive_headers", "an upstream with handler: true takes no job headers (remove sensitive_headers, or handler)")
+	}
+	for i, pat := range u.SensitiveHeaders {
+		if err := shaper.ValidHeaderPattern(pat); err != nil {
+			k.add(index(p+".sensitive_headers", i), "%v", err)
+		}
+	}
+	switch u.StoreResponse {
+	case "full", "headers", "status":
+	case "":
+		if k.set(p + ".store_response") {
+			k.add(p+".store_response", "empty: want full, headers or status (or leave it out for %s)", defaultStoreResponse)
+		}
+	default:
+		k.add(p+".store_response", "%q: want full (status, headers and body), headers (no body) or status", u.StoreResponse)
+	}
 }
 
 // managedHeader reports headers the HTTP client sets itself; a configured
@@ -563,6 +582,7 @@ func applyDefaults(c *Config, lines map[string]int) {
 		setDefault(&u.ResultRetention, defaultResultRetention)
 		setDefault(&u.DeadRetention, defaultDeadRetention)
 		setDefault(&u.PushbackDefault, defaultPushback)
+		setDefault(&u.StoreResponse, defaultStoreResponse)
 	}
 }
 

@@ -2,8 +2,6 @@ package dispatcher
 
 import (
 	"net/http"
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 )
@@ -59,34 +57,6 @@ func TestClassify(t *testing.T) {
 		got := classify(tc.status, tc.h, now, 2*time.Second)
 		if got != tc.want {
 			t.Errorf("%s: got %+v, want %+v", tc.name, got, tc.want)
-		}
-	}
-}
-
-func TestTarget(t *testing.T) {
-	base, _ := url.Parse("https://api.example.com/v2/")
-	for _, tc := range []struct {
-		path, want, err string
-	}{
-		{"/charges", "https://api.example.com/v2/charges", ""},
-		{"/charges?limit=3&x=%20y", "https://api.example.com/v2/charges?limit=3&x=%20y", ""},
-		{"/a/b/", "https://api.example.com/v2/a/b/", ""},
-		{"charges", "", "single /"},
-		{"", "", "single /"},
-		{"//evil.com/x", "", "single /"},
-		{"https://evil.com/x", "", "single /"},
-		{"/a/../../x", "", ". or .."},
-		{"/a/%2e%2e/x", "", ". or .."},
-		{"/a//b", "", "empty segments"},
-		{"/a\\b", "", "single /"},
-		{"/a\r\nHost: x", "", "single /"},
-	} {
-		got, err := Target(base, tc.path)
-		if tc.err == "" && (err != nil || got != tc.want) {
-			t.Errorf("Target(%q) = %q, %v; want %q", tc.path, got, err, tc.want)
-		}
-		if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
-			t.Errorf("Target(%q) = %q, %v; want an error about %q", tc.path, got, err, tc.err)
 		}
 	}
 }

@@ -141,6 +141,11 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 		return nil, fmt.Errorf("not a valid upstream name")
 	}
 	uc = uc.WithDefaults()
+	switch uc.StoreResponse {
+	case shaper.StoreFull, shaper.StoreHeaders, shaper.StoreStatus:
+	default:
+		return nil, fmt.Errorf("store_response %q: want full, headers or status", uc.StoreResponse)
+	}
 	bucket, err := pacer.Bucket(uc.Name, leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
 		// A lease lives through the wait for its slot and the request.
@@ -191,15 +196,6 @@ func (d *Dispatcher) Handle(upstream string, h Handler) error {
 	}
 	u.handler = h
 	return nil
-}
-
-// Bucket is an upstream's pacing bucket, for status and pause/resume.
-func (d *Dispatcher) Bucket(upstream string) (*leaky.Bucket, bool) {
-	u, ok := d.ups[upstream]
-	if !ok {
-		return nil, false
-	}
-	return u.bucket, true
 }
 
 // Run drains every upstream until ctx ends, then shuts down gracefully:
@@ -284,14 +280,11 @@ func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
 		TaskCheckInterval:        d.cfg.PollInterval,
 		DelayedTaskCheckInterval: d.cfg.ForwardInterval,
 		ShutdownTimeout:          d.cfg.ShutdownTimeout,
-		IsFailure: func(err error) bool {
-			var df *deferral
-			return !errors.As(err, &df)
-		},
+		IsFailure:                queue.IsFailure,
 		RetryDelayFunc: func(n int, err error, _ *asynq.Task) time.Duration {
-			var df *deferral
+			var df *queue.Deferral
 			if errors.As(err, &df) {
-				return df.delay
+				return df.Delay
 			}
 			var rl *retryLater
 			if errors.As(err, &rl) {
@@ -303,15 +296,6 @@ func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
 		LogLevel: asynq.WarnLevel,
 	}
 }
-
-// deferral hands a job back to its queue to wait for its upstream; it
-// spends no attempt (asynq's IsFailure says no).
-type deferral struct {
-	delay time.Duration
-	why   string
-}
-
-func (e *deferral) Error() string { return queue.DeferredPrefix + e.why }
 
 // retryLater is a failed attempt with the delay before the next one.
 type retryLater struct {

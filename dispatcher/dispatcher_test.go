@@ -288,7 +288,7 @@ func TestShutdownHandsBackWaitingJobs(t *testing.T) {
 	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 2)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 3}},
 		MaxHold: time.Hour, ShutdownTimeout: 5 * time.Second}, nil)
-	b, _ := d.Bucket("api")
+	b := d.ups["api"].bucket
 	if _, err := b.Block(context.Background(), time.Minute, "test pause"); err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestLongBlockHoldsThenHandsBack(t *testing.T) {
 	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 2)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 2}},
 		MaxHold: 300 * time.Millisecond}, nil)
-	b, _ := d.Bucket("api")
+	b := d.ups["api"].bucket
 	until, err := b.Block(context.Background(), time.Minute, "test pause")
 	if err != nil {
 		t.Fatal(err)
@@ -365,5 +365,48 @@ func TestLongBlockHoldsThenHandsBack(t *testing.T) {
 	// not the whole backlog.
 	if counts[queue.StateScheduled] == 0 || counts[queue.StateScheduled] > 12 || counts[queue.StateQueued] < 6 || counts[queue.StateActive] > 2 {
 		t.Fatalf("states after a second of a long block: %v; want a few handed back, at most 2 held, most still queued", counts)
+	}
+}
+
+// TestPathsAreSentAsGiven sends jobs to a server that records the request
+// line's target: the path must arrive byte for byte, percent-encoding and
+// query included, below the base URL's own path.
+func TestPathsAreSentAsGiven(t *testing.T) {
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 1)
+	var mu sync.Mutex
+	seen := map[string]string{}
+	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.Header.Get("X-Case")] = r.RequestURI
+		mu.Unlock()
+	}))
+	defer rec.Close()
+	h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", BaseURL: rec.URL + "/api/v4", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
+	paths := []string{
+		"/projects/group%2Fsub%2Fproj/issues",
+		"/projects/a%2fb",
+		"/%2F",
+		"/files/a%20b.txt?ref=main&path=x%2Fy",
+		"/charges?expand[]=customer&limit=3",
+		"/search?q=a+b%26c",
+		"/users/me@example.com;v=1",
+		"/trailing/",
+		"/x?",
+	}
+	var ids []string
+	for i, p := range paths {
+		ids = append(ids, h.enqueue(&queue.Job{Upstream: "api", Path: p, Headers: map[string]string{"X-Case": fmt.Sprint(i)}}).ID)
+	}
+	for id, info := range h.waitFor(ids, queue.StateSucceeded, queue.StateDead) {
+		if info.State != queue.StateSucceeded {
+			t.Errorf("job %s (%s): got %s (%s), want succeeded", id, info.Path, info.State, info.LastError)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, p := range paths {
+		if got, want := seen[fmt.Sprint(i)], "/api/v4"+p; got != want {
+			t.Errorf("path %q: upstream got request target %q, want %q", p, got, want)
+		}
 	}
 }

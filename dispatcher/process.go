@@ -9,9 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
-	"path"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -23,18 +20,27 @@ import (
 // processor is the asynq handler for one upstream's jobs.
 func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) error {
 	name := u.cfg.Name
-	return func(ctx context.Context, task *asynq.Task) error {
+	return func(ctx context.Context, task *asynq.Task) (err error) {
 		var job queue.Job
 		if err := json.Unmarshal(task.Payload(), &job); err != nil {
 			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 			return fmt.Errorf("undecodable job: %v: %w", err, asynq.SkipRetry)
 		}
+		if job.Secrets != "" {
+			defer func() {
+				if err == nil || errors.Is(err, asynq.SkipRetry) {
+					d.forgetSecrets(ctx, &job)
+				}
+			}()
+		}
 		if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
 			d.m.Dispatches.WithLabelValues(name, "expired").Inc()
 			return fmt.Errorf("expired at %s before it could be dispatched: %w", job.ExpiresAt.Format(time.RFC3339), asynq.SkipRetry)
 		}
-		retried, _ := asynq.GetRetryCount(ctx)
-		attempt := retried + 1
+		if err := d.withSecrets(ctx, &job); err != nil {
+			return err
+		}
+		attempt := queue.Attempt(ctx)
 
 		var v verdict
 		var resp *queue.Response
@@ -43,7 +49,7 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			var err error
 			r, err = d.pace(ctx, u, &job)
 			if err != nil {
-				var df *deferral
+				var df *queue.Deferral
 				if errors.As(err, &df) {
 					d.m.Dispatches.WithLabelValues(name, "handed_back").Inc()
 				}
@@ -70,6 +76,9 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			cancel()
 		}
 		if resp != nil {
+			resp = u.stored(resp)
+		}
+		if resp != nil {
 			if b, err := json.Marshal(resp); err == nil {
 				if _, err := task.ResultWriter().Write(b); err != nil {
 					d.log.Warn("could not store a job's response", "job", job.ID, "err", err)
@@ -85,9 +94,9 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			return nil
 		case kindPushback:
 			d.m.Dispatches.WithLabelValues(name, "deferred").Inc()
-			return &deferral{delay: v.wait, why: v.reason}
+			return &queue.Deferral{Delay: v.wait, Why: v.reason}
 		case kindRetry:
-			if attempt < job.MaxAttempts {
+			if !queue.LastAttempt(&job, attempt) {
 				d.m.Dispatches.WithLabelValues(name, "retry").Inc()
 				delay := max(backoff(attempt, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff), v.wait)
 				return &retryLater{delay: delay, why: fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)}
@@ -98,6 +107,44 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 			return fmt.Errorf("%s: %w", v.reason, asynq.SkipRetry)
 		}
+	}
+}
+
+// withSecrets puts a job's sensitive headers (kept aside by the queue) back
+// into its headers for the send. Without them the job cannot be sent as
+// given: it dies if they expired, and waits if Redis cannot be read.
+func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
+	secret, err := queue.LoadSecrets(ctx, d.rdb, d.cfg.Prefix, job, time.Now())
+	switch {
+	case errors.Is(err, queue.ErrSecretsGone):
+		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
+		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
+	case err != nil:
+		d.m.RedisErrors.WithLabelValues("secrets").Inc()
+		d.log.Error("cannot read a job's sensitive headers; handing it back", "job", job.ID, "err", err)
+		return handBack(time.Second, "sensitive headers unreadable")
+	case secret == nil:
+		return nil
+	}
+	headers := make(map[string]string, len(job.Headers)+len(secret))
+	for k, v := range job.Headers {
+		headers[k] = v
+	}
+	for k, v := range secret {
+		headers[k] = v
+	}
+	job.Headers = headers
+	return nil
+}
+
+// forgetSecrets deletes a finished job's sensitive headers; the side key's
+// TTL covers a failed delete.
+func (d *Dispatcher) forgetSecrets(ctx context.Context, job *queue.Job) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := queue.DeleteSecrets(dctx, d.rdb, d.cfg.Prefix, job); err != nil {
+		d.m.RedisErrors.WithLabelValues("secrets").Inc()
+		d.log.Warn("could not delete a finished job's sensitive headers; they expire with their TTL", "job", job.ID, "err", err)
 	}
 }
 
@@ -193,7 +240,7 @@ func (d *Dispatcher) pace(ctx context.Context, u *upstream, job *queue.Job) (*le
 
 // handBack returns the job to its queue after delay, spending no attempt.
 func handBack(delay time.Duration, why string) error {
-	return &deferral{delay: delay, why: why}
+	return &queue.Deferral{Delay: delay, Why: why}
 }
 
 // errTooLate: the reservation's slot slipped past the guard before the
@@ -247,31 +294,9 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 	return classify(resp.Status, http.Header(resp.Headers), time.Now(), u.cfg.PushbackDefault), resp, true
 }
 
-// Target resolves a job's path against the upstream's base URL. The path
-// must be relative: an absolute URL or a "//host" path could send the
-// upstream's credentials elsewhere.
-func Target(base *url.URL, p string) (string, error) {
-	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\\r\n") {
-		return "", fmt.Errorf("path %q: must start with a single / and stay on the upstream", p)
-	}
-	rel, err := url.Parse(p)
-	if err != nil || rel.Scheme != "" || rel.Host != "" || rel.User != nil {
-		return "", fmt.Errorf("path %q: must be relative to the upstream's base URL", p)
-	}
-	if clean := path.Clean(rel.Path); clean != rel.Path && clean+"/" != rel.Path {
-		return "", fmt.Errorf("path %q: must not contain . or .. segments or empty segments", p)
-	}
-	u := *base
-	u.Path = strings.TrimSuffix(base.Path, "/") + rel.Path
-	u.RawPath = ""
-	u.RawQuery = rel.RawQuery
-	u.Fragment = ""
-	return u.String(), nil
-}
-
 // do sends an HTTP job under reservation r.
 func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation) (*queue.Response, error) {
-	target, err := Target(u.base, job.Path)
+	target, err := queue.Target(u.base, job.Path)
 	if err != nil {
 		return nil, Permanent(err)
 	}
@@ -285,10 +310,12 @@ func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation)
 	}
 	rctx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, method, target, bytes.NewReader(job.Body))
+	req, err := http.NewRequestWithContext(rctx, method, target.String(), bytes.NewReader(job.Body))
 	if err != nil {
 		return nil, Permanent(fmt.Errorf("build request: %w", err))
 	}
+	// The URL as Target built it, not reparsed: its raw path is the one sent.
+	req.URL = target
 	for k, v := range job.Headers {
 		req.Header.Set(k, v)
 	}

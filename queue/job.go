@@ -36,6 +36,10 @@ type Job struct {
 	Body    []byte            `json:"body,omitempty"`
 	// Task names the work for a Go handler upstream.
 	Task string `json:"task,omitempty"`
+	// Secrets, set by Enqueue, names the side key that holds the job's
+	// sensitive headers (see SecretsKey); they are not in Headers as
+	// stored, only in the side key until the job finishes.
+	Secrets string `json:"secrets,omitempty"`
 
 	// Cost is the job's amounts by name ({"tokens": 1200}); each of the
 	// upstream's limits with a cost name counts its amount, every limit
@@ -84,27 +88,85 @@ func ValidName(s string) bool { return namePattern.MatchString(s) }
 // QueueName is the asynq queue of an upstream's lane.
 func QueueName(upstream, lane string) string { return "shaper." + upstream + "." + lane }
 
-// NewID makes a job ID that names its upstream and lane, so a job can be
-// found without an index: "stripe.default.3kq...".
-func NewID(upstream, lane string) string {
+// A job ID names its upstream and lane, so a job can be found without an
+// index, and carries a tag of its tenant, so a lookup by another tenant is
+// refused before Redis is touched (no timing difference tells whether a
+// foreign job exists, however large):
+//
+//	stripe.default.3fa9c1d2-k4xq7m...   random (NewID)
+//	stripe.default.3fa9c1d2-i9be0c...   from an idempotency key (IdempotentID)
+//
+// The tag is the first 8 hex digits of a SHA-256 of the tenant: not a secret
+// (anyone who knows a tenant's name can compute it), only a filter. Two
+// tenants share a tag with odds of one in four billion; then the tenant
+// stored in the job decides, as it does for IDs made before tags existed
+// ("stripe.default.k4xq7m..." and "stripe.default.i9be0c..."), which stay
+// valid. IDs hold only [a-z0-9._-], so they are valid asynq task IDs and
+// never contain a Redis Cluster hash tag's braces.
+
+// tagLen is the length of the tenant tag at the start of an ID's last part.
+const tagLen = 8
+
+// tenantTag is the tag job IDs of a tenant carry.
+func tenantTag(tenant string) string {
+	sum := sha256.Sum256([]byte("shaper tenant\x00" + tenant))
+	return hex.EncodeToString(sum[:tagLen/2])
+}
+
+// NewID makes a random job ID for a tenant's job on an upstream's lane.
+func NewID(tenant, upstream, lane string) string {
 	var b [15]byte
 	rand.Read(b[:])
-	return upstream + "." + lane + "." + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+	return upstream + "." + lane + "." + tenantTag(tenant) + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
 
 // IdempotentID is the job ID for a producer's idempotency key: the same
 // tenant, upstream, lane and key always give the same ID, so asynq's unique
 // task IDs make a repeated enqueue find the first job.
 func IdempotentID(tenant, upstream, lane, key string) string {
-	sum := sha256.Sum256([]byte(tenant + "\x00" + key))
-	return upstream + "." + lane + ".i" + hex.EncodeToString(sum[:15])
+	return upstream + "." + lane + "." + tenantTag(tenant) + "-" + idempotentPart(tenant, key)
 }
 
-// ParseID splits a job ID into its upstream and lane.
+// legacyIdempotentID is IdempotentID as it was before IDs carried a tenant
+// tag; Enqueue still looks for it so that a key repeated across the upgrade
+// finds the job made before it.
+func legacyIdempotentID(tenant, upstream, lane, key string) string {
+	return upstream + "." + lane + "." + idempotentPart(tenant, key)
+}
+
+func idempotentPart(tenant, key string) string {
+	sum := sha256.Sum256([]byte(tenant + "\x00" + key))
+	return "i" + hex.EncodeToString(sum[:15])
+}
+
+// ParseID splits a job ID into its upstream and lane. It accepts IDs with
+// and without a tenant tag.
 func ParseID(id string) (upstream, lane string, err error) {
 	parts := strings.Split(id, ".")
 	if len(parts) != 3 || !ValidName(parts[0]) || !ValidName(parts[1]) || parts[2] == "" || len(id) > 200 {
 		return "", "", fmt.Errorf("job id %q: not a shaper job id", id)
 	}
 	return parts[0], parts[1], nil
+}
+
+// idTag returns the tenant tag of an ID, or false for an ID made before
+// tags (or by hand) that has none.
+func idTag(id string) (string, bool) {
+	last := id[strings.LastIndexByte(id, '.')+1:]
+	if len(last) <= tagLen || last[tagLen] != '-' {
+		return "", false
+	}
+	for i := 0; i < tagLen; i++ {
+		if c := last[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return "", false
+		}
+	}
+	return last[:tagLen], true
+}
+
+// foreignID reports whether an ID's tag shows that it cannot be the
+// tenant's job. IDs without a tag are never foreign by this test.
+func foreignID(id, tenant string) bool {
+	tag, ok := idTag(id)
+	return ok && tag != tenantTag(tenant)
 }

@@ -45,11 +45,6 @@ func (e *BacklogFullError) Error() string {
 
 func (e *BacklogFullError) Unwrap() error { return ErrBacklogFull }
 
-// DeferredPrefix starts the error a dispatcher records when it hands a job
-// back to wait for its upstream (pacing, a 429, a pause) rather than because
-// it failed. Such a job is shown as scheduled, not retrying.
-const DeferredPrefix = "deferred: "
-
 // Config configures a Queue.
 type Config struct {
 	// Upstreams are the upstreams whose jobs the queue keeps; zero fields
@@ -65,10 +60,13 @@ type Queue struct {
 	client *asynq.Client
 	// bulk enqueues through go-redis's autopipeliner (see EnqueueMany), or
 	// is client where rdb has none (a Ring).
-	bulk   *asynq.Client
-	insp   *asynq.Inspector
-	ups    map[string]shaper.Upstream
-	prefix string
+	bulk *asynq.Client
+	// bulkRdb is the autopipeliner itself (or rdb), for EnqueueMany's own
+	// commands.
+	bulkRdb redis.Cmdable
+	insp    *asynq.Inspector
+	ups     map[string]shaper.Upstream
+	prefix  string
 
 	mu      sync.Mutex
 	backlog map[string]backlogSample
@@ -105,10 +103,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 		prefix:  keyspace.Prefix(cfg.Prefix),
 		backlog: map[string]backlogSample{},
 	}
-	q.bulk = q.client
+	q.bulk, q.bulkRdb = q.client, rdb
 	// The autopipeliner belongs to rdb and stops when rdb is closed.
 	if ap, err := rdb.AutoPipeline(); err == nil {
-		q.bulk = asynq.NewClientFromRedisClient(ap)
+		q.bulk, q.bulkRdb = asynq.NewClientFromRedisClient(ap), ap
 	}
 	return q, nil
 }
@@ -175,7 +173,7 @@ func (q *Queue) Prepare(job *Job) error {
 		if job.IdempotencyKey != "" {
 			job.ID = IdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey)
 		} else {
-			job.ID = NewID(job.Upstream, job.Lane)
+			job.ID = NewID(job.Tenant, job.Upstream, job.Lane)
 		}
 	}
 	if job.IdempotencyKey == "" {
@@ -189,7 +187,7 @@ func (q *Queue) Prepare(job *Job) error {
 // changes. If the upstream's backlog is at max_pending it returns a
 // *BacklogFullError.
 func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
-	return q.enqueue(ctx, job, q.client)
+	return q.enqueue(ctx, job, q.client, q.rdb)
 }
 
 // EnqueueMany is Enqueue for callers that enqueue many jobs at once from
@@ -197,10 +195,10 @@ func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
 // coalesced into shared pipelines, which costs a lone caller a little and
 // saves a crowd a lot.
 func (q *Queue) EnqueueMany(ctx context.Context, job *Job) (*Info, bool, error) {
-	return q.enqueue(ctx, job, q.bulk)
+	return q.enqueue(ctx, job, q.bulk, q.bulkRdb)
 }
 
-func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*Info, bool, error) {
+func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client, rdb redis.Cmdable) (*Info, bool, error) {
 	if err := q.Prepare(job); err != nil {
 		return nil, false, err
 	}
@@ -208,17 +206,23 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 	if err := q.checkBacklog(ctx, job.Upstream, u); err != nil {
 		return nil, false, err
 	}
-	payload, err := json.Marshal(job)
+	if info, err := q.legacyRepeat(ctx, rdb, job); info != nil || err != nil {
+		return info, false, err
+	}
+	stored, secret := splitSecrets(job, u)
+	payload, err := json.Marshal(&stored)
 	if err != nil {
 		return nil, false, fmt.Errorf("encode job: %w", err)
+	}
+	if secret != nil {
+		if err := putSecrets(ctx, rdb, q.prefix, &stored, secret, time.Now()); err != nil {
+			return nil, false, fmt.Errorf("enqueue %s: store sensitive headers: %w", job.ID, err)
+		}
 	}
 	opts := []asynq.Option{
 		asynq.Queue(QueueName(job.Upstream, job.Lane)),
 		asynq.TaskID(job.ID),
-		// One retry more than attempts: the dispatcher ends a job's last
-		// attempt itself, so asynq never archives a job that was only
-		// waiting for its upstream.
-		asynq.MaxRetry(job.MaxAttempts),
+		asynq.MaxRetry(asynqMaxRetry(job.MaxAttempts)),
 		asynq.Retention(u.ResultRetention),
 		// Waits for the upstream happen inside the handler; the upstream's
 		// own timeout bounds each request.
@@ -228,6 +232,13 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 		opts = append(opts, asynq.ProcessAt(job.NotBefore))
 	}
 	_, err = client.EnqueueContext(ctx, asynq.NewTask(TaskType, payload), opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) && secret != nil {
+		// The repeat found the first job, which has its own side key: this
+		// one names no task. (After another error the task may or may not
+		// exist, so the key is left to its TTL rather than risk a job that
+		// cannot be sent.) The TTL also covers a failed delete.
+		DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &stored)
+	}
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
 		info, gerr := q.Get(ctx, job.ID, job.Tenant)
@@ -239,11 +250,39 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client) (*I
 		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}
 	q.noteEnqueued(job.Upstream)
-	info := &Info{Job: *job, State: StateQueued}
+	info := &Info{Job: stored, State: StateQueued}
 	if !job.NotBefore.IsZero() && job.NotBefore.After(time.Now()) {
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
 	}
 	return info, true, nil
+}
+
+// legacyRepeat finds the job a producer's idempotency key made before job
+// IDs carried a tenant tag, so a key repeated across the upgrade does not
+// enqueue the job twice. It costs idempotent enqueues one EXISTS; it can go
+// once every job made before the upgrade is past its retention (the longer
+// of result_retention and dead_retention).
+func (q *Queue) legacyRepeat(ctx context.Context, rdb redis.Cmdable, job *Job) (*Info, error) {
+	if job.ID != IdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey) {
+		return nil, nil
+	}
+	legacy := legacyIdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey)
+	n, err := rdb.Exists(ctx, asynqKey(QueueName(job.Upstream, job.Lane), "t:"+legacy)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %s: %w", job.ID, err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	info, err := q.Get(ctx, legacy, job.Tenant)
+	if errors.Is(err, ErrNotFound) {
+		// Gone since the EXISTS: nothing to repeat.
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %s: exists as %s, but: %w", job.ID, legacy, err)
+	}
+	return info, nil
 }
 
 // backlogFresh is how long a backlog count may be trusted while the
@@ -355,13 +394,19 @@ func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error
 }
 
 // Get reads a job. With a non-empty tenant, a job of another tenant is
-// reported as not found.
+// reported as not found; for an ID with a tenant tag (see NewID) that is
+// decided without touching Redis.
 func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	upstream, lane, err := ParseID(id)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, ErrNotFound)
 	}
 	if _, ok := q.ups[upstream]; !ok {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	// Before Redis: reading another tenant's job only to refuse it would
+	// take as long as its payload is large, telling that it exists.
+	if tenant != "" && foreignID(id, tenant) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	ti, err := q.insp.GetTaskInfo(QueueName(upstream, lane), id)
@@ -395,28 +440,29 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	if err := json.Unmarshal(ti.Payload, &job); err != nil {
 		return nil, fmt.Errorf("job %s: undecodable payload: %w", ti.ID, err)
 	}
-	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt}
-	deferred := strings.HasPrefix(ti.LastErr, DeferredPrefix)
+	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt,
+		Attempts: attemptsMade(ti.State, ti.Retried)}
+	handedBack := deferred(ti.LastErr)
 	switch ti.State {
 	case asynq.TaskStatePending:
-		info.State, info.Attempts = StateQueued, ti.Retried
+		info.State = StateQueued
 	case asynq.TaskStateScheduled:
-		info.State, info.Attempts, info.NextAttemptAt = StateScheduled, ti.Retried, ti.NextProcessAt
+		info.State, info.NextAttemptAt = StateScheduled, ti.NextProcessAt
 	case asynq.TaskStateRetry:
-		info.State, info.Attempts, info.NextAttemptAt = StateRetrying, ti.Retried, ti.NextProcessAt
-		if deferred {
+		info.State, info.NextAttemptAt = StateRetrying, ti.NextProcessAt
+		if handedBack {
 			info.State = StateScheduled
 		}
 	case asynq.TaskStateActive:
-		info.State, info.Attempts = StateActive, ti.Retried+1
+		info.State = StateActive
 	case asynq.TaskStateCompleted:
-		info.State, info.Attempts = StateSucceeded, ti.Retried+1
+		info.State = StateSucceeded
 	case asynq.TaskStateArchived:
-		info.State, info.Attempts = StateDead, ti.Retried+1
+		info.State = StateDead
 	default:
 		info.State = StateQueued
 	}
-	if deferred && info.State != StateDead {
+	if handedBack && info.State != StateDead {
 		// A deferral is not an error the producer needs to see as one.
 		info.LastError = ""
 	}
@@ -462,6 +508,8 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 		// Most likely a worker took it in the meantime.
 		return nil, fmt.Errorf("cancel %s: %v: %w", id, err, ErrNotCancellable)
 	}
+	// The job will not be sent; its TTL covers a failed delete.
+	DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &info.Job)
 	info.State = StateCancelled
 	return info, nil
 }
@@ -492,7 +540,7 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 				return moved, fmt.Errorf("list waiting jobs of %s: %w", qn, err)
 			}
 			for _, t := range tasks {
-				if strings.HasPrefix(t.LastErr, DeferredPrefix) {
+				if deferred(t.LastErr) {
 					ids = append(ids, t.ID)
 				}
 			}

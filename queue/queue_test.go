@@ -173,7 +173,7 @@ func TestStatesThroughAsynq(t *testing.T) {
 	asrv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Queues:            map[string]int{QueueName("stripe", "default"): 1},
 		TaskCheckInterval: 10 * time.Millisecond,
-		IsFailure:         func(err error) bool { return !strings.HasPrefix(err.Error(), DeferredPrefix) },
+		IsFailure:         IsFailure,
 		RetryDelayFunc:    func(int, error, *asynq.Task) time.Duration { return time.Hour },
 		LogLevel:          asynq.FatalLevel,
 	})
@@ -182,7 +182,7 @@ func TestStatesThroughAsynq(t *testing.T) {
 		defer func() { finished <- id }()
 		switch id {
 		case deferred.ID:
-			return errors.New(DeferredPrefix + "upstream blocked")
+			return &Deferral{Delay: time.Hour, Why: "upstream blocked"}
 		case done.ID:
 			t.ResultWriter().Write([]byte(`{"status":200,"body":"b2s="}`))
 			return nil
@@ -247,16 +247,107 @@ func TestIDs(t *testing.T) {
 	if a != IdempotentID("t", "stripe", "default", "k") || a == IdempotentID("u", "stripe", "default", "k") {
 		t.Fatal("idempotent IDs must depend on tenant and key only")
 	}
-	if NewID("s", "l") == NewID("s", "l") {
+	n := NewID("t", "s", "l")
+	if n == NewID("t", "s", "l") {
 		t.Fatal("two new IDs were equal")
 	}
+	legacy := legacyIdempotentID("t", "stripe", "default", "k")
 	for _, tc := range []struct {
 		id string
 		ok bool
-	}{{a, true}, {"stripe.default.x", true}, {"Stripe.default.x", false}, {"stripe..x", false}, {"", false}} {
+	}{
+		{a, true}, {n, true}, {legacy, true}, {"stripe.default.3kq7zxmbe2ltwvyd4ph5ia6c", true}, {"stripe.default.x", true},
+		{"Stripe.default.x", false}, {"stripe..x", false}, {"", false}, {"a.b.c.d", false},
+	} {
 		if _, _, err := ParseID(tc.id); (err == nil) != tc.ok {
 			t.Errorf("ParseID(%q): got %v, want ok=%v", tc.id, err, tc.ok)
 		}
+	}
+	for _, id := range []string{a, n} {
+		if !strings.HasPrefix(id[strings.LastIndexByte(id, '.')+1:], tenantTag("t")+"-") {
+			t.Errorf("ID %q does not carry tenant t's tag %s", id, tenantTag("t"))
+		}
+		if strings.ContainsAny(id, "{}") || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
+			t.Errorf("ID %q holds characters outside [a-z0-9.-]", id)
+		}
+		if foreignID(id, "t") || !foreignID(id, "u") {
+			t.Errorf("foreignID(%q): wrong for its own tenant t or for another u", id)
+		}
+	}
+	// IDs made before tags are never foreign by their tag: the payload decides.
+	for _, id := range []string{legacy, "stripe.default.3kq7zxmbe2ltwvyd4ph5ia6c", "stripe.default.abcdef12"} {
+		if foreignID(id, "u") {
+			t.Errorf("foreignID(%q, u): true for an ID without a tag", id)
+		}
+	}
+}
+
+// TestForeignTenantIsNotFound: another tenant's job is not found, by Get or
+// Cancel, whatever the ID's format; with a tagged ID that is decided before
+// Redis is asked, so an unreachable Redis makes no difference.
+func TestForeignTenantIsNotFound(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	tagged, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/b", IdempotencyKey: "k1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A job stored before IDs had tags.
+	old, _, err := q.Enqueue(ctx, &Job{ID: legacyIdempotentID("billing", "stripe", "default", "k0"), Tenant: "billing", Upstream: "stripe", Path: "/c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{tagged.ID, keyed.ID, old.ID} {
+		if _, err := q.Get(ctx, id, "billing"); err != nil {
+			t.Errorf("own tenant's Get(%s): %v", id, err)
+		}
+		if _, err := q.Get(ctx, id, "ops"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("other tenant's Get(%s): got %v, want ErrNotFound", id, err)
+		}
+		if _, err := q.Cancel(ctx, id, "ops"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("other tenant's Cancel(%s): got %v, want ErrNotFound", id, err)
+		}
+	}
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer down.Close()
+	qd := newQueue(t, down, upstreams(100))
+	for _, id := range []string{tagged.ID, keyed.ID} {
+		if _, err := qd.Get(ctx, id, "ops"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("other tenant's Get(%s) without Redis: got %v, want ErrNotFound before any Redis call", id, err)
+		}
+	}
+	if _, err := qd.Get(ctx, tagged.ID, "billing"); err == nil || errors.Is(err, ErrNotFound) {
+		t.Errorf("own tenant's Get without Redis: got %v, want a store error (the test must reach Redis)", err)
+	}
+}
+
+// TestIdempotentRepeatFindsLegacyJob: a key first used before IDs carried
+// tags finds that job, not a second one.
+func TestIdempotentRepeatFindsLegacyJob(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	legacy := legacyIdempotentID("billing", "stripe", "default", "order-1")
+	if _, _, err := q.Enqueue(ctx, &Job{ID: legacy, Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"}); err != nil {
+		t.Fatal(err)
+	}
+	again, created, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"})
+	if err != nil || created || again.ID != legacy {
+		t.Fatalf("repeat: got %v, created %v, %v; want the legacy job %s", again, created, err, legacy)
+	}
+	// Another tenant's same key is its own job.
+	if _, created, err := q.Enqueue(ctx, &Job{Tenant: "ops", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"}); err != nil || !created {
+		t.Fatalf("other tenant: created %v, %v; want a new job", created, err)
+	}
+	if n, _ := q.Counts(ctx, "stripe"); n["default"].Pending != 2 {
+		t.Fatalf("pending: got %d, want 2", n["default"].Pending)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -37,15 +36,8 @@ type JobRequest struct {
 }
 
 var (
-	tokenPattern  = regexp.MustCompile(`^[!#$%&'*+.^_|~0-9A-Za-z-]+$`)
 	taskPattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 	methodAllowed = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "HEAD": true, "OPTIONS": true}
-	// reservedHeaders are set by the HTTP client or describe the connection;
-	// a job may not set them.
-	reservedHeaders = map[string]bool{
-		"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true, "Keep-Alive": true,
-		"Proxy-Connection": true, "Upgrade": true, "Te": true, "Trailer": true, "Proxy-Authorization": true, "Expect": true,
-	}
 )
 
 const maxIdempotencyKey = 255
@@ -117,7 +109,7 @@ func checkRequest(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queu
 	case req.Path == "":
 		p.add("path", "is required: the request path relative to %s", up.BaseURL)
 	default:
-		if _, err := dispatcher.Target(up.base, req.Path); err != nil {
+		if _, err := queue.Target(up.base, req.Path); err != nil {
 			p.add("path", "%v", err)
 		}
 	}
@@ -130,13 +122,9 @@ func checkRequest(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queu
 	// client or the workers set.
 	for name, v := range req.Headers {
 		canon := http.CanonicalHeaderKey(name)
-		switch {
-		case !tokenPattern.MatchString(name):
-			p.add("headers."+name, "is not a valid header name")
-		case strings.ContainsAny(v, "\r\n\x00"):
-			p.add("headers."+name, "value must not contain line breaks or NUL")
-		case reservedHeaders[canon]:
-			p.add("headers."+name, "is set by the HTTP client; a job may not set it")
+		switch err := queue.CheckHeader(name, v); {
+		case err != nil:
+			p.add("headers."+name, "%v", err)
 		case up.headers[canon]:
 			p.add("headers."+name, "is set by shaper's workers for upstream %s; a job may not set it", up.Name)
 		}

@@ -281,7 +281,7 @@ func (b *bench) buildBodies() {
 	buf.WriteString(`]}`)
 	b.batched = buf.Bytes()
 	// What serve stores for that request, so asynq moves as many bytes.
-	job := &queue.Job{ID: queue.NewID(upstreamName, "default"), Tenant: "bench", Upstream: upstreamName, Lane: "default",
+	job := &queue.Job{ID: queue.NewID("bench", upstreamName, "default"), Tenant: "bench", Upstream: upstreamName, Lane: "default",
 		Method: "POST", Path: "/v1/things/42", Headers: map[string]string{"Content-Type": "application/json"},
 		Body: []byte(`{"n":42}`), MaxAttempts: 8, CreatedAt: time.Now().UTC()}
 	job.IdempotencyKey = job.ID

@@ -1,0 +1,109 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func secretKeys(t *testing.T, q *Queue) []string {
+	t.Helper()
+	keys, err := q.rdb.Keys(context.Background(), q.prefix+":secrets:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// TestSensitiveHeadersKeptAside: sensitive headers never enter the stored
+// job; they wait in one side key per job, which an idempotent repeat does
+// not overwrite or leave behind, and which Cancel removes.
+func TestSensitiveHeadersKeptAside(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	ups := upstreams(100)
+	ups[0].SensitiveHeaders = []string{"X-*-Token"}
+	q := newQueue(t, rdb, ups)
+	headers := map[string]string{"Authorization": "Bearer first", "cookie": "sid=1", "X-Api-Token": "tok", "X-Trace": "t1"}
+	info, created, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", Headers: headers,
+		IdempotencyKey: "k", NotBefore: time.Now().Add(time.Hour)})
+	if err != nil || !created {
+		t.Fatalf("enqueue: %v, %v", created, err)
+	}
+	if len(headers) != 4 {
+		t.Fatalf("the caller's headers were changed: %v", headers)
+	}
+	got, err := q.Get(ctx, info.ID, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Headers) != 1 || got.Headers["X-Trace"] != "t1" || got.Secrets == "" {
+		t.Fatalf("stored headers %v, secrets %q: want only X-Trace, and a side key", got.Headers, got.Secrets)
+	}
+	key := SecretsKey(q.prefix, &got.Job)
+	if keys := secretKeys(t, q); len(keys) != 1 || keys[0] != key {
+		t.Fatalf("side keys %v, want just %s", keys, key)
+	}
+	if !strings.Contains(key, "{"+QueueName("stripe", "default")+"}") {
+		t.Errorf("side key %s lacks the queue's hash tag", key)
+	}
+	// Until not_before plus the backstop.
+	if ttl := rdb.TTL(ctx, key).Val(); ttl < time.Hour+secretsBackstop-time.Minute || ttl > time.Hour+secretsBackstop {
+		t.Errorf("side key TTL %v, want about 1h + %v", ttl, secretsBackstop)
+	}
+	secret, err := LoadSecrets(ctx, rdb, q.prefix, &got.Job, time.Now())
+	if err != nil || len(secret) != 3 || secret["Authorization"] != "Bearer first" || secret["cookie"] != "sid=1" || secret["X-Api-Token"] != "tok" {
+		t.Fatalf("LoadSecrets: got %v, %v", secret, err)
+	}
+
+	// A repeat finds the first job and leaves its side key alone.
+	again, created, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "k",
+		Headers: map[string]string{"Authorization": "Bearer second"}})
+	if err != nil || created || again.ID != info.ID {
+		t.Fatalf("repeat: %v, %v, %v", again, created, err)
+	}
+	if keys := secretKeys(t, q); len(keys) != 1 || keys[0] != key {
+		t.Fatalf("after the repeat: side keys %v, want just the first job's %s", keys, key)
+	}
+	if secret, _ := LoadSecrets(ctx, rdb, q.prefix, &got.Job, time.Now()); secret["Authorization"] != "Bearer first" {
+		t.Fatalf("after the repeat: Authorization %q, want the first job's", secret["Authorization"])
+	}
+
+	// A job with a ttl keeps them until it expires.
+	short, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/b", ExpiresAt: time.Now().Add(10 * time.Minute),
+		Headers: map[string]string{"Authorization": "Bearer short"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rdb.TTL(ctx, SecretsKey(q.prefix, &short.Job)).Val(); ttl < 10*time.Minute || ttl > 11*time.Minute {
+		t.Errorf("side key TTL of a job with a 10m ttl: %v, want 10m plus a minute", ttl)
+	}
+
+	// The batch path keeps them aside the same way.
+	many, _, err := q.EnqueueMany(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/m", Headers: map[string]string{"Cookie": "sid=m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secret, err := LoadSecrets(ctx, rdb, q.prefix, &many.Job, time.Now()); err != nil || secret["Cookie"] != "sid=m" || many.Headers != nil {
+		t.Fatalf("EnqueueMany: side key %v, %v; stored headers %v", secret, err, many.Headers)
+	}
+
+	// A job without sensitive headers has no side key.
+	plain, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/c", Headers: map[string]string{"X-Trace": "t2"}})
+	if err != nil || plain.Secrets != "" {
+		t.Fatalf("plain job: secrets %q, %v", plain.Secrets, err)
+	}
+
+	if _, err := q.Cancel(ctx, info.ID, "billing"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, key).Val(); n != 0 {
+		t.Fatal("Cancel left the job's sensitive headers behind")
+	}
+	if _, err := LoadSecrets(ctx, rdb, q.prefix, &got.Job, time.Now()); !errors.Is(err, ErrSecretsGone) {
+		t.Fatalf("LoadSecrets after Cancel: got %v, want ErrSecretsGone", err)
+	}
+}
