@@ -50,7 +50,6 @@ func Example() {
 	}
 	srv, err := server.New(rdb, q, st, server.Config{
 		Keys:      []server.Key{{Name: "billing", Tenant: "acme", Secret: "sk_live_example"}},
-		Upstreams: []shaper.Upstream{stripe},
 		Admission: tokenbucket.Limit{Capacity: 100, Refill: 20, Per: time.Second},
 		Logger:    slog.New(slog.DiscardHandler),
 	})

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -35,10 +37,18 @@ type JobRequest struct {
 	Task           string            `json:"task"`
 }
 
-var (
-	taskPattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
-	methodAllowed = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "HEAD": true, "OPTIONS": true}
-)
+// taskPattern is what a Go handler's task name may be; a compiled pattern
+// is the package's only variable.
+var taskPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+
+// methodAllowed reports the methods a job may use (upper case).
+func methodAllowed(m string) bool {
+	switch m {
+	case "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS":
+		return true
+	}
+	return false
+}
 
 const maxIdempotencyKey = 255
 
@@ -114,15 +124,24 @@ func checkRequest(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queu
 		}
 	}
 	method := strings.ToUpper(req.Method)
-	if req.Method != "" && !methodAllowed[method] {
+	if req.Method != "" && !methodAllowed(method) {
 		p.add("method", "%q: must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", req.Method)
 	}
 	job.Method, job.Path = method, req.Path
 	// Header names and values must be sendable, and not the ones the HTTP
 	// client or the workers set.
-	for name, v := range req.Headers {
+	names := slices.Sorted(maps.Keys(req.Headers))
+	seen := map[string]string{}
+	for _, name := range names {
 		canon := http.CanonicalHeaderKey(name)
-		switch err := queue.CheckHeader(name, v); {
+		if first, dup := seen[canon]; dup {
+			// HTTP names are case-insensitive: only one of the two values
+			// could be sent, and which one would be chance.
+			p.add("headers."+name, "names the same header as headers.%s (header names ignore case); send it once", first)
+			continue
+		}
+		seen[canon] = name
+		switch err := queue.CheckHeader(name, req.Headers[name]); {
 		case err != nil:
 			p.add("headers."+name, "%v", err)
 		case up.headers[canon]:

@@ -43,8 +43,6 @@ type Key struct {
 // Config configures a Server; zero values are documented defaults.
 type Config struct {
 	Keys []Key
-	// Upstreams are what jobs are checked against.
-	Upstreams []shaper.Upstream
 	// Admission is the token bucket every key's enqueues pass through.
 	Admission tokenbucket.Limit
 	// OnRedisError is admission's failure policy (default allow).
@@ -139,7 +137,9 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 		}
 		s.keys = append(s.keys, keyEntry{Key: k, sum: sha256.Sum256([]byte(k.Secret))})
 	}
-	for _, u := range cfg.Upstreams {
+	// Jobs are checked against the upstreams the queue stores them for,
+	// with the same defaults, so the two can never disagree.
+	for _, u := range q.Upstreams() {
 		b, ok := st.Bucket(u.Name)
 		if !ok {
 			return nil, fmt.Errorf("server: upstream %s has no status source", u.Name)
@@ -305,6 +305,9 @@ func (s *Server) internalError(w http.ResponseWriter, r *http.Request, component
 // lately (or, idle, its configured rate), so producers neither stampede nor
 // wait for the whole backlog.
 func (s *Server) backlogRetryAfter(ctx context.Context, upstream string, full *queue.BacklogFullError) int64 {
+	// Within the store budget: a slow status read must not hold the 503.
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	defer cancel()
 	st, err := s.st.Upstream(ctx, upstream)
 	if err != nil {
 		return 1

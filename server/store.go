@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/queue"
 )
 
 // errStoreHeld is what admission's limiter reports for a request the
@@ -20,15 +21,22 @@ var errStoreHeld = errors.New("store unreachable moments ago; not asked again ye
 // retries, so producers heard nothing for seconds; with the breaker open a
 // request is answered at once, and one request now and then (every
 // probeEvery) is let through to find out whether Redis is back. The first
-// success closes it.
+// success closes it. It opens on openAfter failures in a row, not on one:
+// a single slow answer from a busy but healthy Redis must not turn every
+// tenant away; a Redis that is really gone fails every call, each within
+// the store budget, so two of them still answer well inside the bound.
 type breaker struct {
 	probeEvery time.Duration
 	log        *slog.Logger
 
-	mu      sync.Mutex
-	open    bool
-	lastTry time.Time
+	mu       sync.Mutex
+	open     bool
+	failures int // in a row, while closed
+	lastTry  time.Time
 }
+
+// openAfter is how many store failures in a row open the breaker.
+const openAfter = 2
 
 // allow reports whether a request may use Redis: always while closed,
 // once per probeEvery while open.
@@ -46,10 +54,15 @@ func (b *breaker) allow() bool {
 	return true
 }
 
-// failed records a Redis failure and opens the breaker.
+// failed records a Redis failure, opening the breaker on the openAfter-th
+// in a row.
 func (b *breaker) failed(err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.failures++
+	if !b.open && b.failures < openAfter {
+		return
+	}
 	if !b.open {
 		b.log.Error("redis unreachable; enqueues are answered 503 store-unavailable until a probe gets through",
 			"probe_every", b.probeEvery, "err", err)
@@ -64,17 +77,19 @@ func (b *breaker) succeeded() {
 	if b.open {
 		b.log.Info("redis reachable again; enqueues resume")
 	}
-	b.open = false
+	b.open, b.failures = false, 0
 }
 
 // record feeds the outcome of a store call to the breaker. Errors the
-// caller caused (its own cancelled context, an invalid argument) say
+// caller caused (its own cancelled context, an invalid argument) and the
+// queue's answers about jobs (not found, unknown upstream or lane) say
 // nothing about Redis.
 func (b *breaker) record(ctx context.Context, err error) {
 	switch {
 	case err == nil:
 		b.succeeded()
-	case ctx.Err() != nil, errors.Is(err, shaper.ErrInvalid):
+	case ctx.Err() != nil, errors.Is(err, shaper.ErrInvalid), errors.Is(err, queue.ErrNotFound),
+		errors.Is(err, queue.ErrUnknownUpstream), errors.Is(err, queue.ErrUnknownLane), errors.Is(err, queue.ErrBacklogFull):
 	default:
 		b.failed(err)
 	}

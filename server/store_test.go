@@ -16,6 +16,7 @@ import (
 	"github.com/shaperhq/shaper/client"
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/queue"
 )
 
 // downFixture is the API on a Redis of its own, reached with the options
@@ -153,5 +154,33 @@ func TestEnqueueWithoutRedisFailClosed(t *testing.T) {
 	}
 	if n := counter(t, f.reg, "shaper_admission_decisions_total", "fail_closed"); n != 10 {
 		t.Errorf("fail_closed decisions: got %v, want 10", n)
+	}
+}
+
+// TestBreakerOpensOnFailuresInARow: one slow or failed call from a busy
+// Redis must not turn every tenant away; two in a row do; answers about
+// jobs (not found, backlog full) are not failures; a success closes it.
+func TestBreakerOpensOnFailuresInARow(t *testing.T) {
+	ctx := context.Background()
+	b := &breaker{probeEvery: time.Hour, log: quiet()}
+	down := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	steps := []struct {
+		err      error
+		wantOpen bool
+	}{
+		{down, false},
+		{nil, false}, // a success in between resets the count
+		{down, false},
+		{fmt.Errorf("job x: %w", queue.ErrNotFound), false},
+		{&queue.BacklogFullError{Upstream: "stripe", Pending: 10, Max: 10}, false},
+		{down, true},
+		{nil, false},
+	}
+	for i, st := range steps {
+		b.record(ctx, st.err)
+		// allow reports false only while open and within probeEvery.
+		if open := !b.allow(); open != st.wantOpen {
+			t.Fatalf("step %d (%v): open %v, want %v", i, st.err, open, st.wantOpen)
+		}
 	}
 }

@@ -102,7 +102,6 @@ func buildAPI(rdb redis.UniversalClient, cfg *config.Config, keys []config.APIKe
 	for _, k := range keys {
 		sc.Keys = append(sc.Keys, server.Key{Name: k.Name, Tenant: k.Tenant, Admin: k.Admin, Secret: k.Secret})
 	}
-	sc.Upstreams = cfg.AllUpstreams()
 	srv, err := server.New(rdb, q, st, sc)
 	if err != nil {
 		q.Close()
