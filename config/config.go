@@ -394,6 +394,29 @@ func (c *Config) AllUpstreams() []shaper.Upstream {
 	return out
 }
 
+// fillDefaults writes into u's unset fields the defaults that
+// shaper.Upstream.WithDefaults, their one owner, gives them, so that a
+// parsed config shows (and `shaper config validate` prints) what will run.
+func (u *Upstream) fillDefaults() {
+	d := u.Shaper().WithDefaults()
+	setDefault(&u.Guard, Duration(d.Guard))
+	setDefault(&u.Timeout, Duration(d.Timeout))
+	setDefault(&u.MaxPending, d.MaxPending)
+	setDefault(&u.Retry.MaxAttempts, d.Retry.MaxAttempts)
+	setDefault(&u.Retry.MinBackoff, Duration(d.Retry.MinBackoff))
+	setDefault(&u.Retry.MaxBackoff, Duration(d.Retry.MaxBackoff))
+	setDefault(&u.IdempotencyHeader, d.IdempotencyHeader)
+	if len(u.Lanes) == 0 {
+		u.Lanes = d.Lanes
+	}
+	setDefault(&u.Workers, d.Workers)
+	setDefault(&u.MaxResponseBytes, d.MaxResponseBytes)
+	setDefault(&u.ResultRetention, Duration(d.ResultRetention))
+	setDefault(&u.DeadRetention, Duration(d.DeadRetention))
+	setDefault(&u.PushbackDefault, Duration(d.PushbackDefault))
+	setDefault(&u.StoreResponse, d.StoreResponse)
+}
+
 // Shaper is the upstream as the rest of shaper takes it. In a parsed
 // Config every default is already filled in.
 func (u *Upstream) Shaper() shaper.Upstream {

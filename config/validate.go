@@ -559,30 +559,10 @@ func applyDefaults(c *Config, lines map[string]int) {
 		if u.BaseURL != "" {
 			u.BaseURL = strings.TrimRight(u.BaseURL, "/")
 		}
-		if u.Guard == 0 {
-			u.Guard = Duration(leaky.DefaultGuardFor(u.leakyLimits()))
-		}
-		setDefault(&u.Timeout, defaultTimeout)
-		setDefault(&u.MaxPending, defaultMaxPending)
-		setDefault(&u.Retry.MaxAttempts, defaultMaxAttempts)
-		setDefault(&u.Retry.MinBackoff, defaultMinBackoff)
-		setDefault(&u.Retry.MaxBackoff, defaultMaxBackoff)
-		if !written(p + ".idempotency_header") {
-			setDefault(&u.IdempotencyHeader, defaultIdempotencyHeader)
-		} else if u.IdempotencyHeader == "" {
+		if written(p+".idempotency_header") && u.IdempotencyHeader == "" {
 			u.noIdempotencyHeader = true
 		}
-		if len(u.Lanes) == 0 {
-			u.Lanes = map[string]int{DefaultLane: 1}
-		}
-		if u.Workers == 0 {
-			u.Workers = shaper.DefaultWorkers(u.Concurrency, u.leakyLimits())
-		}
-		setDefault(&u.MaxResponseBytes, defaultMaxResponseBytes)
-		setDefault(&u.ResultRetention, defaultResultRetention)
-		setDefault(&u.DeadRetention, defaultDeadRetention)
-		setDefault(&u.PushbackDefault, defaultPushback)
-		setDefault(&u.StoreResponse, defaultStoreResponse)
+		u.fillDefaults()
 	}
 }
 
