@@ -69,8 +69,10 @@ type Redis struct {
 	// DB is the database of a sentinel-managed primary; a URL names it in
 	// its path and a cluster has only database 0.
 	DB int `yaml:"db"`
-	// Prefix starts every Redis key shaper owns, so that several
-	// deployments can share one Redis. Default "shaper".
+	// Prefix starts every Redis key shaper itself owns (limiter state,
+	// cancel marks, sensitive headers, drain counters). asynq's queue keys
+	// do not take it: two deployments sharing one Redis must not give an
+	// upstream the same name. Default "shaper".
 	Prefix string `yaml:"prefix"`
 }
 

@@ -1,8 +1,9 @@
-// Package keyspace owns the one rule every Redis key shaper writes follows:
-// it starts with a prefix, "shaper" unless the deployment configures
-// another, so that several deployments can share one Redis. Each package
-// builds its own keys under that prefix with a hash tag of its own; this
-// package only says what the prefix is when none is given.
+// Package keyspace owns the one rule every Redis key shaper itself writes
+// follows: it starts with a prefix, "shaper" unless the deployment
+// configures another. Each package builds its own keys under that prefix
+// with a hash tag of its own; this package only says what the prefix is
+// when none is given. (asynq's queue keys are asynq's and do not take the
+// prefix; see package queue.)
 package keyspace
 
 // DefaultPrefix starts every key when no prefix is configured.
