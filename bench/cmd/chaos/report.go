@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/shaperhq/shaper/queue"
+)
+
+// maxLookups bounds how many lost jobs are looked up one by one.
+const maxLookups = 20_000
+
+// result is what one run found. Durations are in nanoseconds in JSON, and
+// times ("…At") are since the workers started.
+type result struct {
+	Jobs        int           `json:"jobs"`
+	Rate        int           `json:"rate_per_second"`
+	Workers     int           `json:"workers"`
+	KillEvery   time.Duration `json:"kill_every_ns"`
+	AppendFsync string        `json:"appendfsync"`
+	RedisDown   time.Duration `json:"redis_down_ns"`
+
+	// Accepted jobs were answered 202 (or 200 for a key a lost answer had
+	// already enqueued); NotAccepted counts the rest by their last answer.
+	Accepted    int            `json:"accepted"`
+	NotAccepted map[string]int `json:"not_accepted,omitempty"`
+	Resent      int64          `json:"items_resent"`
+	EnqueuedAt  time.Duration  `json:"enqueued_at_ns"`
+
+	// Delivered counts accepted jobs the upstream answered 2xx at least
+	// once; Lost the accepted ones it never did, LostStates what Redis
+	// says of them (looked up one by one, up to LostLookedUp of them).
+	Delivered         int            `json:"delivered"`
+	Lost              int            `json:"lost"`
+	LostStates        map[string]int `json:"lost_states,omitempty"`
+	LostErrors        map[string]int `json:"lost_last_errors,omitempty"`
+	LostLookedUp      int            `json:"lost_looked_up"`
+	DeliveredUnknown  int            `json:"delivered_not_accepted"`
+	ForeignDeliveries int64          `json:"foreign_deliveries"`
+	// Duplicates counts jobs answered 2xx more than once, ExtraDeliveries
+	// the 2xx answers beyond the first.
+	Duplicates      int `json:"duplicate_jobs"`
+	ExtraDeliveries int `json:"extra_deliveries"`
+	// Final are the queue's counts after the run.
+	Final *queue.LaneCounts `json:"final_counts,omitempty"`
+
+	// What the upstream saw: every request, 429s, the most arrivals in any
+	// 1s and 100ms window (every arrival counted, refused or not) and the
+	// most admitted in any 1s window, the longest gap between arrivals.
+	Requests      int64         `json:"upstream_requests"`
+	ByStatus      map[int]int64 `json:"upstream_by_status"`
+	Rejected      int64         `json:"upstream_429s"`
+	WorstWindow   int           `json:"worst_1s_window"`
+	WorstTenth    int           `json:"worst_100ms_window"`
+	WorstAdmitted int           `json:"worst_1s_window_admitted"`
+	LongestGap    time.Duration `json:"longest_gap_ns"`
+	DrainRate     float64       `json:"drain_rate_per_second"`
+
+	Kills            int           `json:"kills"`
+	SelfExits        int           `json:"worker_self_exits"`
+	LastKillAt       time.Duration `json:"last_kill_at_ns"`
+	RedisCrashAt     time.Duration `json:"redis_crash_at_ns"`
+	RedisBackAt      time.Duration `json:"redis_back_at_ns"`
+	RedisReload      time.Duration `json:"redis_reload_ns"`
+	DeliveredAtCrash int64         `json:"delivered_at_crash"`
+	ResumeAfterRedis time.Duration `json:"first_delivery_after_redis_ns"`
+	BacklogEmptyAt   time.Duration `json:"backlog_empty_at_ns"`
+	LastDeliveryAt   time.Duration `json:"last_delivery_at_ns"`
+	// Stragglers are jobs first delivered after the queue held no waiting
+	// job any more: those a killed worker held until asynq gave them back.
+	Stragglers        int           `json:"stragglers"`
+	StragglerDrain    time.Duration `json:"last_kill_to_last_delivery_ns"`
+	AfterLastKill     int           `json:"delivered_after_last_kill"`
+	DeadlinePassed    bool          `json:"deadline_passed"`
+	Interrupted       bool          `json:"interrupted"`
+	Events            []event       `json:"events"`
+	Machine           string        `json:"machine"`
+	LoadBefore        string        `json:"load_before"`
+	LoadAfter         string        `json:"load_after"`
+	Command           string        `json:"command"`
+	Date              string        `json:"date"`
+	AsynqLease        time.Duration `json:"asynq_lease_ns"`
+	AsynqRecoverEvery time.Duration `json:"asynq_recoverer_interval_ns"`
+}
+
+// asynq v0.26's recovery of a dead worker's tasks, from its source
+// (internal/rdb.LeaseDuration, recoverer.go, server.go): constants, not
+// options.
+const (
+	asynqLease        = 30 * time.Second // extended every 5s by the heartbeater
+	asynqRecoverEvery = time.Minute      // also once at each server's start
+	asynqRecoverSlack = 30 * time.Second // a lease must have expired this long ago
+)
+
+// judge fills in what the upstream and Redis saw.
+func (c *chaos) judge(ctx context.Context, res *result, p *producer) {
+	res.AsynqLease, res.AsynqRecoverEvery = asynqLease, asynqRecoverEvery
+	res.Accepted = p.acceptedCount()
+	res.Resent = p.resent.Load()
+	p.mu.Lock()
+	if len(p.refused) > 0 {
+		res.NotAccepted = maps.Clone(p.refused)
+	}
+	p.mu.Unlock()
+
+	// The upstream's clock started a little before the run's.
+	offset := c.t0.Sub(c.up.t0)
+	var lost []string
+	var firsts []time.Duration
+	for i, id := range p.ids {
+		n := int(c.up.oks[i].Load())
+		if n > 0 {
+			firsts = append(firsts, time.Duration(c.up.firstOK[i].Load())-offset)
+		}
+		if n > 1 {
+			res.Duplicates++
+			res.ExtraDeliveries += n - 1
+		}
+		switch {
+		case id == "" && n > 0:
+			res.DeliveredUnknown++
+		case id != "" && n > 0:
+			res.Delivered++
+		case id != "":
+			lost = append(lost, id)
+		}
+	}
+	res.ForeignDeliveries = c.up.foreign.Load()
+	res.Lost = len(lost)
+	slices.Sort(firsts)
+	if len(firsts) > 0 {
+		res.LastDeliveryAt = firsts[len(firsts)-1]
+		// The rate over the middle 80% of first deliveries, so that the
+		// start and the stragglers do not count.
+		lo, hi := len(firsts)/10, len(firsts)*9/10
+		if hi > lo && firsts[hi] > firsts[lo] {
+			res.DrainRate = float64(hi-lo) / (firsts[hi] - firsts[lo]).Seconds()
+		}
+	}
+	for _, t := range firsts {
+		if res.BacklogEmptyAt > 0 && t > res.BacklogEmptyAt {
+			res.Stragglers++
+		}
+		if res.Kills > 0 && t > res.LastKillAt {
+			res.AfterLastKill++
+		}
+	}
+	if res.Kills > 0 && res.LastDeliveryAt > res.LastKillAt {
+		res.StragglerDrain = res.LastDeliveryAt - res.LastKillAt
+	}
+	if res.RedisBackAt > 0 {
+		if i, _ := slices.BinarySearch(firsts, res.RedisBackAt); i < len(firsts) {
+			res.ResumeAfterRedis = firsts[i] - res.RedisBackAt
+		}
+	}
+
+	rep := c.up.fake.Report()
+	res.Requests, res.ByStatus, res.Rejected = rep.Total, rep.ByStatus, rep.Rejected
+	res.WorstWindow, res.WorstTenth, res.WorstAdmitted = rep.MaxInWindow, rep.MaxInTenth, rep.MaxAdmittedInWindow
+	res.LongestGap = rep.Gaps.Max
+	if rep.Dropped > 0 {
+		c.note("the upstream dropped %d old records; its windows cover the last %d arrivals", rep.Dropped, rep.Records)
+	}
+
+	if m, err := c.q.Counts(ctx, upstreamName); err == nil {
+		lc := m[laneName]
+		res.Final = &lc
+	}
+	if len(lost) > 0 {
+		res.LostStates, res.LostErrors = map[string]int{}, map[string]int{}
+		for _, id := range lost[:min(len(lost), maxLookups)] {
+			if ctx.Err() != nil {
+				break
+			}
+			res.LostLookedUp++
+			info, err := c.q.Get(ctx, id, "")
+			switch {
+			case errors.Is(err, queue.ErrNotFound):
+				res.LostStates["not in Redis"]++
+			case err != nil:
+				res.LostStates["lookup failed"]++
+			default:
+				res.LostStates[string(info.State)]++
+				if info.LastError != "" {
+					res.LostErrors[trim(info.LastError, 100)]++
+				}
+			}
+		}
+	}
+}
+
+func trim(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func writeJSON(w io.Writer, res *result) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(res)
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
+
+func pct(n, of int) string {
+	if of == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f%%", 100*float64(n)/float64(of))
+}
+
+func counted(m map[string]int) string {
+	if len(m) == 0 {
+		return "–"
+	}
+	keys := slices.Sorted(maps.Keys(m))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+func writeTable(w io.Writer, r *result) {
+	fmt.Fprintf(w, "### Chaos run: %d jobs at %d/s, %d workers, kill -9 every %v, one Redis crash (AOF %s)\n\n",
+		r.Jobs, r.Rate, r.Workers, r.KillEvery, r.AppendFsync)
+	switch {
+	case r.Interrupted:
+		fmt.Fprintf(w, "**Interrupted**: the figures cover the run so far.\n\n")
+	case r.DeadlinePassed:
+		fmt.Fprintf(w, "**The deadline passed** before every accepted job was delivered and the queue empty.\n\n")
+	}
+	fmt.Fprintf(w, "| figure | value |\n| --- | --- |\n")
+	fmt.Fprintf(w, "| accepted (202 from `POST /v1/jobs/batch`) | %d of %d (items sent again after a failed answer: %d) |\n", r.Accepted, r.Jobs, r.Resent)
+	if len(r.NotAccepted) > 0 {
+		fmt.Fprintf(w, "| not accepted, by last answer | %s |\n", counted(r.NotAccepted))
+	}
+	fmt.Fprintf(w, "| delivered (accepted jobs the upstream answered 2xx) | %d |\n", r.Delivered)
+	fmt.Fprintf(w, "| **lost** (accepted, never delivered) | **%d** (%s) |\n", r.Lost, pct(r.Lost, r.Accepted))
+	if r.Lost > 0 {
+		fmt.Fprintf(w, "| lost jobs' state in Redis (%d looked up) | %s |\n", r.LostLookedUp, counted(r.LostStates))
+		if len(r.LostErrors) > 0 {
+			fmt.Fprintf(w, "| lost jobs' last error | %s |\n", counted(r.LostErrors))
+		}
+	}
+	if r.DeliveredUnknown > 0 || r.ForeignDeliveries > 0 {
+		fmt.Fprintf(w, "| delivered but never answered 202 / with an unknown key | %d / %d |\n", r.DeliveredUnknown, r.ForeignDeliveries)
+	}
+	fmt.Fprintf(w, "| **duplicate deliveries** (jobs answered 2xx more than once) | **%d** jobs, %d extra 2xx (%s of accepted) |\n",
+		r.Duplicates, r.ExtraDeliveries, pct(r.Duplicates, r.Accepted))
+	if f := r.Final; f != nil {
+		fmt.Fprintf(w, "| queue at the end | succeeded %d, dead %d, pending %d, active %d, retry %d, scheduled %d |\n",
+			f.Succeeded, f.Dead, f.Pending, f.Active, f.Retry, f.Scheduled)
+	}
+	fmt.Fprintf(w, "| requests at the upstream | %d (by status: %s) |\n", r.Requests, byStatus(r.ByStatus))
+	over := ""
+	if r.WorstWindow > r.Rate {
+		over = " **over the limit**"
+	}
+	fmt.Fprintf(w, "| worst 1s window at the upstream (every arrival) | %d of %d%s; admitted %d; worst 100ms %d |\n",
+		r.WorstWindow, r.Rate, over, r.WorstAdmitted, r.WorstTenth)
+	fmt.Fprintf(w, "| drain rate (middle 80%% of first deliveries) | %.1f/s (%.1f%% of the limit) |\n", r.DrainRate, 100*r.DrainRate/float64(r.Rate))
+	fmt.Fprintf(w, "| longest gap between arrivals | %v |\n", r.LongestGap.Round(time.Millisecond))
+	fmt.Fprintf(w, "| worker kills (kill -9, restarted at once) | %d, the last at %s; workers that exited by themselves: %d |\n", r.Kills, secs(r.LastKillAt), r.SelfExits)
+	if r.RedisCrashAt > 0 {
+		fmt.Fprintf(w, "| Redis crash (kill -9) | at %s with %d delivered; down %v; AOF reloaded in %v; first new delivery %v after it was back |\n",
+			secs(r.RedisCrashAt), r.DeliveredAtCrash, r.RedisDown, r.RedisReload.Round(time.Millisecond), r.ResumeAfterRedis.Round(time.Millisecond))
+	}
+	fmt.Fprintf(w, "| enqueue done / no job waiting / last delivery | %s / %s / %s |\n", secs(r.EnqueuedAt), secs(r.BacklogEmptyAt), secs(r.LastDeliveryAt))
+	fmt.Fprintf(w, "| stragglers (first delivered after no job was waiting) | %d; last kill → last delivery %s; %d jobs delivered after the last kill |\n",
+		r.Stragglers, secs(r.StragglerDrain), r.AfterLastKill)
+	fmt.Fprintf(w, "\nasynq v0.26 gives a killed worker's tasks back through its recoverer: a task's lease lasts %v and is extended every 5s while its "+
+		"worker lives; every %v (and once when any server starts) each server's recoverer takes back tasks whose lease expired at least %v earlier. "+
+		"So a killed worker's jobs return between about 55s and 2 minutes after the kill.\n",
+		asynqLease, asynqRecoverEvery, asynqRecoverSlack)
+	fmt.Fprintf(w, "\n| at | event |\n| ---: | --- |\n")
+	for _, e := range r.Events {
+		fmt.Fprintf(w, "| %s | %s |\n", secs(e.At), strings.ReplaceAll(e.What, "|", "\\|"))
+	}
+	fmt.Fprintf(w, "\nMachine: %s. Load average before: %s; after: %s. %s.\n", r.Machine, r.LoadBefore, r.LoadAfter, r.Date)
+	fmt.Fprintf(w, "Command: `%s`\n", r.Command)
+}
+
+func byStatus(m map[int]int64) string {
+	if len(m) == 0 {
+		return "–"
+	}
+	codes := slices.Sorted(maps.Keys(m))
+	parts := make([]string, len(codes))
+	for i, c := range codes {
+		parts[i] = fmt.Sprintf("%d× %d", m[c], c)
+	}
+	return strings.Join(parts, ", ")
+}
