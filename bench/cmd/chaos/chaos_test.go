@@ -68,3 +68,44 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+func TestOverLimit(t *testing.T) {
+	ms := func(xs ...int) []time.Duration {
+		out := make([]time.Duration, len(xs))
+		for i, x := range xs {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		times []time.Duration
+		limit int
+		want  []overWindow
+	}{
+		{"none", nil, 2, nil},
+		{"at the limit", ms(0, 500, 1000, 1500), 2, nil},
+		// 0 and 1000 are a whole window apart, so never in one window.
+		{"exactly a window apart", ms(0, 999, 1000, 1999), 2, nil},
+		{"one over", ms(0, 10, 20), 2, []overWindow{{End: 20 * time.Millisecond, Count: 3, Arrivals: 1}}},
+		{"one stretch, worst kept", ms(0, 10, 20, 30, 900), 2,
+			[]overWindow{{End: 900 * time.Millisecond, Count: 5, Arrivals: 3}}},
+		{"two stretches", ms(0, 10, 20, 5000, 5010, 5020, 5030), 2, []overWindow{
+			{End: 20 * time.Millisecond, Count: 3, Arrivals: 1},
+			{End: 5030 * time.Millisecond, Count: 4, Arrivals: 2},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := overLimit(tt.times, time.Second, tt.limit)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("stretch %d: got %+v, want %+v", i, got[i], tt.want[i])
+				}
+			}
+		})
+	}
+}

@@ -61,7 +61,14 @@ type result struct {
 	WorstTenth    int           `json:"worst_100ms_window"`
 	WorstAdmitted int           `json:"worst_1s_window_admitted"`
 	LongestGap    time.Duration `json:"longest_gap_ns"`
-	DrainRate     float64       `json:"drain_rate_per_second"`
+	// LongestGapDraining is the longest gap while jobs still waited in
+	// the queue (the tail of stragglers excluded), and when it began.
+	LongestGapDraining   time.Duration `json:"longest_gap_while_draining_ns"`
+	LongestGapDrainingAt time.Duration `json:"longest_gap_while_draining_at_ns"`
+	// OverLimit lists the stretches in which some 1s window held more
+	// arrivals than the limit, each with its worst window.
+	OverLimit []overWindow `json:"over_limit_windows,omitempty"`
+	DrainRate float64      `json:"drain_rate_per_second"`
 
 	Kills            int           `json:"kills"`
 	SelfExits        int           `json:"worker_self_exits"`
@@ -69,6 +76,8 @@ type result struct {
 	RedisCrashAt     time.Duration `json:"redis_crash_at_ns"`
 	RedisBackAt      time.Duration `json:"redis_back_at_ns"`
 	RedisReload      time.Duration `json:"redis_reload_ns"`
+	RedisLose        time.Duration `json:"redis_lose_ns"`
+	AOFDropped       int64         `json:"aof_bytes_dropped"`
 	DeliveredAtCrash int64         `json:"delivered_at_crash"`
 	ResumeAfterRedis time.Duration `json:"first_delivery_after_redis_ns"`
 	BacklogEmptyAt   time.Duration `json:"backlog_empty_at_ns"`
@@ -88,6 +97,40 @@ type result struct {
 	Date              string        `json:"date"`
 	AsynqLease        time.Duration `json:"asynq_lease_ns"`
 	AsynqRecoverEvery time.Duration `json:"asynq_recoverer_interval_ns"`
+}
+
+// overWindow is a stretch of time in which windows of the upstream's
+// length held more arrivals than its limit: the worst such window's end
+// and count, and how many arrivals ended an over-limit window.
+type overWindow struct {
+	End      time.Duration `json:"end_ns"`
+	Count    int           `json:"count"`
+	Arrivals int           `json:"arrivals_over"`
+}
+
+// overLimit finds the stretches of sorted times in which a window (t−w, t]
+// holds more than limit times; windows that overlap belong to one stretch.
+func overLimit(times []time.Duration, w time.Duration, limit int) []overWindow {
+	var out []overWindow
+	lo := 0
+	for hi, t := range times {
+		for times[lo] <= t-w {
+			lo++
+		}
+		n := hi - lo + 1
+		if n <= limit {
+			continue
+		}
+		if k := len(out) - 1; k >= 0 && t-out[k].End < w {
+			out[k].Arrivals++
+			if n > out[k].Count {
+				out[k].End, out[k].Count = t, n
+			}
+			continue
+		}
+		out = append(out, overWindow{End: t, Count: n, Arrivals: 1})
+	}
+	return out
 }
 
 // asynq v0.26's recovery of a dead worker's tasks, from its source
@@ -161,6 +204,21 @@ func (c *chaos) judge(ctx context.Context, res *result, p *producer) {
 		}
 	}
 
+	arrivals := make([]time.Duration, 0, len(firsts))
+	for _, rec := range c.up.fake.Records() {
+		arrivals = append(arrivals, rec.At-offset)
+	}
+	slices.Sort(arrivals)
+	res.OverLimit = overLimit(arrivals, time.Second, res.Rate)
+	for i := 1; i < len(arrivals); i++ {
+		if res.BacklogEmptyAt > 0 && arrivals[i] > res.BacklogEmptyAt {
+			break
+		}
+		if g := arrivals[i] - arrivals[i-1]; g > res.LongestGapDraining {
+			res.LongestGapDraining, res.LongestGapDrainingAt = g, arrivals[i-1]
+		}
+	}
+
 	rep := c.up.fake.Report()
 	res.Requests, res.ByStatus, res.Rejected = rep.Total, rep.ByStatus, rep.Rejected
 	res.WorstWindow, res.WorstTenth, res.WorstAdmitted = rep.MaxInWindow, rep.MaxInTenth, rep.MaxAdmittedInWindow
@@ -231,7 +289,7 @@ func counted(m map[string]int) string {
 }
 
 func writeTable(w io.Writer, r *result) {
-	fmt.Fprintf(w, "### Chaos run: %d jobs at %d/s, %d workers, kill -9 every %v, one Redis crash (AOF %s)\n\n",
+	fmt.Fprintf(w, "### Chaos run: %d jobs at %d/s, %d workers, kill -9 every %v, one Redis crash (AOF appendfsync %s)\n\n",
 		r.Jobs, r.Rate, r.Workers, r.KillEvery, r.AppendFsync)
 	switch {
 	case r.Interrupted:
@@ -269,11 +327,23 @@ func writeTable(w io.Writer, r *result) {
 	fmt.Fprintf(w, "| worst 1s window at the upstream (every arrival) | %d of %d%s; admitted %d; worst 100ms %d |\n",
 		r.WorstWindow, r.Rate, over, r.WorstAdmitted, r.WorstTenth)
 	fmt.Fprintf(w, "| drain rate (middle 80%% of first deliveries) | %.1f/s (%.1f%% of the limit) |\n", r.DrainRate, 100*r.DrainRate/float64(r.Rate))
-	fmt.Fprintf(w, "| longest gap between arrivals | %v |\n", r.LongestGap.Round(time.Millisecond))
+	if len(r.OverLimit) > 0 {
+		parts := make([]string, len(r.OverLimit))
+		for i, o := range r.OverLimit {
+			parts[i] = fmt.Sprintf("%d in the 1s up to %s (%d arrivals ended an over-limit window; nearest event: %s)",
+				o.Count, secs(o.End), o.Arrivals, nearest(r.Events, o.End))
+		}
+		fmt.Fprintf(w, "| windows over the limit | %s |\n", strings.Join(parts, "; "))
+	}
+	fmt.Fprintf(w, "| longest gap between arrivals | %v while jobs waited (from %s; nearest event: %s); %v counting the stragglers' wait |\n",
+		r.LongestGapDraining.Round(time.Millisecond), secs(r.LongestGapDrainingAt), nearest(r.Events, r.LongestGapDrainingAt), r.LongestGap.Round(time.Millisecond))
 	fmt.Fprintf(w, "| worker kills (kill -9, restarted at once) | %d, the last at %s; workers that exited by themselves: %d |\n", r.Kills, secs(r.LastKillAt), r.SelfExits)
 	if r.RedisCrashAt > 0 {
 		fmt.Fprintf(w, "| Redis crash (kill -9) | at %s with %d delivered; down %v; AOF reloaded in %v; first new delivery %v after it was back |\n",
 			secs(r.RedisCrashAt), r.DeliveredAtCrash, r.RedisDown, r.RedisReload.Round(time.Millisecond), r.ResumeAfterRedis.Round(time.Millisecond))
+		if r.RedisLose > 0 {
+			fmt.Fprintf(w, "| AOF cut back by %v (emulated power loss) | %d bytes dropped |\n", r.RedisLose, r.AOFDropped)
+		}
 	}
 	fmt.Fprintf(w, "| enqueue done / no job waiting / last delivery | %s / %s / %s |\n", secs(r.EnqueuedAt), secs(r.BacklogEmptyAt), secs(r.LastDeliveryAt))
 	fmt.Fprintf(w, "| stragglers (first delivered after no job was waiting) | %d; last kill → last delivery %s; %d jobs delivered after the last kill |\n",
@@ -288,6 +358,22 @@ func writeTable(w io.Writer, r *result) {
 	}
 	fmt.Fprintf(w, "\nMachine: %s. Load average before: %s; after: %s. %s.\n", r.Machine, r.LoadBefore, r.LoadAfter, r.Date)
 	fmt.Fprintf(w, "Command: `%s`\n", r.Command)
+}
+
+// nearest names the event closest in time to at.
+func nearest(events []event, at time.Duration) string {
+	best := -1
+	for i, e := range events {
+		if best < 0 || (e.At-at).Abs() < (events[best].At-at).Abs() {
+			best = i
+		}
+	}
+	if best < 0 {
+		return "none"
+	}
+	e := events[best]
+	what, _, _ := strings.Cut(e.What, ";")
+	return fmt.Sprintf("%s at %s", what, secs(e.At))
 }
 
 func byStatus(m map[int]int64) string {

@@ -31,6 +31,7 @@ type options struct {
 	maxKills     int
 	redisCrashAt time.Duration
 	redisDown    time.Duration
+	redisLose    time.Duration
 	deadline     time.Duration
 	batch        int
 	producers    int
@@ -51,6 +52,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.maxKills, "max-kills", 0, "stop killing after this many; 0 for no cap")
 	fs.DurationVar(&o.redisCrashAt, "redis-crash-at", 0, "kill -9 Redis this long after the workers start (then start it again on its AOF); 0 picks half the expected drain; negative for no crash")
 	fs.DurationVar(&o.redisDown, "redis-down", time.Second, "how long Redis stays down")
+	fs.DurationVar(&o.redisLose, "redis-lose", 0, "also cut the AOF back to its size this long before the crash, as a power loss loses writes not yet fsynced (everysec: up to about 1s); 0 for a process crash only, which loses nothing the kernel already has")
 	fs.DurationVar(&o.deadline, "deadline", 20*time.Minute, "give up waiting for deliveries after this long")
 	fs.IntVar(&o.batch, "batch", 1000, "jobs per `POST /v1/jobs/batch` request")
 	fs.IntVar(&o.producers, "producers", 4, "concurrent producer goroutines")
@@ -66,8 +68,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-jobs, -rate, -workers and -producers must be positive")
 	case o.batch < 1 || o.batch > 1000:
 		return o, errors.New("-batch: 1 to 1000")
-	case o.killEvery < 0 || o.maxKills < 0 || o.redisDown < 0 || o.latency < 0:
-		return o, errors.New("-kill-every, -max-kills, -redis-down and -latency must not be negative")
+	case o.killEvery < 0 || o.maxKills < 0 || o.redisDown < 0 || o.redisLose < 0 || o.latency < 0:
+		return o, errors.New("-kill-every, -max-kills, -redis-down, -redis-lose and -latency must not be negative")
 	case o.deadline <= 0:
 		return o, errors.New("-deadline must be positive")
 	case o.fsync != "always" && o.fsync != "everysec" && o.fsync != "no":
@@ -124,6 +126,9 @@ type chaos struct {
 	redis  *redisproc.Server
 	up     *upstream
 	q      *queue.Queue
+
+	aof  *aofSampler // nil unless -redis-lose
+	prod *producer
 
 	mu      sync.Mutex
 	events  []event
@@ -231,10 +236,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 		c.workers = append(c.workers, w)
 		c.mu.Unlock()
 	}
+	if o.redisLose > 0 && o.redisCrashAt >= 0 {
+		c.aof = &aofSampler{srv: srv}
+		stopSampling := c.aof.start(o.redisLose)
+		defer stopSampling()
+	}
 	c.note("%d workers started; enqueueing %d jobs through %s", o.workers, o.jobs, apiAddr)
 
 	prod := &producer{o: o, client: client, url: "http://" + apiAddr + "/v1/jobs/batch", ids: make([]string, o.jobs),
 		refused: map[string]int{}}
+	c.prod = prod
 	enqueued := make(chan struct{})
 	pctx, cancelProducers := context.WithCancel(ctx)
 	defer cancelProducers()
@@ -288,7 +299,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 func (c *chaos) drive(ctx context.Context, prod *producer, enqueued <-chan struct{}) (*result, error) {
 	o := c.o
 	res := &result{Jobs: o.jobs, Rate: o.rate, Workers: o.workers, KillEvery: o.killEvery, AppendFsync: o.fsync,
-		RedisDown: o.redisDown}
+		RedisDown: o.redisDown, RedisLose: o.redisLose}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.NewTimer(o.deadline)
@@ -420,7 +431,19 @@ func (c *chaos) crashRedis(res *result) error {
 	c.redis.Crash()
 	res.RedisCrashAt = c.since()
 	res.DeliveredAtCrash = delivered
-	c.note("kill -9 redis-server (pid %d); %d delivered so far", pid, delivered)
+	c.note("kill -9 redis-server (pid %d); %d delivered, %d accepted so far", pid, delivered, c.acceptedNow())
+	if c.aof != nil {
+		file, size, ok := c.aof.before(time.Now().Add(-c.o.redisLose))
+		if !ok {
+			return fmt.Errorf("no AOF size sampled %v before the crash", c.o.redisLose)
+		}
+		dropped, err := c.redis.TruncateAOF(file, size)
+		if err != nil {
+			return fmt.Errorf("cutting the AOF back: %w", err)
+		}
+		res.AOFDropped = dropped
+		c.note("AOF cut back to its size %v before the crash: %d bytes dropped (a power loss with writes not yet fsynced)", c.o.redisLose, dropped)
+	}
 	time.Sleep(c.o.redisDown)
 	t := time.Now()
 	if err := c.redis.Restart(time.Minute); err != nil {
@@ -430,6 +453,82 @@ func (c *chaos) crashRedis(res *result) error {
 	res.RedisBackAt = c.since()
 	c.note("redis-server started again (pid %d) and loaded its AOF in %v", c.redis.Pid(), res.RedisReload.Round(time.Millisecond))
 	return nil
+}
+
+// acceptedNow is how many jobs the producers have seen accepted so far.
+func (c *chaos) acceptedNow() int {
+	if c.prod == nil {
+		return 0
+	}
+	return c.prod.acceptedCount()
+}
+
+// aofSampler notes the size of Redis's current AOF every few
+// milliseconds, so that a crash can be followed by cutting the file back
+// to what it held a given time before: the writes a power loss would take.
+type aofSampler struct {
+	srv *redisproc.Server
+
+	mu      sync.Mutex
+	samples []aofSample
+}
+
+type aofSample struct {
+	at   time.Time
+	file string
+	size int64
+}
+
+const aofSampleEvery = 10 * time.Millisecond
+
+// start samples until the returned function is called, keeping what covers
+// the last keep plus a second.
+func (a *aofSampler) start(keep time.Duration) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(aofSampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			file, size, err := a.srv.AOFTail()
+			if err != nil {
+				continue // mid-rewrite, or Redis is down
+			}
+			now := time.Now()
+			a.mu.Lock()
+			a.samples = append(a.samples, aofSample{now, file, size})
+			cut := 0
+			for cut < len(a.samples) && now.Sub(a.samples[cut].at) > keep+time.Second {
+				cut++
+			}
+			// Keep the newest sample older than keep+1s too: it may be
+			// the one before() needs.
+			a.samples = a.samples[max(cut-1, 0):]
+			a.mu.Unlock()
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// before is the last sample taken at or before t.
+func (a *aofSampler) before(t time.Time) (file string, size int64, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := len(a.samples) - 1; i >= 0; i-- {
+		if !a.samples[i].at.After(t) {
+			return a.samples[i].file, a.samples[i].size, true
+		}
+	}
+	return "", 0, false
 }
 
 // deliveredAccepted counts accepted jobs the upstream has answered 2xx.

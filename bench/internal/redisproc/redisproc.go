@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -121,6 +122,58 @@ func (s *Server) Crash() {
 
 // Pid is the running server's process id.
 func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
+// AOFTail names the append-only file Redis is writing to now (the last
+// "incr" file of its manifest, Redis 7's multi-part AOF) and its size.
+func (s *Server) AOFTail() (file string, size int64, err error) {
+	adir := filepath.Join(s.dir, "appendonlydir")
+	matches, err := filepath.Glob(filepath.Join(adir, "*.manifest"))
+	if err != nil || len(matches) != 1 {
+		return "", 0, fmt.Errorf("no single AOF manifest in %s (%v)", adir, err)
+	}
+	m, err := os.ReadFile(matches[0])
+	if err != nil {
+		return "", 0, err
+	}
+	for _, line := range strings.Split(string(m), "\n") {
+		f := strings.Fields(line)
+		// file NAME seq N type i
+		if len(f) >= 6 && f[0] == "file" && f[len(f)-2] == "type" && f[len(f)-1] == "i" {
+			file = f[1]
+		}
+	}
+	if file == "" {
+		return "", 0, fmt.Errorf("AOF manifest %s names no incr file", matches[0])
+	}
+	st, err := os.Stat(filepath.Join(adir, file))
+	if err != nil {
+		return "", 0, err
+	}
+	return file, st.Size(), nil
+}
+
+// TruncateAOF cuts the current append-only file back to size if it is
+// still file, or to nothing if Redis has moved on to a newer one since:
+// what a power loss does to writes that were never fsynced. Call it between
+// Crash and Restart; Redis loads a file cut mid-command up to its last
+// whole command (aof-load-truncated, on by default). It returns how many
+// bytes were dropped.
+func (s *Server) TruncateAOF(file string, size int64) (int64, error) {
+	cur, now, err := s.AOFTail()
+	if err != nil {
+		return 0, err
+	}
+	if cur != file {
+		size = 0
+	}
+	if size >= now {
+		return 0, nil
+	}
+	if err := os.Truncate(filepath.Join(s.dir, "appendonlydir", cur), size); err != nil {
+		return 0, err
+	}
+	return now - size, nil
+}
 
 // Restart starts the server again after Crash, on the same port and
 // directory, so that it loads its append-only file, and waits until it has
