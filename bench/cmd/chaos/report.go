@@ -14,6 +14,10 @@ import (
 	"github.com/shaperhq/shaper/queue"
 )
 
+// killSpan is how long before a kill a job's first delivery may be for its
+// duplicate to be put down to that kill.
+const killSpan = 2 * time.Second
+
 // maxLookups bounds how many lost jobs are looked up one by one.
 const maxLookups = 20_000
 
@@ -48,6 +52,13 @@ type result struct {
 	// the 2xx answers beyond the first.
 	Duplicates      int `json:"duplicate_jobs"`
 	ExtraDeliveries int `json:"extra_deliveries"`
+	// DuplicatesAtKill counts duplicate jobs first delivered within
+	// killSpan before a kill: answered 2xx to a worker that died before
+	// it could record the success.
+	DuplicatesAtKill int `json:"duplicates_first_delivered_just_before_a_kill"`
+	// DuplicatesAtCrash counts the others first delivered within killSpan
+	// before the Redis crash.
+	DuplicatesAtCrash int `json:"duplicates_first_delivered_just_before_the_redis_crash"`
 	// Final are the queue's counts after the run.
 	Final *queue.LaneCounts `json:"final_counts,omitempty"`
 
@@ -68,20 +79,24 @@ type result struct {
 	// OverLimit lists the stretches in which some 1s window held more
 	// arrivals than the limit, each with its worst window.
 	OverLimit []overWindow `json:"over_limit_windows,omitempty"`
-	DrainRate float64      `json:"drain_rate_per_second"`
+	// Stalls are the seconds in which a goroutine of this process (which
+	// stamps arrivals) waited minStall or more to run.
+	Stalls    []stall `json:"stalls,omitempty"`
+	DrainRate float64 `json:"drain_rate_per_second"`
 
-	Kills            int           `json:"kills"`
-	SelfExits        int           `json:"worker_self_exits"`
-	LastKillAt       time.Duration `json:"last_kill_at_ns"`
-	RedisCrashAt     time.Duration `json:"redis_crash_at_ns"`
-	RedisBackAt      time.Duration `json:"redis_back_at_ns"`
-	RedisReload      time.Duration `json:"redis_reload_ns"`
-	RedisLose        time.Duration `json:"redis_lose_ns"`
-	AOFDropped       int64         `json:"aof_bytes_dropped"`
-	DeliveredAtCrash int64         `json:"delivered_at_crash"`
-	ResumeAfterRedis time.Duration `json:"first_delivery_after_redis_ns"`
-	BacklogEmptyAt   time.Duration `json:"backlog_empty_at_ns"`
-	LastDeliveryAt   time.Duration `json:"last_delivery_at_ns"`
+	Kills            int             `json:"kills"`
+	KillTimes        []time.Duration `json:"kill_times_ns,omitempty"`
+	SelfExits        int             `json:"worker_self_exits"`
+	LastKillAt       time.Duration   `json:"last_kill_at_ns"`
+	RedisCrashAt     time.Duration   `json:"redis_crash_at_ns"`
+	RedisBackAt      time.Duration   `json:"redis_back_at_ns"`
+	RedisReload      time.Duration   `json:"redis_reload_ns"`
+	RedisLose        time.Duration   `json:"redis_lose_ns"`
+	AOFDropped       int64           `json:"aof_bytes_dropped"`
+	DeliveredAtCrash int64           `json:"delivered_at_crash"`
+	ResumeAfterRedis time.Duration   `json:"first_delivery_after_redis_ns"`
+	BacklogEmptyAt   time.Duration   `json:"backlog_empty_at_ns"`
+	LastDeliveryAt   time.Duration   `json:"last_delivery_at_ns"`
 	// Stragglers are jobs first delivered after the queue held no waiting
 	// job any more: those a killed worker held until asynq gave them back.
 	Stragglers        int           `json:"stragglers"`
@@ -165,6 +180,14 @@ func (c *chaos) judge(ctx context.Context, res *result, p *producer) {
 		if n > 1 {
 			res.Duplicates++
 			res.ExtraDeliveries += n - 1
+			first := time.Duration(c.up.firstOK[i].Load()) - offset
+			near := func(k time.Duration) bool { return first <= k && k-first <= killSpan }
+			switch {
+			case slices.ContainsFunc(res.KillTimes, near):
+				res.DuplicatesAtKill++
+			case res.RedisCrashAt > 0 && near(res.RedisCrashAt):
+				res.DuplicatesAtCrash++
+			}
 		}
 		switch {
 		case id == "" && n > 0:
@@ -313,8 +336,8 @@ func writeTable(w io.Writer, r *result) {
 	if r.DeliveredUnknown > 0 || r.ForeignDeliveries > 0 {
 		fmt.Fprintf(w, "| delivered but never answered 202 / with an unknown key | %d / %d |\n", r.DeliveredUnknown, r.ForeignDeliveries)
 	}
-	fmt.Fprintf(w, "| **duplicate deliveries** (jobs answered 2xx more than once) | **%d** jobs, %d extra 2xx (%s of accepted) |\n",
-		r.Duplicates, r.ExtraDeliveries, pct(r.Duplicates, r.Accepted))
+	fmt.Fprintf(w, "| **duplicate deliveries** (jobs answered 2xx more than once) | **%d** jobs, %d extra 2xx (%s of accepted); first delivered less than %v before a worker kill: %d, before the Redis crash: %d |\n",
+		r.Duplicates, r.ExtraDeliveries, pct(r.Duplicates, r.Accepted), killSpan, r.DuplicatesAtKill, r.DuplicatesAtCrash)
 	if f := r.Final; f != nil {
 		fmt.Fprintf(w, "| queue at the end | succeeded %d, dead %d, pending %d, active %d, retry %d, scheduled %d |\n",
 			f.Succeeded, f.Dead, f.Pending, f.Active, f.Retry, f.Scheduled)
@@ -330,13 +353,18 @@ func writeTable(w io.Writer, r *result) {
 	if len(r.OverLimit) > 0 {
 		parts := make([]string, len(r.OverLimit))
 		for i, o := range r.OverLimit {
-			parts[i] = fmt.Sprintf("%d in the 1s up to %s (%d arrivals ended an over-limit window; nearest event: %s)",
-				o.Count, secs(o.End), o.Arrivals, nearest(r.Events, o.End))
+			parts[i] = fmt.Sprintf("%d in the 1s up to %s (%d arrivals ended an over-limit window; nearest event: %s; worst stall of the stamping process within 2s: %v)",
+				o.Count, secs(o.End), o.Arrivals, nearest(r.Events, o.End), worstNear(r.Stalls, o.End, 2*time.Second))
 		}
 		fmt.Fprintf(w, "| windows over the limit | %s |\n", strings.Join(parts, "; "))
 	}
 	fmt.Fprintf(w, "| longest gap between arrivals | %v while jobs waited (from %s; nearest event: %s); %v counting the stragglers' wait |\n",
 		r.LongestGapDraining.Round(time.Millisecond), secs(r.LongestGapDrainingAt), nearest(r.Events, r.LongestGapDrainingAt), r.LongestGap.Round(time.Millisecond))
+	var worst time.Duration
+	for _, s := range r.Stalls {
+		worst = max(worst, s.Worst)
+	}
+	fmt.Fprintf(w, "| stalls of the process stamping arrivals | %d seconds with a goroutine waiting ≥ %v to run; the worst ≥ %v |\n", len(r.Stalls), minStall, worst)
 	fmt.Fprintf(w, "| worker kills (kill -9, restarted at once) | %d, the last at %s; workers that exited by themselves: %d |\n", r.Kills, secs(r.LastKillAt), r.SelfExits)
 	if r.RedisCrashAt > 0 {
 		fmt.Fprintf(w, "| Redis crash (kill -9) | at %s with %d delivered; down %v; AOF reloaded in %v; first new delivery %v after it was back |\n",

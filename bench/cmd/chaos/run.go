@@ -311,6 +311,7 @@ func (c *chaos) drive(ctx context.Context, prod *producer, enqueued <-chan struc
 	var counts queue.LaneCounts
 	countsOK := false
 	victim := 0
+	sched := readSched()
 	for {
 		select {
 		case <-ctx.Done():
@@ -340,6 +341,11 @@ func (c *chaos) drive(ctx context.Context, prod *producer, enqueued <-chan struc
 
 		if now >= nextLook {
 			nextLook = now + time.Second
+			h := readSched()
+			if w := h.worstSince(sched); w >= minStall {
+				res.Stalls = append(res.Stalls, stall{At: now, Worst: w})
+			}
+			sched = h
 			counts, countsOK = c.counts(ctx)
 			if countsOK && enqueueDone && counts.Pending == 0 && res.BacklogEmptyAt == 0 {
 				res.BacklogEmptyAt = now
@@ -376,6 +382,7 @@ func (c *chaos) drive(ctx context.Context, prod *producer, enqueued <-chan struc
 			victim++
 			res.Kills++
 			res.LastKillAt = c.since()
+			res.KillTimes = append(res.KillTimes, res.LastKillAt)
 			c.note("kill -9 %s (pid %d); started %s (pid %d); %d delivered so far", w.Name, pid, nw.Name, nw.Pid(), c.up.delivered.Load())
 		}
 
