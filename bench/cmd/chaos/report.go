@@ -14,6 +14,20 @@ import (
 	"github.com/shaperhq/shaper/queue"
 )
 
+// maxDupes bounds the duplicates listed one by one.
+const maxDupes = 1000
+
+type dupe struct {
+	Job   int           `json:"job"`
+	OKs   int           `json:"oks"`
+	First time.Duration `json:"first_ns"`
+	Last  time.Duration `json:"last_ns"`
+	// Next is the first kill or Redis crash at or after First; NextWhat
+	// says which ("" when none followed).
+	Next     time.Duration `json:"next_crash_ns"`
+	NextWhat string        `json:"next_crash"`
+}
+
 // killSpan is how long before a kill a job's first delivery may be for its
 // duplicate to be put down to that kill.
 const killSpan = 2 * time.Second
@@ -59,6 +73,10 @@ type result struct {
 	// DuplicatesAtCrash counts the others first delivered within killSpan
 	// before the Redis crash.
 	DuplicatesAtCrash int `json:"duplicates_first_delivered_just_before_the_redis_crash"`
+	// DuplicateList is every duplicate (up to maxDupes): when it was first
+	// and last answered 2xx, and the first kill or crash after its first
+	// answer.
+	DuplicateList []dupe `json:"duplicates,omitempty"`
 	// Final are the queue's counts after the run.
 	Final *queue.LaneCounts `json:"final_counts,omitempty"`
 
@@ -181,6 +199,19 @@ func (c *chaos) judge(ctx context.Context, res *result, p *producer) {
 			res.Duplicates++
 			res.ExtraDeliveries += n - 1
 			first := time.Duration(c.up.firstOK[i].Load()) - offset
+			if len(res.DuplicateList) < maxDupes {
+				d := dupe{Job: i, OKs: n, First: first, Last: time.Duration(c.up.lastOK[i].Load()) - offset}
+				for _, k := range res.KillTimes {
+					if k >= first {
+						d.Next, d.NextWhat = k, "kill"
+						break
+					}
+				}
+				if res.RedisCrashAt >= first && (d.NextWhat == "" || res.RedisCrashAt < d.Next) {
+					d.Next, d.NextWhat = res.RedisCrashAt, "redis"
+				}
+				res.DuplicateList = append(res.DuplicateList, d)
+			}
 			near := func(k time.Duration) bool { return first <= k && k-first <= killSpan }
 			switch {
 			case slices.ContainsFunc(res.KillTimes, near):
@@ -338,6 +369,19 @@ func writeTable(w io.Writer, r *result) {
 	}
 	fmt.Fprintf(w, "| **duplicate deliveries** (jobs answered 2xx more than once) | **%d** jobs, %d extra 2xx (%s of accepted); first delivered less than %v before a worker kill: %d, before the Redis crash: %d |\n",
 		r.Duplicates, r.ExtraDeliveries, pct(r.Duplicates, r.Accepted), killSpan, r.DuplicatesAtKill, r.DuplicatesAtCrash)
+	if len(r.DuplicateList) > 0 {
+		var toNext, apart []time.Duration
+		for _, d := range r.DuplicateList {
+			if d.NextWhat != "" {
+				toNext = append(toNext, d.Next-d.First)
+			}
+			apart = append(apart, d.Last-d.First)
+		}
+		slices.Sort(toNext)
+		slices.Sort(apart)
+		fmt.Fprintf(w, "| duplicates: first 2xx to the next kill or crash | %s |\n", spread(toNext))
+		fmt.Fprintf(w, "| duplicates: first 2xx to the last | %s |\n", spread(apart))
+	}
 	if f := r.Final; f != nil {
 		fmt.Fprintf(w, "| queue at the end | succeeded %d, dead %d, pending %d, active %d, retry %d, scheduled %d |\n",
 			f.Succeeded, f.Dead, f.Pending, f.Active, f.Retry, f.Scheduled)
@@ -354,7 +398,7 @@ func writeTable(w io.Writer, r *result) {
 		parts := make([]string, len(r.OverLimit))
 		for i, o := range r.OverLimit {
 			parts[i] = fmt.Sprintf("%d in the 1s up to %s (%d arrivals ended an over-limit window; nearest event: %s; worst stall of the stamping process within 2s: %v)",
-				o.Count, secs(o.End), o.Arrivals, nearest(r.Events, o.End), worstNear(r.Stalls, o.End, 2*time.Second))
+				o.Count, secs(o.End), o.Arrivals, nearest(r.Events, o.End), worstNear(r.Stalls, o.End, 2*time.Second).Round(100*time.Microsecond))
 		}
 		fmt.Fprintf(w, "| windows over the limit | %s |\n", strings.Join(parts, "; "))
 	}
@@ -364,7 +408,7 @@ func writeTable(w io.Writer, r *result) {
 	for _, s := range r.Stalls {
 		worst = max(worst, s.Worst)
 	}
-	fmt.Fprintf(w, "| stalls of the process stamping arrivals | %d seconds with a goroutine waiting ≥ %v to run; the worst ≥ %v |\n", len(r.Stalls), minStall, worst)
+	fmt.Fprintf(w, "| stalls of the process stamping arrivals | %d seconds with a goroutine waiting ≥ %v to run; the worst ≥ %v |\n", len(r.Stalls), minStall, worst.Round(100*time.Microsecond))
 	fmt.Fprintf(w, "| worker kills (kill -9, restarted at once) | %d, the last at %s; workers that exited by themselves: %d |\n", r.Kills, secs(r.LastKillAt), r.SelfExits)
 	if r.RedisCrashAt > 0 {
 		fmt.Fprintf(w, "| Redis crash (kill -9) | at %s with %d delivered; down %v; AOF reloaded in %v; first new delivery %v after it was back |\n",
@@ -386,6 +430,15 @@ func writeTable(w io.Writer, r *result) {
 	}
 	fmt.Fprintf(w, "\nMachine: %s. Load average before: %s; after: %s. %s.\n", r.Machine, r.LoadBefore, r.LoadAfter, r.Date)
 	fmt.Fprintf(w, "Command: `%s`\n", r.Command)
+}
+
+// spread summarises sorted durations: min, median, max.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "–"
+	}
+	r := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	return fmt.Sprintf("min %v, median %v, max %v (%d)", r(ds[0]), r(ds[len(ds)/2]), r(ds[len(ds)-1]), len(ds))
 }
 
 // nearest names the event closest in time to at.

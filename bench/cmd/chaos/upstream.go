@@ -28,6 +28,7 @@ type upstream struct {
 
 	oks       []atomic.Int32 // 2xx answers per job index
 	firstOK   []atomic.Int64 // ns since t0 of the first 2xx, per job index
+	lastOK    []atomic.Int64 // ns since t0 of the latest 2xx, per job index
 	delivered atomic.Int64   // jobs with at least one 2xx
 	lastNew   atomic.Int64   // ns since t0 of the latest first 2xx
 	foreign   atomic.Int64   // 2xx answers to keys that are not a job's
@@ -47,7 +48,7 @@ func startUpstream(jobs, rate int, latency time.Duration, t0 time.Time) (*upstre
 		return nil, err
 	}
 	u := &upstream{fake: fake, url: "http://" + ln.Addr().String(), t0: t0,
-		oks: make([]atomic.Int32, jobs), firstOK: make([]atomic.Int64, jobs)}
+		oks: make([]atomic.Int32, jobs), firstOK: make([]atomic.Int64, jobs), lastOK: make([]atomic.Int64, jobs)}
 	u.hs = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
 	go u.hs.Serve(ln)
 	return u, nil
@@ -67,8 +68,9 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u.foreign.Add(1)
 		return
 	}
+	at := int64(time.Since(u.t0))
+	u.lastOK[i].Store(at)
 	if u.oks[i].Add(1) == 1 {
-		at := int64(time.Since(u.t0))
 		u.firstOK[i].Store(at)
 		u.delivered.Add(1)
 		// Keep the latest; first deliveries race only by microseconds.
