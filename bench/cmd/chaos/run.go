@@ -269,7 +269,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 	if err := fleet.StopAll(15*time.Second, ws...); err != nil {
 		c.note("stopping the workers: %v", firstLine(err.Error()))
 	}
-	c.judge(ctx, res, prod)
+	// Judge even after Ctrl-C, within bounds: the figures so far are
+	// what the interrupted run has to show.
+	jctx, cancelJudge := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancelJudge()
+	c.judge(jctx, res, prod)
 	res.Machine = machine.Describe(srv.Version)
 	res.LoadBefore, res.LoadAfter = loadBefore, machine.Load()
 	res.Command = strings.TrimSpace("cd bench && go run ./cmd/chaos " + strings.Join(args, " "))
@@ -392,8 +396,14 @@ func (c *chaos) drive(ctx context.Context, prod *producer, enqueued <-chan struc
 				now.Seconds(), c.up.delivered.Load(), prod.acceptedCount(), counts.Pending, counts.Active, counts.Retry)
 		}
 
-		if enqueueDone && crashed && countsOK && counts.Backlog() == 0 && c.deliveredAccepted(prod) == prod.acceptedCount() {
-			c.note("every accepted job delivered and the queue empty")
+		// An empty queue is final: every job has succeeded, is dead, or
+		// is gone; nothing more will reach the upstream.
+		if enqueueDone && crashed && countsOK && counts.Backlog() == 0 {
+			if n := c.deliveredAccepted(prod); n == prod.acceptedCount() {
+				c.note("every accepted job delivered and the queue empty")
+			} else {
+				c.note("the queue is empty with %d of %d accepted jobs delivered", n, prod.acceptedCount())
+			}
 			return res, nil
 		}
 	}
