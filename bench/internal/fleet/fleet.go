@@ -195,6 +195,16 @@ func (p *Proc) Stop(grace time.Duration) error {
 	}
 }
 
+// Kill ends the child with SIGKILL, as a crash would (no shutdown of any
+// kind), and waits until it has gone.
+func (p *Proc) Kill() {
+	if p.Exited() {
+		return
+	}
+	p.cmd.Process.Kill()
+	<-p.done
+}
+
 // Wait waits for the child to end by itself.
 func (p *Proc) Wait() error {
 	<-p.done

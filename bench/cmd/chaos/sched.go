@@ -1,0 +1,63 @@
+package main
+
+import (
+	"runtime/metrics"
+	"time"
+)
+
+// The fake upstream runs in this process and stamps an arrival only when
+// its handler runs, so a stall of this process bunches arrivals that were
+// sent evenly. The run samples, every second, the longest any goroutine
+// waited to run, so that a window over the limit can be told apart from
+// senders that were early.
+
+// stall is the longest scheduling wait in the second before At.
+type stall struct {
+	At    time.Duration `json:"at_ns"`
+	Worst time.Duration `json:"worst_ns"`
+}
+
+// minStall is the shortest wait worth keeping: under half the default
+// 20ms guard, a stall cannot push a paced send into the next window.
+const minStall = 5 * time.Millisecond
+
+type schedHist struct {
+	counts  []uint64
+	buckets []float64
+}
+
+func readSched() schedHist {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return schedHist{}
+	}
+	h := s[0].Value.Float64Histogram()
+	return schedHist{counts: append([]uint64(nil), h.Counts...), buckets: h.Buckets}
+}
+
+// worstSince is the lower bound of the bucket of the longest wait seen
+// since before.
+func (h schedHist) worstSince(before schedHist) time.Duration {
+	for i := len(h.counts) - 1; i >= 0; i-- {
+		var was uint64
+		if i < len(before.counts) {
+			was = before.counts[i]
+		}
+		if h.counts[i] > was {
+			return time.Duration(h.buckets[i] * float64(time.Second))
+		}
+	}
+	return 0
+}
+
+// worstNear is the longest stall sampled within span of at.
+func worstNear(stalls []stall, at, span time.Duration) time.Duration {
+	var worst time.Duration
+	for _, s := range stalls {
+		if (s.At - at).Abs() <= span {
+			worst = max(worst, s.Worst)
+		}
+	}
+	return worst
+}
