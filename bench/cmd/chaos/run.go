@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
@@ -166,7 +167,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 	}
 	defer os.RemoveAll(dir)
 	fmt.Fprintln(stderr, "building shaper…")
-	shaper, err := fleet.Build(ctx, dir)
+	bin, err := fleet.Build(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +176,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 		return nil, err
 	}
 	defer srv.Stop()
-	c := &chaos{o: o, stderr: stderr, shaper: shaper, redis: srv, t0: time.Now()}
+	c := &chaos{o: o, stderr: stderr, shaper: bin, redis: srv, t0: time.Now()}
 	c.up, err = startUpstream(o.jobs, o.rate, o.latency, c.t0)
 	if err != nil {
 		return nil, err
@@ -191,9 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: time.Second, ReadTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, MaxRetries: -1, PoolSize: 4})
 	defer rdb.Close()
-	c.q, err = queue.New(rdb, queue.Config{Upstreams: map[string]queue.Upstream{upstreamName: {
-		Lanes: []string{laneName}, MaxPending: int64(10*o.jobs + 1000), MaxAttempts: 8,
-		ResultRetention: 24 * time.Hour, DeadRetention: 7 * 24 * time.Hour}}})
+	c.q, err = queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: upstreamName, MaxPending: int64(10*o.jobs + 1000)}}})
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +203,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 		return nil, err
 	}
 	apiAddr := "127.0.0.1:" + strconv.Itoa(port)
-	serve, err := shaper.Start("serve", []string{"SHAPER_KEY_BENCH=" + apiKey},
+	serve, err := bin.Start("serve", []string{"SHAPER_KEY_BENCH=" + apiKey},
 		"serve", "--config", c.cfg, "--listen", apiAddr, "--log-level", "warn")
 	if err != nil {
 		return nil, err

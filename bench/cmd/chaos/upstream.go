@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/shaperhq/shaper/examples/thirdparty"
+	"github.com/shaperhq/shaper/fakeupstream"
 )
 
 // keyPrefix starts every job's idempotency key; the rest is the job's index.
@@ -21,7 +21,7 @@ const keyPrefix = "chaos-"
 // what the run waits on: the fake's Report recomputes everything and is too
 // slow to poll.
 type upstream struct {
-	fake *thirdparty.Server
+	fake *fakeupstream.Server
 	hs   *http.Server
 	url  string
 	t0   time.Time
@@ -35,8 +35,8 @@ type upstream struct {
 }
 
 func startUpstream(jobs, rate int, latency time.Duration, t0 time.Time) (*upstream, error) {
-	fake, err := thirdparty.New(thirdparty.Config{
-		Algorithm: thirdparty.SlidingLog, Rate: int64(rate), Per: time.Second, Latency: latency,
+	fake, err := fakeupstream.New(fakeupstream.Config{
+		Algorithm: fakeupstream.SlidingLog, Rate: int64(rate), Per: time.Second, Latency: latency,
 		// Every arrival of the run is kept, retries and duplicates too.
 		MaxRecords: 3*jobs + 100_000,
 	})
@@ -60,10 +60,10 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if sw.status == 0 {
 		sw.status = http.StatusOK
 	}
-	if sw.status/100 != 2 || strings.HasPrefix(r.URL.Path, thirdparty.ControlPrefix) {
+	if sw.status/100 != 2 || strings.HasPrefix(r.URL.Path, fakeupstream.ControlPrefix) {
 		return
 	}
-	i, ok := u.index(r.Header.Get(thirdparty.DefaultIdempotencyHeader))
+	i, ok := u.index(r.Header.Get(fakeupstream.DefaultIdempotencyHeader))
 	if !ok {
 		u.foreign.Add(1)
 		return
