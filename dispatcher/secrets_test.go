@@ -2,7 +2,9 @@ package dispatcher
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -218,3 +220,83 @@ func TestJobWithoutItsSecretsIsNotSent(t *testing.T) {
 		t.Fatalf("upstream saw %d requests, want none", n)
 	}
 }
+
+// TestUnusableSecretsKillTheJob: a side key that Redis answers for but that
+// cannot be used (not JSON, the wrong type) is no passing outage: the job
+// dies with a last error that says why, instead of being handed back for
+// ever.
+func TestUnusableSecretsKillTheJob(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		spoil     func(ctx context.Context, rdb *redis.Client, key string) error
+		wantError string
+	}{
+		{"undecodable", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, "not json", time.Hour).Err()
+		}, "invalid character"},
+		{"wrong type", func(ctx context.Context, rdb *redis.Client, key string) error {
+			if err := rdb.Del(ctx, key).Err(); err != nil {
+				return err
+			}
+			return rdb.HSet(ctx, key, "Cookie", "sid=1").Err()
+		}, "WRONGTYPE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 3)
+			info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"Cookie": "sid=1"}})
+			if err := tc.spoil(context.Background(), h.rdb, queue.SecretsKey("shaper", &info.Job)); err != nil {
+				t.Fatal(err)
+			}
+			h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
+			got := h.waitFor([]string{info.ID}, queue.StateSucceeded, queue.StateDead)[info.ID]
+			if got.State != queue.StateDead || !strings.Contains(got.LastError, "sensitive headers") || !strings.Contains(got.LastError, tc.wantError) {
+				t.Fatalf("got %s (%q), want dead with an error about its sensitive headers mentioning %q", got.State, got.LastError, tc.wantError)
+			}
+			if n := h.fake.Report().Total; n != 0 {
+				t.Fatalf("upstream saw %d requests, want none", n)
+			}
+		})
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	gone := redis.NewClient(&redis.Options{Addr: closed, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer gone.Close()
+	rdb.Set(ctx, "unreachable:str", "x", time.Minute)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", gone.Get(ctx, "k").Err(), true},
+		{"context cancelled", rdb.Get(cancelled, "k").Err(), true},
+		{"client closed", redis.ErrClosed, true},
+		{"loading", fmt.Errorf("read: %w", redisReply("LOADING Redis is loading the dataset in memory")), true},
+		{"unknown command", rdb.Do(ctx, "NOSUCHCOMMAND").Err(), false},
+		{"wrong type", rdb.HGet(ctx, "unreachable:str", "f").Err(), false},
+		{"not json", json.Unmarshal([]byte("x"), new(map[string]string)), false},
+	} {
+		if tc.err == nil {
+			t.Fatalf("%s: no error to classify", tc.name)
+		}
+		if got := unreachable(tc.err); got != tc.want {
+			t.Errorf("%s (%v): got unreachable %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
+// redisReply is an error reply as go-redis reports one.
+type redisReply string
+
+func (e redisReply) Error() string { return string(e) }
+func (redisReply) RedisError()     {}

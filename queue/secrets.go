@@ -116,9 +116,21 @@ func LoadSecrets(ctx context.Context, rdb redis.Cmdable, prefix string, job *Job
 	if key == "" {
 		return nil, nil
 	}
-	b, err := rdb.GetEx(ctx, key, SecretsTTL(job, now)).Bytes()
-	if errors.Is(err, redis.Nil) {
+	// GET and PEXPIRE in one round trip rather than GETEX, which needs
+	// Redis 6.2 (shaper supports Redis 5). PEXPIRE on a missing key does
+	// nothing, so the order cannot revive an expired key.
+	var get *redis.StringCmd
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		get = p.Get(ctx, key)
+		p.PExpire(ctx, key, SecretsTTL(job, now))
+		return nil
+	})
+	b, gerr := get.Bytes()
+	if errors.Is(gerr, redis.Nil) {
 		return nil, fmt.Errorf("job %s: %w", job.ID, ErrSecretsGone)
+	}
+	if gerr != nil {
+		err = gerr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("job %s: read sensitive headers: %w", job.ID, err)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/redistest"
 )
 
 func secretKeys(t *testing.T, q *Queue) []string {
@@ -104,6 +106,42 @@ func TestSensitiveHeadersKeptAside(t *testing.T) {
 		t.Fatal("Cancel left the job's sensitive headers behind")
 	}
 	if _, err := LoadSecrets(ctx, rdb, q.prefix, &got.Job, time.Now()); !errors.Is(err, ErrSecretsGone) {
+		t.Fatalf("LoadSecrets after Cancel: got %v, want ErrSecretsGone", err)
+	}
+}
+
+// TestSecretsWithoutRedis62Commands keeps the side key's life within what
+// Redis 5 offers (the README's promise): a real server with the commands
+// of Redis 6.2 and later that touch a plain key renamed away.
+func TestSecretsWithoutRedis62Commands(t *testing.T) {
+	ctx := context.Background()
+	var args []string
+	for _, cmd := range []string{"GETEX", "GETDEL", "COPY", "EXPIRETIME", "PEXPIRETIME"} {
+		args = append(args, "--rename-command", cmd, "")
+	}
+	old := redistest.New(t, redistest.Options{Args: args})
+	rdb := old.Client(t)
+	if err := rdb.Do(ctx, "GETEX", "k").Err(); err == nil || !strings.Contains(err.Error(), "unknown command") {
+		t.Fatalf("GETEX on the restricted server: got %v, want an unknown command error", err)
+	}
+	q := newQueue(t, rdb, upstreams(100))
+	info, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", Headers: map[string]string{"Authorization": "Bearer x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := SecretsKey(q.prefix, &info.Job)
+	rdb.Expire(ctx, key, time.Minute)
+	secret, err := LoadSecrets(ctx, rdb, q.prefix, &info.Job, time.Now())
+	if err != nil || secret["Authorization"] != "Bearer x" {
+		t.Fatalf("LoadSecrets: got %v, %v; want the job's Authorization", secret, err)
+	}
+	if ttl := rdb.TTL(ctx, key).Val(); ttl < secretsBackstop-time.Minute {
+		t.Errorf("side key TTL after LoadSecrets: got %v, want it renewed to about %v", ttl, secretsBackstop)
+	}
+	if _, err := q.Cancel(ctx, info.ID, "billing"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadSecrets(ctx, rdb, q.prefix, &info.Job, time.Now()); !errors.Is(err, ErrSecretsGone) {
 		t.Fatalf("LoadSecrets after Cancel: got %v, want ErrSecretsGone", err)
 	}
 }
