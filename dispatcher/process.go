@@ -33,7 +33,11 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			defer func() {
 				if err == nil || errors.Is(err, asynq.SkipRetry) {
 					d.forgetSecrets(ctx, &job)
+					return
 				}
+				// Handed back: the headers must outlast the wait, however
+				// long (a pause until resumed hands back for up to a year).
+				d.keepSecrets(ctx, &job, retryDelay(err, func() time.Duration { return u.cfg.Retry.MaxBackoff }))
 			}()
 		}
 		if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
@@ -171,6 +175,17 @@ func unreachable(err error) bool {
 		}
 	}
 	return false
+}
+
+// keepSecrets renews the sensitive headers of a job handed back for delay;
+// a failure leaves them the TTL the worker's read gave them.
+func (d *Dispatcher) keepSecrets(ctx context.Context, job *queue.Job, delay time.Duration) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := queue.RenewSecrets(rctx, d.rdb, d.cfg.Prefix, job, time.Now(), delay); err != nil {
+		d.m.RedisErrors.WithLabelValues("secrets").Inc()
+		d.log.Warn("could not renew the sensitive headers of a job handed back", "job", job.ID, "for", delay, "err", err)
+	}
 }
 
 // forgetSecrets deletes a finished job's sensitive headers; the side key's

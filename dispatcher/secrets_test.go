@@ -300,3 +300,64 @@ type redisReply string
 
 func (e redisReply) Error() string { return string(e) }
 func (redisReply) RedisError()     {}
+
+// TestHandedBackJobsKeepTheirSecrets: a job handed back to wait (pushback,
+// a retry after Retry-After, a pause far beyond MaxHold) keeps its
+// sensitive headers for that wait plus the backstop, however long the
+// wait: nothing else renews them until a worker takes it again.
+func TestHandedBackJobsKeepTheirSecrets(t *testing.T) {
+	backstop := queue.SecretsTTL(&queue.Job{}, time.Now())
+	for _, tc := range []struct {
+		name   string
+		status int
+		retry  string
+		pause  time.Duration
+		state  queue.State
+		wait   time.Duration
+	}{
+		{name: "pushback", status: http.StatusTooManyRequests, retry: "3600", state: queue.StateScheduled, wait: time.Hour},
+		{name: "retry", status: http.StatusServiceUnavailable, retry: "7200", state: queue.StateRetrying, wait: 2 * time.Hour},
+		{name: "pause", pause: 365 * 24 * time.Hour, state: queue.StateScheduled, wait: 365 * 24 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 3)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", tc.retry)
+				w.WriteHeader(tc.status)
+			}))
+			defer up.Close()
+			d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", BaseURL: up.URL, Limits: []leaky.Limit{leaky.PerSecond(1000)}}},
+				MaxHold: 200 * time.Millisecond}, nil)
+			if tc.pause > 0 {
+				if _, err := d.ups["api"].bucket.Block(context.Background(), tc.pause, "paused until resumed"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"Authorization": "Bearer x"}})
+			key := queue.SecretsKey("shaper", &info.Job)
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				got, err := h.q.Get(context.Background(), info.ID, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.State == tc.state {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("job is %s (%q), want %s", got.State, got.LastError, tc.state)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			// The renewal follows the hand-back; give it a moment.
+			want := tc.wait + backstop - 2*time.Minute
+			var ttl time.Duration
+			for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				if ttl = h.rdb.PTTL(context.Background(), key).Val(); ttl >= want {
+					return
+				}
+			}
+			t.Fatalf("side key TTL after a hand-back for %v: got %v, want at least %v (the wait plus the backstop)", tc.wait, ttl, want)
+		})
+	}
+}

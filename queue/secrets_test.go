@@ -145,3 +145,49 @@ func TestSecretsWithoutRedis62Commands(t *testing.T) {
 		t.Fatalf("LoadSecrets after Cancel: got %v, want ErrSecretsGone", err)
 	}
 }
+
+// TestRenewSecrets: a hand-back renews the side key for its delay plus a
+// backstop long enough for a backlog weeks deep; a job with a ttl keeps
+// them only until it expires; a key already gone is not brought back.
+func TestRenewSecrets(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	now := time.Now()
+	if secretsBackstop < 4*7*24*time.Hour {
+		t.Errorf("backstop %v: a job waiting in a backlog a few weeks deep would lose its headers", secretsBackstop)
+	}
+	for _, tc := range []struct {
+		name             string
+		job              Job
+		delay            time.Duration
+		wantMin, wantMax time.Duration
+	}{
+		{"short wait", Job{Path: "/a"}, time.Second, secretsBackstop, secretsBackstop + time.Second},
+		{"pause of a year", Job{Path: "/b"}, 365 * 24 * time.Hour, 365*24*time.Hour + secretsBackstop - time.Second, 365*24*time.Hour + secretsBackstop},
+		{"with a ttl", Job{Path: "/c", ExpiresAt: now.Add(time.Hour)}, 365 * 24 * time.Hour, time.Hour, time.Hour + secretsSlack},
+	} {
+		tc.job.Tenant, tc.job.Upstream, tc.job.Headers = "t", "stripe", map[string]string{"Cookie": "sid=1"}
+		info, _, err := q.Enqueue(ctx, &tc.job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := RenewSecrets(ctx, rdb, q.prefix, &info.Job, now, tc.delay); err != nil {
+			t.Fatal(err)
+		}
+		if ttl := rdb.PTTL(ctx, SecretsKey(q.prefix, &info.Job)).Val(); ttl < tc.wantMin-time.Second || ttl > tc.wantMax {
+			t.Errorf("%s: TTL %v, want between %v and %v", tc.name, ttl, tc.wantMin, tc.wantMax)
+		}
+	}
+	gone := Job{ID: "stripe.default.x", Upstream: "stripe", Lane: "default", Secrets: "00"}
+	if err := RenewSecrets(ctx, rdb, q.prefix, &gone, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, SecretsKey(q.prefix, &gone)).Val(); n != 0 {
+		t.Error("RenewSecrets brought back a side key that was gone")
+	}
+	if err := RenewSecrets(ctx, rdb, q.prefix, &Job{ID: "stripe.default.y"}, now, time.Hour); err != nil {
+		t.Errorf("a job without secrets: got %v, want nothing to do", err)
+	}
+}
