@@ -146,6 +146,11 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	default:
 		return nil, fmt.Errorf("store_response %q: want full, headers or status", uc.StoreResponse)
 	}
+	for _, p := range uc.StoreResponseHeaders {
+		if err := shaper.ValidHeaderPattern(p); err != nil {
+			return nil, fmt.Errorf("store_response_headers: %w", err)
+		}
+	}
 	bucket, err := pacer.Bucket(uc.Name, leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
 		// A lease lives through the wait for its slot and the request.

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -359,5 +360,55 @@ func TestHandedBackJobsKeepTheirSecrets(t *testing.T) {
 			}
 			t.Fatalf("side key TTL after a hand-back for %v: got %v, want at least %v (the wait plus the backstop)", tc.wait, ttl, want)
 		})
+	}
+}
+
+// TestStoreResponseHeaders: an upstream's store_response_headers replace
+// the default list; Set-Cookie is never kept, not even by "*".
+func TestStoreResponseHeaders(t *testing.T) {
+	answer := &queue.Response{Status: 200, Body: []byte("ok"), Headers: map[string][]string{
+		"Content-Type": {"text/plain"}, "Set-Cookie": {"a=b"}, "X-Request-Id": {"r1"}, "Server": {"nginx"},
+		"X-Debug-Node": {"7"}, "Idempotent-Replayed": {"true"},
+	}}
+	for _, tc := range []struct {
+		name     string
+		patterns []string
+		want     []string
+	}{
+		{"default", nil, []string{"Content-Type", "X-Request-Id"}},
+		{"own list", []string{"idempotent-replayed", "X-Debug-*"}, []string{"Idempotent-Replayed", "X-Debug-Node"}},
+		{"set-cookie asked for", []string{"Set-Cookie", "Server"}, []string{"Server"}},
+		{"everything", []string{"*"}, []string{"Content-Type", "Idempotent-Replayed", "Server", "X-Debug-Node", "X-Request-Id"}},
+	} {
+		u := &upstream{cfg: shaper.Upstream{StoreResponse: shaper.StoreHeaders, StoreResponseHeaders: tc.patterns}, base: &url.URL{Scheme: "https", Host: "api.example"}}
+		var got []string
+		for name := range u.stored(answer).Headers {
+			got = append(got, name)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: kept %v, want %v", tc.name, got, tc.want)
+		}
+	}
+
+	// Through a dispatcher, and a bad pattern is refused at New.
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for name, v := range answer.Headers {
+			w.Header()[name] = v
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	defer up.Close()
+	if _, err := New(h.rdb, Config{Upstreams: []shaper.Upstream{{Name: "api", BaseURL: up.URL, Limits: []leaky.Limit{leaky.PerSecond(10)},
+		StoreResponseHeaders: []string{"X Id"}}}}); err == nil || !strings.Contains(err.Error(), "store_response_headers") {
+		t.Errorf("New with a bad store_response_headers pattern: got %v, want an error naming it", err)
+	}
+	h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", BaseURL: up.URL, Limits: []leaky.Limit{leaky.PerSecond(1000)},
+		StoreResponseHeaders: []string{"Server", "Set-Cookie"}}}}, nil)
+	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x"})
+	got := h.waitFor([]string{info.ID}, queue.StateSucceeded, queue.StateDead)[info.ID]
+	if got.Response == nil || len(got.Response.Headers) != 1 || got.Response.Headers["Server"] == nil {
+		t.Fatalf("stored response %+v, want only the Server header", got.Response)
 	}
 }
