@@ -29,15 +29,19 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 			return fmt.Errorf("undecodable job: %v: %w", err, asynq.SkipRetry)
 		}
+		read := false // the side key was read, so Redis answered just now
 		if job.Secrets != "" {
 			defer func() {
-				if err == nil || errors.Is(err, asynq.SkipRetry) {
+				switch {
+				case err == nil || errors.Is(err, asynq.SkipRetry):
 					d.forgetSecrets(ctx, &job)
-					return
+				case read:
+					// Handed back: the headers must outlast the wait, however
+					// long (a pause until resumed hands back for up to a
+					// year). Not after a failed read: Redis is likely down,
+					// and the read left the TTL as it was.
+					d.keepSecrets(ctx, &job, retryDelay(err, func() time.Duration { return u.cfg.Retry.MaxBackoff }))
 				}
-				// Handed back: the headers must outlast the wait, however
-				// long (a pause until resumed hands back for up to a year).
-				d.keepSecrets(ctx, &job, retryDelay(err, func() time.Duration { return u.cfg.Retry.MaxBackoff }))
 			}()
 		}
 		if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
@@ -47,6 +51,7 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 		if err := d.withSecrets(ctx, &job); err != nil {
 			return err
 		}
+		read = true
 		attempt := queue.Attempt(ctx)
 
 		var v verdict
