@@ -3,24 +3,29 @@ package shaper
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"golang.org/x/net/http/httpguts"
 )
 
-// alwaysSensitive are sensitive for every upstream, whatever its
-// sensitive_headers say.
-var alwaysSensitive = []string{"Authorization", "Cookie", "Proxy-Authorization"}
+// alwaysSensitive reports the request headers that are sensitive for every
+// upstream, whatever its sensitive_headers say.
+func alwaysSensitive(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Authorization", "Cookie", "Proxy-Authorization":
+		return true
+	}
+	return false
+}
 
 // SensitiveHeader reports whether a job's request header is a secret that
 // must not stay in Redis once the job has finished: Authorization, Cookie,
 // Proxy-Authorization, and names that match one of SensitiveHeaders (see
 // MatchHeader).
 func (u Upstream) SensitiveHeader(name string) bool {
-	for _, p := range alwaysSensitive {
-		if strings.EqualFold(p, name) {
-			return true
-		}
+	if alwaysSensitive(name) {
+		return true
 	}
 	for _, p := range u.SensitiveHeaders {
 		if MatchHeader(p, name) {

@@ -70,9 +70,13 @@ type Upstream struct {
 	SensitiveHeaders []string
 	// StoreResponse is what of an answer is kept with the job: StoreFull
 	// (the default), StoreHeaders or StoreStatus. Of an HTTP answer only
-	// allowed headers are kept (content type, rate-limit and request-id
-	// headers; never Set-Cookie).
+	// allowed headers are kept (StoreResponseHeaders; never Set-Cookie).
 	StoreResponse string
+	// StoreResponseHeaders are patterns of response header names (see
+	// MatchHeader) kept with an HTTP answer, replacing the default list
+	// (content type, rate-limit and request-id headers). Empty means the
+	// default. Set-Cookie is never kept, whatever they say.
+	StoreResponseHeaders []string
 }
 
 // What of an upstream's answer is kept with the job (Upstream.StoreResponse).

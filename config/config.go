@@ -218,6 +218,11 @@ type Upstream struct {
 	// "full" (status, allowed headers and body), "headers" (no body) or
 	// "status". Default "full".
 	StoreResponse string `yaml:"store_response"`
+	// StoreResponseHeaders are patterns, as in SensitiveHeaders, of the
+	// upstream's response headers kept with a job; given, they replace the
+	// default list (content type, rate-limit and request-id headers).
+	// Set-Cookie is never kept, whatever they say.
+	StoreResponseHeaders []string `yaml:"store_response_headers"`
 }
 
 // Limit is one limit as written in the config; see leaky.Limit for the
@@ -423,25 +428,26 @@ func (u *Upstream) fillDefaults() {
 // Config every default is already filled in.
 func (u *Upstream) Shaper() shaper.Upstream {
 	return shaper.Upstream{
-		Name:                u.Name,
-		BaseURL:             u.BaseURL,
-		Limits:              u.leakyLimits(),
-		Guard:               time.Duration(u.Guard),
-		Concurrency:         u.Concurrency,
-		Timeout:             time.Duration(u.Timeout),
-		MaxPending:          u.MaxPending,
-		Retry:               shaper.Retry{MaxAttempts: u.Retry.MaxAttempts, MinBackoff: time.Duration(u.Retry.MinBackoff), MaxBackoff: time.Duration(u.Retry.MaxBackoff)},
-		Headers:             u.Headers,
-		IdempotencyHeader:   u.IdempotencyHeader,
-		NoIdempotencyHeader: u.noIdempotencyHeader,
-		Lanes:               u.Lanes,
-		Workers:             u.Workers,
-		MaxResponseBytes:    u.MaxResponseBytes,
-		ResultRetention:     time.Duration(u.ResultRetention),
-		DeadRetention:       time.Duration(u.DeadRetention),
-		PushbackDefault:     time.Duration(u.PushbackDefault),
-		SensitiveHeaders:    u.SensitiveHeaders,
-		StoreResponse:       u.StoreResponse,
+		Name:                 u.Name,
+		BaseURL:              u.BaseURL,
+		Limits:               u.leakyLimits(),
+		Guard:                time.Duration(u.Guard),
+		Concurrency:          u.Concurrency,
+		Timeout:              time.Duration(u.Timeout),
+		MaxPending:           u.MaxPending,
+		Retry:                shaper.Retry{MaxAttempts: u.Retry.MaxAttempts, MinBackoff: time.Duration(u.Retry.MinBackoff), MaxBackoff: time.Duration(u.Retry.MaxBackoff)},
+		Headers:              u.Headers,
+		IdempotencyHeader:    u.IdempotencyHeader,
+		NoIdempotencyHeader:  u.noIdempotencyHeader,
+		Lanes:                u.Lanes,
+		Workers:              u.Workers,
+		MaxResponseBytes:     u.MaxResponseBytes,
+		ResultRetention:      time.Duration(u.ResultRetention),
+		DeadRetention:        time.Duration(u.DeadRetention),
+		PushbackDefault:      time.Duration(u.PushbackDefault),
+		SensitiveHeaders:     u.SensitiveHeaders,
+		StoreResponse:        u.StoreResponse,
+		StoreResponseHeaders: u.StoreResponseHeaders,
 	}
 }
 

@@ -428,6 +428,9 @@ func TestDeployExample(t *testing.T) {
 	if h := c.Upstreams["stripe"].Headers["Authorization"]; h != "Bearer sk_test" {
 		t.Errorf("stripe Authorization: got %q", h)
 	}
+	if got, want := c.Upstreams["stripe"].Shaper().StoreResponseHeaders, []string{"Content-Type", "Retry-After", "Request-Id", "Idempotent-Replayed", "Stripe-*"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("stripe store_response_headers: got %q, want %q", got, want)
+	}
 
 	// Every key is shown, commented out or not.
 	data, err := os.ReadFile(path)

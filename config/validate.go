@@ -421,6 +421,14 @@ func (k checker) upstream(p, name string, u *Upstream) {
 			k.add(index(p+".sensitive_headers", i), "%v", err)
 		}
 	}
+	if u.Handler && len(u.StoreResponseHeaders) > 0 {
+		k.add(p+".store_response_headers", "an upstream with handler: true stores its handler's response as the handler returns it (remove store_response_headers, or handler)")
+	}
+	for i, pat := range u.StoreResponseHeaders {
+		if err := shaper.ValidHeaderPattern(pat); err != nil {
+			k.add(index(p+".store_response_headers", i), "%v", err)
+		}
+	}
 	switch u.StoreResponse {
 	case "full", "headers", "status":
 	case "":

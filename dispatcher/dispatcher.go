@@ -146,6 +146,11 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	default:
 		return nil, fmt.Errorf("store_response %q: want full, headers or status", uc.StoreResponse)
 	}
+	for _, p := range uc.StoreResponseHeaders {
+		if err := shaper.ValidHeaderPattern(p); err != nil {
+			return nil, fmt.Errorf("store_response_headers: %w", err)
+		}
+	}
 	bucket, err := pacer.Bucket(uc.Name, leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
 		// A lease lives through the wait for its slot and the request.
@@ -282,19 +287,25 @@ func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
 		ShutdownTimeout:          d.cfg.ShutdownTimeout,
 		IsFailure:                queue.IsFailure,
 		RetryDelayFunc: func(n int, err error, _ *asynq.Task) time.Duration {
-			var df *queue.Deferral
-			if errors.As(err, &df) {
-				return df.Delay
-			}
-			var rl *retryLater
-			if errors.As(err, &rl) {
-				return rl.delay
-			}
-			return backoff(n+1, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff)
+			return retryDelay(err, func() time.Duration { return backoff(n+1, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff) })
 		},
 		Logger:   asynqLogger{d.log.With("upstream", u.cfg.Name)},
 		LogLevel: asynq.WarnLevel,
 	}
+}
+
+// retryDelay is how long asynq holds a job a worker ended with err before
+// running it again: a hand-back's or a retry's own delay, else fallback.
+func retryDelay(err error, fallback func() time.Duration) time.Duration {
+	var df *queue.Deferral
+	if errors.As(err, &df) {
+		return df.Delay
+	}
+	var rl *retryLater
+	if errors.As(err, &rl) {
+		return rl.delay
+	}
+	return fallback()
 }
 
 // retryLater is a failed attempt with the delay before the next one.

@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -26,10 +29,18 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 			return fmt.Errorf("undecodable job: %v: %w", err, asynq.SkipRetry)
 		}
+		read := false // the side key was read, so Redis answered just now
 		if job.Secrets != "" {
 			defer func() {
-				if err == nil || errors.Is(err, asynq.SkipRetry) {
+				switch {
+				case err == nil || errors.Is(err, asynq.SkipRetry):
 					d.forgetSecrets(ctx, &job)
+				case read:
+					// Handed back: the headers must outlast the wait, however
+					// long (a pause until resumed hands back for up to a
+					// year). Not after a failed read: Redis is likely down,
+					// and the read left the TTL as it was.
+					d.keepSecrets(ctx, &job, retryDelay(err, func() time.Duration { return u.cfg.Retry.MaxBackoff }))
 				}
 			}()
 		}
@@ -40,6 +51,7 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 		if err := d.withSecrets(ctx, &job); err != nil {
 			return err
 		}
+		read = true
 		attempt := queue.Attempt(ctx)
 
 		var v verdict
@@ -112,17 +124,23 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 
 // withSecrets puts a job's sensitive headers (kept aside by the queue) back
 // into its headers for the send. Without them the job cannot be sent as
-// given: it dies if they expired, and waits if Redis cannot be read.
+// given: it waits while Redis cannot be reached, and dies for any other
+// failure (expired, undecodable, a command the server refuses), which a
+// wait would not cure: handing it back would loop forever.
 func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
 	secret, err := queue.LoadSecrets(ctx, d.rdb, d.cfg.Prefix, job, time.Now())
 	switch {
 	case errors.Is(err, queue.ErrSecretsGone):
 		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
 		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
-	case err != nil:
+	case err != nil && unreachable(err):
 		d.m.RedisErrors.WithLabelValues("secrets").Inc()
 		d.log.Error("cannot read a job's sensitive headers; handing it back", "job", job.ID, "err", err)
 		return handBack(time.Second, "sensitive headers unreadable")
+	case err != nil:
+		d.m.RedisErrors.WithLabelValues("secrets").Inc()
+		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
+		return fmt.Errorf("cannot use the job's sensitive headers: %v: %w", err, asynq.SkipRetry)
 	case secret == nil:
 		return nil
 	}
@@ -135,6 +153,44 @@ func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
 	}
 	job.Headers = headers
 	return nil
+}
+
+// unreachable reports whether a Redis error says the store could not be
+// reached or is briefly unable to answer (a connection refused or dropped,
+// a timeout, a server loading its data or failing over), which passes; a
+// reply the server gave on purpose (an unknown command, a wrong type) or a
+// value that cannot be decoded does not.
+func unreachable(err error) bool {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
+		errors.As(err, &netErr):
+		return true
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MOVED ", "ASK ", "BUSY ", "NOREPLICAS", "ERR max number of clients"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// keepSecrets renews the sensitive headers of a job handed back for delay;
+// a failure leaves them the TTL the worker's read gave them.
+func (d *Dispatcher) keepSecrets(ctx context.Context, job *queue.Job, delay time.Duration) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := queue.RenewSecrets(rctx, d.rdb, d.cfg.Prefix, job, time.Now(), delay); err != nil {
+		d.m.RedisErrors.WithLabelValues("secrets").Inc()
+		d.log.Warn("could not renew the sensitive headers of a job handed back", "job", job.ID, "for", delay, "err", err)
+	}
 }
 
 // forgetSecrets deletes a finished job's sensitive headers; the side key's

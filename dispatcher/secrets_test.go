@@ -2,10 +2,13 @@ package dispatcher
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -216,5 +219,196 @@ func TestJobWithoutItsSecretsIsNotSent(t *testing.T) {
 	}
 	if n := h.fake.Report().Total; n != 0 {
 		t.Fatalf("upstream saw %d requests, want none", n)
+	}
+}
+
+// TestUnusableSecretsKillTheJob: a side key that Redis answers for but that
+// cannot be used (not JSON, the wrong type) is no passing outage: the job
+// dies with a last error that says why, instead of being handed back for
+// ever.
+func TestUnusableSecretsKillTheJob(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		spoil     func(ctx context.Context, rdb *redis.Client, key string) error
+		wantError string
+	}{
+		{"undecodable", func(ctx context.Context, rdb *redis.Client, key string) error {
+			return rdb.Set(ctx, key, "not json", time.Hour).Err()
+		}, "invalid character"},
+		{"wrong type", func(ctx context.Context, rdb *redis.Client, key string) error {
+			if err := rdb.Del(ctx, key).Err(); err != nil {
+				return err
+			}
+			return rdb.HSet(ctx, key, "Cookie", "sid=1").Err()
+		}, "WRONGTYPE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 3)
+			info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"Cookie": "sid=1"}})
+			if err := tc.spoil(context.Background(), h.rdb, queue.SecretsKey("shaper", &info.Job)); err != nil {
+				t.Fatal(err)
+			}
+			h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}}, nil)
+			got := h.waitFor([]string{info.ID}, queue.StateSucceeded, queue.StateDead)[info.ID]
+			if got.State != queue.StateDead || !strings.Contains(got.LastError, "sensitive headers") || !strings.Contains(got.LastError, tc.wantError) {
+				t.Fatalf("got %s (%q), want dead with an error about its sensitive headers mentioning %q", got.State, got.LastError, tc.wantError)
+			}
+			if n := h.fake.Report().Total; n != 0 {
+				t.Fatalf("upstream saw %d requests, want none", n)
+			}
+		})
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	gone := redis.NewClient(&redis.Options{Addr: closed, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer gone.Close()
+	rdb.Set(ctx, "unreachable:str", "x", time.Minute)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", gone.Get(ctx, "k").Err(), true},
+		{"context cancelled", rdb.Get(cancelled, "k").Err(), true},
+		{"client closed", redis.ErrClosed, true},
+		{"loading", fmt.Errorf("read: %w", redisReply("LOADING Redis is loading the dataset in memory")), true},
+		{"unknown command", rdb.Do(ctx, "NOSUCHCOMMAND").Err(), false},
+		{"wrong type", rdb.HGet(ctx, "unreachable:str", "f").Err(), false},
+		{"not json", json.Unmarshal([]byte("x"), new(map[string]string)), false},
+	} {
+		if tc.err == nil {
+			t.Fatalf("%s: no error to classify", tc.name)
+		}
+		if got := unreachable(tc.err); got != tc.want {
+			t.Errorf("%s (%v): got unreachable %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
+// redisReply is an error reply as go-redis reports one.
+type redisReply string
+
+func (e redisReply) Error() string { return string(e) }
+func (redisReply) RedisError()     {}
+
+// TestHandedBackJobsKeepTheirSecrets: a job handed back to wait (pushback,
+// a retry after Retry-After, a pause far beyond MaxHold) keeps its
+// sensitive headers for that wait plus the backstop, however long the
+// wait: nothing else renews them until a worker takes it again.
+func TestHandedBackJobsKeepTheirSecrets(t *testing.T) {
+	backstop := queue.SecretsTTL(&queue.Job{}, time.Now())
+	for _, tc := range []struct {
+		name   string
+		status int
+		retry  string
+		pause  time.Duration
+		state  queue.State
+		wait   time.Duration
+	}{
+		{name: "pushback", status: http.StatusTooManyRequests, retry: "3600", state: queue.StateScheduled, wait: time.Hour},
+		{name: "retry", status: http.StatusServiceUnavailable, retry: "7200", state: queue.StateRetrying, wait: 2 * time.Hour},
+		{name: "pause", pause: 365 * 24 * time.Hour, state: queue.StateScheduled, wait: 365 * 24 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 3)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", tc.retry)
+				w.WriteHeader(tc.status)
+			}))
+			defer up.Close()
+			d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", BaseURL: up.URL, Limits: []leaky.Limit{leaky.PerSecond(1000)}}},
+				MaxHold: 200 * time.Millisecond}, nil)
+			if tc.pause > 0 {
+				if _, err := d.ups["api"].bucket.Block(context.Background(), tc.pause, "paused until resumed"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x", Headers: map[string]string{"Authorization": "Bearer x"}})
+			key := queue.SecretsKey("shaper", &info.Job)
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				got, err := h.q.Get(context.Background(), info.ID, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.State == tc.state {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("job is %s (%q), want %s", got.State, got.LastError, tc.state)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			// The renewal follows the hand-back; give it a moment.
+			want := tc.wait + backstop - 2*time.Minute
+			var ttl time.Duration
+			for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				if ttl = h.rdb.PTTL(context.Background(), key).Val(); ttl >= want {
+					return
+				}
+			}
+			t.Fatalf("side key TTL after a hand-back for %v: got %v, want at least %v (the wait plus the backstop)", tc.wait, ttl, want)
+		})
+	}
+}
+
+// TestStoreResponseHeaders: an upstream's store_response_headers replace
+// the default list; Set-Cookie is never kept, not even by "*".
+func TestStoreResponseHeaders(t *testing.T) {
+	answer := &queue.Response{Status: 200, Body: []byte("ok"), Headers: map[string][]string{
+		"Content-Type": {"text/plain"}, "Set-Cookie": {"a=b"}, "X-Request-Id": {"r1"}, "Server": {"nginx"},
+		"X-Debug-Node": {"7"}, "Idempotent-Replayed": {"true"},
+	}}
+	for _, tc := range []struct {
+		name     string
+		patterns []string
+		want     []string
+	}{
+		{"default", nil, []string{"Content-Type", "X-Request-Id"}},
+		{"own list", []string{"idempotent-replayed", "X-Debug-*"}, []string{"Idempotent-Replayed", "X-Debug-Node"}},
+		{"set-cookie asked for", []string{"Set-Cookie", "Server"}, []string{"Server"}},
+		{"everything", []string{"*"}, []string{"Content-Type", "Idempotent-Replayed", "Server", "X-Debug-Node", "X-Request-Id"}},
+	} {
+		u := &upstream{cfg: shaper.Upstream{StoreResponse: shaper.StoreHeaders, StoreResponseHeaders: tc.patterns}, base: &url.URL{Scheme: "https", Host: "api.example"}}
+		var got []string
+		for name := range u.stored(answer).Headers {
+			got = append(got, name)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: kept %v, want %v", tc.name, got, tc.want)
+		}
+	}
+
+	// Through a dispatcher, and a bad pattern is refused at New.
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for name, v := range answer.Headers {
+			w.Header()[name] = v
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	defer up.Close()
+	if _, err := New(h.rdb, Config{Upstreams: []shaper.Upstream{{Name: "api", BaseURL: up.URL, Limits: []leaky.Limit{leaky.PerSecond(10)},
+		StoreResponseHeaders: []string{"X Id"}}}}); err == nil || !strings.Contains(err.Error(), "store_response_headers") {
+		t.Errorf("New with a bad store_response_headers pattern: got %v, want an error naming it", err)
+	}
+	h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", BaseURL: up.URL, Limits: []leaky.Limit{leaky.PerSecond(1000)},
+		StoreResponseHeaders: []string{"Server", "Set-Cookie"}}}}, nil)
+	info := h.enqueue(&queue.Job{Upstream: "api", Path: "/x"})
+	got := h.waitFor([]string{info.ID}, queue.StateSucceeded, queue.StateDead)[info.ID]
+	if got.Response == nil || len(got.Response.Headers) != 1 || got.Response.Headers["Server"] == nil {
+		t.Fatalf("stored response %+v, want only the Server header", got.Response)
 	}
 }

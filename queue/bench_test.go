@@ -28,7 +28,7 @@ func BenchmarkGetAcrossTenants(b *testing.B) {
 		b.Fatal(err)
 	}
 	// The same job under an ID made before tags: what every Get cost before.
-	old, _, err := q.Enqueue(ctx, &Job{ID: legacyIdempotentID("billing", "stripe", "default", "big"), Tenant: "billing",
+	old, _, err := q.Enqueue(ctx, &Job{ID: oldIdempotentID("billing", "stripe", "default", "big"), Tenant: "billing",
 		Upstream: "stripe", Path: "/big", Body: body})
 	if err != nil {
 		b.Fatal(err)

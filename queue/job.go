@@ -127,13 +127,6 @@ func IdempotentID(tenant, upstream, lane, key string) string {
 	return upstream + "." + lane + "." + tenantTag(tenant) + "-" + idempotentPart(tenant, key)
 }
 
-// legacyIdempotentID is IdempotentID as it was before IDs carried a tenant
-// tag; Enqueue still looks for it so that a key repeated across the upgrade
-// finds the job made before it.
-func legacyIdempotentID(tenant, upstream, lane, key string) string {
-	return upstream + "." + lane + "." + idempotentPart(tenant, key)
-}
-
 func idempotentPart(tenant, key string) string {
 	sum := sha256.Sum256([]byte(tenant + "\x00" + key))
 	return "i" + hex.EncodeToString(sum[:15])

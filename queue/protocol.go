@@ -24,8 +24,14 @@ const deferredPrefix = "deferred: "
 // Delay. The job shows as scheduled, not retrying, and a resume makes it
 // due at once (RunDeferred).
 type Deferral struct {
+	// Delay is how long the job waits in its queue before a worker takes
+	// it again; zero makes it due at once. The worker renews the job's
+	// sensitive headers to outlast it (RenewSecrets).
 	Delay time.Duration
-	Why   string
+	// Why says what the job waits for ("upstream blocked until ..."); it
+	// becomes the job's last error, after the "deferred: " that marks a
+	// hand-back there.
+	Why string
 }
 
 func (d *Deferral) Error() string { return deferredPrefix + d.Why }

@@ -206,9 +206,6 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client, rdb
 	if err := q.checkBacklog(ctx, job.Upstream, u); err != nil {
 		return nil, false, err
 	}
-	if info, err := q.legacyRepeat(ctx, rdb, job); info != nil || err != nil {
-		return info, false, err
-	}
 	stored, secret := splitSecrets(job, u)
 	payload, err := json.Marshal(&stored)
 	if err != nil {
@@ -255,34 +252,6 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client, rdb
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
 	}
 	return info, true, nil
-}
-
-// legacyRepeat finds the job a producer's idempotency key made before job
-// IDs carried a tenant tag, so a key repeated across the upgrade does not
-// enqueue the job twice. It costs idempotent enqueues one EXISTS; it can go
-// once every job made before the upgrade is past its retention (the longer
-// of result_retention and dead_retention).
-func (q *Queue) legacyRepeat(ctx context.Context, rdb redis.Cmdable, job *Job) (*Info, error) {
-	if job.ID != IdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey) {
-		return nil, nil
-	}
-	legacy := legacyIdempotentID(job.Tenant, job.Upstream, job.Lane, job.IdempotencyKey)
-	n, err := rdb.Exists(ctx, asynqKey(QueueName(job.Upstream, job.Lane), "t:"+legacy)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("enqueue %s: %w", job.ID, err)
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	info, err := q.Get(ctx, legacy, job.Tenant)
-	if errors.Is(err, ErrNotFound) {
-		// Gone since the EXISTS: nothing to repeat.
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("enqueue %s: exists as %s, but: %w", job.ID, legacy, err)
-	}
-	return info, nil
 }
 
 // backlogFresh is how long a backlog count may be trusted while the

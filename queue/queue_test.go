@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,7 +252,7 @@ func TestIDs(t *testing.T) {
 	if n == NewID("t", "s", "l") {
 		t.Fatal("two new IDs were equal")
 	}
-	legacy := legacyIdempotentID("t", "stripe", "default", "k")
+	legacy := oldIdempotentID("t", "stripe", "default", "k")
 	for _, tc := range []struct {
 		id string
 		ok bool
@@ -299,7 +300,7 @@ func TestForeignTenantIsNotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A job stored before IDs had tags.
-	old, _, err := q.Enqueue(ctx, &Job{ID: legacyIdempotentID("billing", "stripe", "default", "k0"), Tenant: "billing", Upstream: "stripe", Path: "/c"})
+	old, _, err := q.Enqueue(ctx, &Job{ID: oldIdempotentID("billing", "stripe", "default", "k0"), Tenant: "billing", Upstream: "stripe", Path: "/c"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,27 +328,86 @@ func TestForeignTenantIsNotFound(t *testing.T) {
 	}
 }
 
-// TestIdempotentRepeatFindsLegacyJob: a key first used before IDs carried
-// tags finds that job, not a second one.
-func TestIdempotentRepeatFindsLegacyJob(t *testing.T) {
+// oldIdempotentID is the ID an idempotency key gave before IDs carried a
+// tenant tag; such jobs stay readable, but a repeat no longer finds them.
+func oldIdempotentID(tenant, upstream, lane, key string) string {
+	return upstream + "." + lane + "." + idempotentPart(tenant, key)
+}
+
+// TestIdempotentRepeatAcrossUpgrade: a key first used before IDs carried
+// tags is not recognised by a repeat after the upgrade (README, Upgrading):
+// a new job is made, carrying the same idempotency key for the upstream,
+// and the old job stays readable and cancellable by its tenant.
+func TestIdempotentRepeatAcrossUpgrade(t *testing.T) {
 	ctx := context.Background()
 	rdb := srv.Client(t)
 	rdb.FlushAll(ctx)
 	q := newQueue(t, rdb, upstreams(100))
-	legacy := legacyIdempotentID("billing", "stripe", "default", "order-1")
-	if _, _, err := q.Enqueue(ctx, &Job{ID: legacy, Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"}); err != nil {
+	old := oldIdempotentID("billing", "stripe", "default", "order-1")
+	if _, _, err := q.Enqueue(ctx, &Job{ID: old, Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"}); err != nil {
 		t.Fatal(err)
 	}
 	again, created, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"})
-	if err != nil || created || again.ID != legacy {
-		t.Fatalf("repeat: got %v, created %v, %v; want the legacy job %s", again, created, err, legacy)
+	if err != nil || !created || again.ID == old || again.IdempotencyKey != "order-1" {
+		t.Fatalf("repeat: got %v, created %v, %v; want a new job with idempotency key order-1", again, created, err)
 	}
-	// Another tenant's same key is its own job.
-	if _, created, err := q.Enqueue(ctx, &Job{Tenant: "ops", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"}); err != nil || !created {
-		t.Fatalf("other tenant: created %v, %v; want a new job", created, err)
+	if info, err := q.Get(ctx, old, "billing"); err != nil || info.IdempotencyKey != "order-1" {
+		t.Fatalf("Get of the old-format job: %v, %v", info, err)
 	}
-	if n, _ := q.Counts(ctx, "stripe"); n["default"].Pending != 2 {
-		t.Fatalf("pending: got %d, want 2", n["default"].Pending)
+	if _, err := q.Cancel(ctx, old, "billing"); err != nil {
+		t.Fatalf("Cancel of the old-format job: %v", err)
+	}
+}
+
+// TestIdempotentEnqueueRoundTrips: an idempotent enqueue, first or
+// repeated, asks Redis nothing beyond the enqueue itself (no look-up of
+// IDs in an older format).
+func TestIdempotentEnqueueRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	var mu sync.Mutex
+	sent := map[string]int{}
+	rdb.AddHook(commandCounter{&mu, sent})
+	q := newQueue(t, rdb, upstreams(100))
+	for i := 0; i < 2; i++ {
+		if _, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) == 0 {
+		t.Fatal("the hook saw no commands: the test counts nothing")
+	}
+	if n := sent["exists"]; n != 0 {
+		t.Errorf("two idempotent enqueues sent EXISTS %d times, want none (commands: %v)", n, sent)
+	}
+}
+
+// commandCounter counts the commands a client sends, by name.
+type commandCounter struct {
+	mu   *sync.Mutex
+	sent map[string]int
+}
+
+func (c commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.mu.Lock()
+		c.sent[cmd.Name()]++
+		c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (c commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.mu.Lock()
+		for _, cmd := range cmds {
+			c.sent[cmd.Name()]++
+		}
+		c.mu.Unlock()
+		return next(ctx, cmds)
 	}
 }
 

@@ -123,13 +123,17 @@ var (
 	ErrReservedHeader = errors.New("is set by the HTTP client; a job may not set it")
 )
 
-// reservedHeaders are set by the HTTP client or describe the connection, so
-// a job may not set them. Proxy-Authorization is among them: it speaks to a
-// proxy between the worker and the upstream, which is the operator's
-// (HTTPS_PROXY), not a producer's.
-var reservedHeaders = map[string]bool{
-	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true, "Keep-Alive": true,
-	"Proxy-Connection": true, "Upgrade": true, "Te": true, "Trailer": true, "Proxy-Authorization": true, "Expect": true,
+// reservedHeader reports the headers the HTTP client sets or that describe
+// the connection, so a job may not set them. Proxy-Authorization is among
+// them: it speaks to a proxy between the worker and the upstream, which is
+// the operator's (HTTPS_PROXY), not a producer's.
+func reservedHeader(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive",
+		"Proxy-Connection", "Upgrade", "Te", "Trailer", "Proxy-Authorization", "Expect":
+		return true
+	}
+	return false
 }
 
 // CheckHeader checks one of a job's headers by HTTP's own rules: the name is
@@ -142,7 +146,7 @@ func CheckHeader(name, value string) error {
 		return ErrHeaderName
 	case !httpguts.ValidHeaderFieldValue(value):
 		return ErrHeaderValue
-	case reservedHeaders[http.CanonicalHeaderKey(name)]:
+	case reservedHeader(name):
 		return ErrReservedHeader
 	}
 	return nil

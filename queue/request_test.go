@@ -96,6 +96,9 @@ func TestCheckHeader(t *testing.T) {
 		{"host", "evil", ErrReservedHeader},
 		{"Transfer-Encoding", "chunked", ErrReservedHeader},
 		{"Proxy-Authorization", "Basic eA==", ErrReservedHeader},
+		{"te", "trailers", ErrReservedHeader},
+		{"EXPECT", "100-continue", ErrReservedHeader},
+		{"X-Proxy-Authorization", "v", nil},
 	} {
 		if err := CheckHeader(tc.name, tc.value); !errors.Is(err, tc.want) {
 			t.Errorf("CheckHeader(%q, %q): got %v, want %v", tc.name, tc.value, err, tc.want)

@@ -30,29 +30,43 @@ import (
 // the others) and deletes it when the job finishes: succeeded, dead or
 // expired; Cancel deletes it too. The key's TTL is a backstop for a job
 // that finishes where no worker sees it (asynq archiving after repeated
-// crashes); see SecretsTTL.
+// crashes); see secretsBackstop.
 
-// secretsBackstop bounds how long a job without a ttl may wait between two
-// of a worker's looks at it before its sensitive headers expire.
-const secretsBackstop = 7 * 24 * time.Hour
+// secretsBackstop is how long a job without a ttl keeps its sensitive
+// headers past the moment a worker is next due to look at it. Every look
+// renews it (a worker taking the job, and a worker handing it back, for the
+// hand-back's delay plus this), so a waiting job loses its headers only if
+// no worker looks at it for this long: a backlog more than a month deep.
+// What it bounds is a job that finishes where no worker sees it (asynq
+// archiving a task after repeated worker crashes), whose headers then stay
+// in Redis this long at most. A month, rather than the upstream's
+// dead_retention (a week by default), because losing a waiting job's
+// headers loses the job, while keeping a finished one's a little longer
+// only delays their removal.
+const secretsBackstop = 30 * 24 * time.Hour
 
 // secretsSlack covers clocks that disagree a little with Redis's.
 const secretsSlack = time.Minute
 
-// SecretsTTL is how long a job's sensitive headers are kept from now: the
-// TTL of its side key when enqueued, renewed each time a worker takes the
-// job. A job with a ttl cannot be sent after its ExpiresAt, so its headers
-// live until then (plus a minute). A job without one can wait without
-// bound (retries, pauses, pushback), so its headers live until its
-// NotBefore plus 7 days, and every worker that takes it renews that to 7
-// days from then: a job left untouched longer (a backlog older than a
-// week, a pause or pushback of more than a week) goes dead as "sensitive
-// headers expired" rather than being sent without them.
+// SecretsTTL is how long a job's sensitive headers are kept from now when
+// it is enqueued or taken by a worker: secretsTTL with the wait until its
+// NotBefore.
 func SecretsTTL(job *Job, now time.Time) time.Duration {
+	return secretsTTL(job, now, job.NotBefore.Sub(now))
+}
+
+// secretsTTL is how long from now a job's sensitive headers must last if
+// a worker is next due to look at it after wait. A job with a ttl cannot be
+// sent after its ExpiresAt, so its headers live until then (plus a
+// minute). A job without one can wait without bound (retries, pauses,
+// pushback, a backlog), so its headers live until wait plus the backstop;
+// a job left untouched longer than that goes dead as "sensitive headers
+// expired" rather than being sent without them.
+func secretsTTL(job *Job, now time.Time, wait time.Duration) time.Duration {
 	if !job.ExpiresAt.IsZero() {
 		return max(job.ExpiresAt.Sub(now), 0) + secretsSlack
 	}
-	return max(job.NotBefore.Sub(now), 0) + secretsBackstop
+	return max(wait, 0) + secretsBackstop
 }
 
 // ErrSecretsGone: a job's sensitive headers expired or were deleted; it
@@ -116,9 +130,21 @@ func LoadSecrets(ctx context.Context, rdb redis.Cmdable, prefix string, job *Job
 	if key == "" {
 		return nil, nil
 	}
-	b, err := rdb.GetEx(ctx, key, SecretsTTL(job, now)).Bytes()
-	if errors.Is(err, redis.Nil) {
+	// GET and PEXPIRE in one round trip rather than GETEX, which needs
+	// Redis 6.2 (shaper supports Redis 5). PEXPIRE on a missing key does
+	// nothing, so the order cannot revive an expired key.
+	var get *redis.StringCmd
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		get = p.Get(ctx, key)
+		p.PExpire(ctx, key, SecretsTTL(job, now))
+		return nil
+	})
+	b, gerr := get.Bytes()
+	if errors.Is(gerr, redis.Nil) {
 		return nil, fmt.Errorf("job %s: %w", job.ID, ErrSecretsGone)
+	}
+	if gerr != nil {
+		err = gerr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("job %s: read sensitive headers: %w", job.ID, err)
@@ -128,6 +154,21 @@ func LoadSecrets(ctx context.Context, rdb redis.Cmdable, prefix string, job *Job
 		return nil, fmt.Errorf("job %s: sensitive headers: %w", job.ID, err)
 	}
 	return m, nil
+}
+
+// RenewSecrets keeps a job's sensitive headers for a worker handing it
+// back to wait delay: they must outlast the wait (a pause until resumed can
+// hand a job back for a year) plus the backstop. A job without any costs
+// nothing; one whose headers are gone stays so.
+func RenewSecrets(ctx context.Context, rdb redis.Cmdable, prefix string, job *Job, now time.Time, delay time.Duration) error {
+	key := SecretsKey(prefix, job)
+	if key == "" {
+		return nil
+	}
+	if err := rdb.PExpire(ctx, key, secretsTTL(job, now, delay)).Err(); err != nil {
+		return fmt.Errorf("job %s: renew sensitive headers: %w", job.ID, err)
+	}
+	return nil
 }
 
 // DeleteSecrets removes a finished job's sensitive headers. A job without

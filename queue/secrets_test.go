@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/redistest"
 )
 
 func secretKeys(t *testing.T, q *Queue) []string {
@@ -105,5 +107,87 @@ func TestSensitiveHeadersKeptAside(t *testing.T) {
 	}
 	if _, err := LoadSecrets(ctx, rdb, q.prefix, &got.Job, time.Now()); !errors.Is(err, ErrSecretsGone) {
 		t.Fatalf("LoadSecrets after Cancel: got %v, want ErrSecretsGone", err)
+	}
+}
+
+// TestSecretsWithoutRedis62Commands keeps the side key's life within what
+// Redis 5 offers (the README's promise): a real server with the commands
+// of Redis 6.2 and later that touch a plain key renamed away.
+func TestSecretsWithoutRedis62Commands(t *testing.T) {
+	ctx := context.Background()
+	var args []string
+	for _, cmd := range []string{"GETEX", "GETDEL", "COPY", "EXPIRETIME", "PEXPIRETIME"} {
+		args = append(args, "--rename-command", cmd, "")
+	}
+	old := redistest.New(t, redistest.Options{Args: args})
+	rdb := old.Client(t)
+	if err := rdb.Do(ctx, "GETEX", "k").Err(); err == nil || !strings.Contains(err.Error(), "unknown command") {
+		t.Fatalf("GETEX on the restricted server: got %v, want an unknown command error", err)
+	}
+	q := newQueue(t, rdb, upstreams(100))
+	info, _, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", Headers: map[string]string{"Authorization": "Bearer x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := SecretsKey(q.prefix, &info.Job)
+	rdb.Expire(ctx, key, time.Minute)
+	secret, err := LoadSecrets(ctx, rdb, q.prefix, &info.Job, time.Now())
+	if err != nil || secret["Authorization"] != "Bearer x" {
+		t.Fatalf("LoadSecrets: got %v, %v; want the job's Authorization", secret, err)
+	}
+	if ttl := rdb.TTL(ctx, key).Val(); ttl < secretsBackstop-time.Minute {
+		t.Errorf("side key TTL after LoadSecrets: got %v, want it renewed to about %v", ttl, secretsBackstop)
+	}
+	if _, err := q.Cancel(ctx, info.ID, "billing"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadSecrets(ctx, rdb, q.prefix, &info.Job, time.Now()); !errors.Is(err, ErrSecretsGone) {
+		t.Fatalf("LoadSecrets after Cancel: got %v, want ErrSecretsGone", err)
+	}
+}
+
+// TestRenewSecrets: a hand-back renews the side key for its delay plus a
+// backstop long enough for a backlog weeks deep; a job with a ttl keeps
+// them only until it expires; a key already gone is not brought back.
+func TestRenewSecrets(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(100))
+	now := time.Now()
+	if secretsBackstop < 4*7*24*time.Hour {
+		t.Errorf("backstop %v: a job waiting in a backlog a few weeks deep would lose its headers", secretsBackstop)
+	}
+	for _, tc := range []struct {
+		name             string
+		job              Job
+		delay            time.Duration
+		wantMin, wantMax time.Duration
+	}{
+		{"short wait", Job{Path: "/a"}, time.Second, secretsBackstop, secretsBackstop + time.Second},
+		{"pause of a year", Job{Path: "/b"}, 365 * 24 * time.Hour, 365*24*time.Hour + secretsBackstop - time.Second, 365*24*time.Hour + secretsBackstop},
+		{"with a ttl", Job{Path: "/c", ExpiresAt: now.Add(time.Hour)}, 365 * 24 * time.Hour, time.Hour, time.Hour + secretsSlack},
+	} {
+		tc.job.Tenant, tc.job.Upstream, tc.job.Headers = "t", "stripe", map[string]string{"Cookie": "sid=1"}
+		info, _, err := q.Enqueue(ctx, &tc.job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := RenewSecrets(ctx, rdb, q.prefix, &info.Job, now, tc.delay); err != nil {
+			t.Fatal(err)
+		}
+		if ttl := rdb.PTTL(ctx, SecretsKey(q.prefix, &info.Job)).Val(); ttl < tc.wantMin-time.Second || ttl > tc.wantMax {
+			t.Errorf("%s: TTL %v, want between %v and %v", tc.name, ttl, tc.wantMin, tc.wantMax)
+		}
+	}
+	gone := Job{ID: "stripe.default.x", Upstream: "stripe", Lane: "default", Secrets: "00"}
+	if err := RenewSecrets(ctx, rdb, q.prefix, &gone, now, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, SecretsKey(q.prefix, &gone)).Val(); n != 0 {
+		t.Error("RenewSecrets brought back a side key that was gone")
+	}
+	if err := RenewSecrets(ctx, rdb, q.prefix, &Job{ID: "stripe.default.y"}, now, time.Hour); err != nil {
+		t.Errorf("a job without secrets: got %v, want nothing to do", err)
 	}
 }
