@@ -88,14 +88,7 @@ func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) e
 			cancel()
 		}
 		if resp != nil {
-			resp = u.stored(resp)
-		}
-		if resp != nil {
-			if b, err := json.Marshal(resp); err == nil {
-				if _, err := task.ResultWriter().Write(b); err != nil {
-					d.log.Warn("could not store a job's response", "job", job.ID, "err", err)
-				}
-			}
+			d.keepResponse(ctx, task, &job, u.stored(resp))
 		}
 		if v.block > 0 {
 			d.block(ctx, u, v.block, v.blockReason)
@@ -191,6 +184,45 @@ func (d *Dispatcher) keepSecrets(ctx context.Context, job *queue.Job, delay time
 		d.m.RedisErrors.WithLabelValues("secrets").Inc()
 		d.log.Warn("could not renew the sensitive headers of a job handed back", "job", job.ID, "for", delay, "err", err)
 	}
+}
+
+// outcomeWait bounds how long a worker whose job was answered waits for an
+// unreachable Redis before reporting the outcome anyway: well inside
+// asynq's 30 s task lease, which its heartbeat renews every 5 s once Redis
+// answers again, so that asynq can still record the outcome.
+const outcomeWait = 20 * time.Second
+
+// keepResponse stores the upstream's answer with the job. A failed write
+// means Redis is most likely down, and then more than the response is at
+// stake: asynq records the job's outcome right after the handler returns,
+// and if that write fails it retries it (v0.26) with a context it has
+// already cancelled, so the job stays active until lease recovery gives it
+// back, about a minute later, and it is sent to the upstream a second time.
+// So the worker waits here, up to outcomeWait, for Redis to take the
+// response; once it has, asynq's own write follows on a live connection.
+// A Redis restart costs the job a delay instead of a duplicate delivery.
+func (d *Dispatcher) keepResponse(ctx context.Context, task *asynq.Task, job *queue.Job, resp *queue.Response) {
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return
+	}
+	_, err = task.ResultWriter().Write(b)
+	if err == nil {
+		return
+	}
+	d.m.RedisErrors.WithLabelValues("results").Inc()
+	d.log.Warn("cannot store a job's response; holding the job until Redis answers, so its outcome is not lost",
+		"job", job.ID, "for_at_most", outcomeWait, "err", err)
+	deadline := time.Now().Add(outcomeWait)
+	for pause := 50 * time.Millisecond; time.Now().Before(deadline) && ctx.Err() == nil; pause = min(2*pause, time.Second) {
+		sleep(ctx, pause)
+		if _, err = task.ResultWriter().Write(b); err == nil {
+			d.log.Info("stored the response of a job held while Redis was unreachable", "job", job.ID)
+			return
+		}
+	}
+	d.log.Error("gave up storing a job's response; if Redis cannot record its outcome either, lease recovery will send it again",
+		"job", job.ID, "err", err)
 }
 
 // forgetSecrets deletes a finished job's sensitive headers; the side key's

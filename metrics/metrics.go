@@ -77,7 +77,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"upstream", "reason"}),
 		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_redis_errors_total",
-			Help: "Redis operations that failed, by component (admission, enqueue, pacing, secrets, status, jobs).",
+			Help: "Redis operations that failed, by component (admission, enqueue, pacing, secrets, results, status, jobs).",
 		}, []string{"component"}),
 		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "shaper_upstream_request_duration_seconds",
