@@ -21,6 +21,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
+	"github.com/shaperhq/shaper/bench/internal/sched"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -314,7 +315,7 @@ func (c *chaos) drive(ctx context.Context, prod *producer, enqueued <-chan struc
 	var counts queue.LaneCounts
 	countsOK := false
 	victim := 0
-	sched := readSched()
+	last := sched.Read()
 	for {
 		select {
 		case <-ctx.Done():
@@ -344,11 +345,11 @@ func (c *chaos) drive(ctx context.Context, prod *producer, enqueued <-chan struc
 
 		if now >= nextLook {
 			nextLook = now + time.Second
-			h := readSched()
-			if w := h.worstSince(sched); w >= minStall {
+			h := sched.Read()
+			if w := h.WorstSince(last); w >= minStall {
 				res.Stalls = append(res.Stalls, stall{At: now, Worst: w})
 			}
-			sched = h
+			last = h
 			counts, countsOK = c.counts(ctx)
 			if countsOK && enqueueDone && counts.Pending == 0 && res.BacklogEmptyAt == 0 {
 				res.BacklogEmptyAt = now

@@ -1,9 +1,6 @@
 package main
 
-import (
-	"runtime/metrics"
-	"time"
-)
+import "time"
 
 // The fake upstream runs in this process and stamps an arrival only when
 // its handler runs, so a stall of this process bunches arrivals that were
@@ -20,36 +17,6 @@ type stall struct {
 // minStall is the shortest wait worth keeping: under half the default
 // 20ms guard, a stall cannot push a paced send into the next window.
 const minStall = 5 * time.Millisecond
-
-type schedHist struct {
-	counts  []uint64
-	buckets []float64
-}
-
-func readSched() schedHist {
-	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
-		return schedHist{}
-	}
-	h := s[0].Value.Float64Histogram()
-	return schedHist{counts: append([]uint64(nil), h.Counts...), buckets: h.Buckets}
-}
-
-// worstSince is the lower bound of the bucket of the longest wait seen
-// since before.
-func (h schedHist) worstSince(before schedHist) time.Duration {
-	for i := len(h.counts) - 1; i >= 0; i-- {
-		var was uint64
-		if i < len(before.counts) {
-			was = before.counts[i]
-		}
-		if h.counts[i] > was {
-			return time.Duration(h.buckets[i] * float64(time.Second))
-		}
-	}
-	return 0
-}
 
 // worstNear is the longest stall sampled within span of at.
 func worstNear(stalls []stall, at, span time.Duration) time.Duration {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/bench/internal/fleet"
+	"github.com/shaperhq/shaper/bench/internal/sched"
 	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -87,10 +88,10 @@ func (b *bench) pacingCase(ctx context.Context, rate, replicas int) (pacingResul
 		return b.up.arrived.Load() > 0, nil
 	})
 	if err == nil {
-		sched := readSchedLatencies()
+		before := sched.Read()
 		// Requests sent just before the window closes are still arriving.
 		time.Sleep(b.o.window + 200*time.Millisecond)
-		res.stall = readSchedLatencies().worstSince(sched)
+		res.stall = sched.Read().WorstSince(before)
 		var late float64
 		late, err = scrape(addrs, "shaper_pacing_late_slots_total")
 		res.late = int(late)
