@@ -56,6 +56,7 @@ type accepted struct {
 func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	var req JobRequest
 	bad := s.decode(w, r, &req)
+	r = s.withStoreBudget(r)
 	if !s.admit(w, r, 1) {
 		s.m.JobsRejected.WithLabelValues(s.upstreamLabel(req.Upstream), "rate_limited").Inc()
 		return
@@ -86,6 +87,7 @@ type item struct {
 // or holds no or too many items).
 func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	items, bad := s.decodeBatch(w, r)
+	r = s.withStoreBudget(r)
 	charge := int64(len(items))
 	if bad != nil {
 		charge = 1
@@ -194,7 +196,7 @@ func (s *Server) storeJob(ctx context.Context, job *queue.Job, enqueue enqueueFu
 		return s.reject(job.Upstream, "store_error", storeUnavailable(
 			"could not store the job: Redis failed moments ago and is not answering yet; nothing was enqueued"))
 	}
-	tctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	tctx, cancel := context.WithDeadline(ctx, storeDeadline(ctx, s.cfg.StoreTimeout))
 	info, created, err := enqueue(tctx, job)
 	cancel()
 	var full *queue.BacklogFullError

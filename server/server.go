@@ -53,10 +53,12 @@ type Config struct {
 	// admitted whole, one token per job, so the admission capacity caps it
 	// too: with the default capacity of 100, a batch holds up to 100 jobs.
 	MaxBatch int
-	// StoreTimeout bounds each Redis call an enqueue makes (admission, then
-	// the enqueue itself), so a producer hears back in about that long
-	// however Redis fails; default 300ms. Healthy calls take milliseconds;
-	// the rest of the 500ms a producer may wait is margin for a loaded host.
+	// StoreTimeout bounds all the Redis calls one enqueue request makes,
+	// together (admission, the backlog check, the write, a Retry-After
+	// estimate), from when its body has been read, so a producer hears back
+	// in about that long however Redis fails, dead or hung; default 300ms.
+	// Healthy calls take milliseconds; the rest of the 500ms a producer may
+	// wait is margin for a loaded host.
 	StoreTimeout time.Duration
 	Prefix       string
 	Logger       *slog.Logger
@@ -306,7 +308,7 @@ func (s *Server) internalError(w http.ResponseWriter, r *http.Request, component
 // wait for the whole backlog.
 func (s *Server) backlogRetryAfter(ctx context.Context, upstream string, full *queue.BacklogFullError) int64 {
 	// Within the store budget: a slow status read must not hold the 503.
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	ctx, cancel := context.WithDeadline(ctx, storeDeadline(ctx, s.cfg.StoreTimeout))
 	defer cancel()
 	st, err := s.st.Upstream(ctx, upstream)
 	if err != nil {

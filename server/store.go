@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -108,9 +109,30 @@ func (g *gatedLimiter) Allow(ctx context.Context, key string, n int64) (shaper.R
 	if !g.store.allow() {
 		return shaper.Result{}, errStoreHeld
 	}
-	tctx, cancel := context.WithTimeout(ctx, g.budget)
+	tctx, cancel := context.WithDeadline(ctx, storeDeadline(ctx, g.budget))
 	defer cancel()
 	res, err := g.limiter.Allow(tctx, key, n)
 	g.store.record(ctx, err)
 	return res, err
+}
+
+// budgetKey carries when a request's store budget runs out.
+type budgetKey struct{}
+
+// withStoreBudget starts r's store budget: every Redis call the request
+// makes from now on shares it, so admission and the enqueue together, not
+// each of them, are bounded by StoreTimeout. The request's own context is
+// left as it is, so that a producer who leaves is still told apart from
+// Redis running out the budget.
+func (s *Server) withStoreBudget(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), budgetKey{}, time.Now().Add(s.cfg.StoreTimeout)))
+}
+
+// storeDeadline is when the store budget of ctx's request runs out, or
+// budget from now outside a request that started one.
+func storeDeadline(ctx context.Context, budget time.Duration) time.Time {
+	if dl, ok := ctx.Value(budgetKey{}).(time.Time); ok {
+		return dl
+	}
+	return time.Now().Add(budget)
 }

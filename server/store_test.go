@@ -184,3 +184,43 @@ func TestBreakerOpensOnFailuresInARow(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueueWithRedisHung: a Redis that accepts connections but answers
+// nothing (CLIENT PAUSE, as a hung or partitioned server) costs an enqueue
+// its store budget once, then the breaker answers at once: every enqueue is
+// still answered within the bound, and enqueues succeed again once Redis
+// answers.
+func TestEnqueueWithRedisHung(t *testing.T) {
+	f, rs := downFixture(t, shaper.FailOpen)
+	admin := rs.Client(t)
+	const hang = 3 * time.Second
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", hang.Milliseconds(), "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	var worst time.Duration
+	for i := 0; time.Since(paused) < hang-time.Second; i++ {
+		start := time.Now()
+		resp, body := f.do("POST", "/v1/jobs", fmt.Sprintf(`{"upstream":"stripe","path":"/hung/%d"}`, i))
+		took := time.Since(start)
+		worst = max(worst, took)
+		if resp.StatusCode != 503 || body["type"] != problemStoreUnavailable {
+			t.Fatalf("enqueue %d with Redis hung: got %d %v, want 503 store-unavailable", i, resp.StatusCode, body)
+		}
+		if took > answerBound {
+			t.Errorf("enqueue %d with Redis hung answered in %v, want at most %v", i, took, answerBound)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("Redis hung: slowest enqueue answered in %v", worst)
+	for {
+		resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/after"}`)
+		if resp.StatusCode == 202 {
+			break
+		}
+		if time.Since(paused) > hang+2*time.Second {
+			t.Fatalf("2 s after Redis answered again: got %d %v, want 202", resp.StatusCode, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -40,8 +41,9 @@ type Call[Q, R any] struct {
 	Res R
 	Err error
 
-	state callState     // guarded by Batcher.mu
-	wake  chan struct{} // for waiting callers only: one token, "you lead" or "you are done"
+	state    callState     // guarded by Batcher.mu
+	wake     chan struct{} // for waiting callers only: one token, "you lead" or "you are done"
+	deadline time.Time     // the caller's context's, zero for none
 }
 
 type callState uint8
@@ -72,7 +74,10 @@ var ErrBatchPanicked = errors.New("batch function panicked")
 
 // NewBatcher returns a Batcher that runs batches with run. run receives the
 // leader's context without its cancellation, because the batch serves other
-// callers too; each caller still stops waiting when its own context ends.
+// callers too, but with the latest of the batch's callers' deadlines (none
+// if any caller has none): a batch outlives no caller's patience, so a
+// Redis that hangs cannot hold a leader past every deadline in its batch.
+// Each caller still stops waiting when its own context ends.
 func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls []*Call[Q, R])) *Batcher[Q, R] {
 	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight}
 	if b.maxBatch <= 0 {
@@ -89,6 +94,7 @@ func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls
 // already sent it may still take effect in Redis.
 func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	c := &Call[Q, R]{Req: req}
+	c.deadline, _ = ctx.Deadline()
 	b.mu.Lock()
 	if b.inFlight < b.maxInFlight {
 		b.inFlight++
@@ -166,8 +172,29 @@ func (b *Batcher[Q, R]) lead(ctx context.Context, first *Call[Q, R]) {
 		b.promoteLocked()
 		b.mu.Unlock()
 	}()
-	b.run(context.WithoutCancel(ctx), batch)
+	rctx := context.WithoutCancel(ctx)
+	if latest, ok := latestDeadline(batch); ok {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithDeadline(rctx, latest)
+		defer cancel()
+	}
+	b.run(rctx, batch)
 	finished = true
+}
+
+// latestDeadline is the latest deadline of the calls, and false if any has
+// none.
+func latestDeadline[Q, R any](calls []*Call[Q, R]) (time.Time, bool) {
+	var latest time.Time
+	for _, c := range calls {
+		if c.deadline.IsZero() {
+			return time.Time{}, false
+		}
+		if c.deadline.After(latest) {
+			latest = c.deadline
+		}
+	}
+	return latest, true
 }
 
 // promoteLocked wakes waiting callers to lead while there is room.

@@ -257,3 +257,33 @@ func TestShardingOf(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchKeepsTheLatestDeadline: the batch runs detached from the
+// leader's cancellation, but not from every deadline: it gets the latest of
+// its callers' (so a hung Redis cannot hold the leader past them), and
+// none when any caller has none.
+func TestBatchKeepsTheLatestDeadline(t *testing.T) {
+	noLeaks(t)
+	var got []time.Time
+	b := NewBatcher(BatchOptions{}, func(ctx context.Context, calls []*Call[int, int]) {
+		dl, _ := ctx.Deadline()
+		got = append(got, dl)
+	})
+	soon := time.Now().Add(time.Hour)
+	ctx, cancel := context.WithDeadline(context.Background(), soon)
+	defer cancel()
+	b.Do(ctx, 1)
+	b.Do(context.Background(), 2)
+	if len(got) != 2 || !got[0].Equal(soon) || !got[1].IsZero() {
+		t.Fatalf("batch deadlines %v, want [%v, none]", got, soon)
+	}
+
+	calls := []*Call[int, int]{{deadline: soon}, {deadline: soon.Add(time.Minute)}}
+	if dl, ok := latestDeadline(calls); !ok || !dl.Equal(soon.Add(time.Minute)) {
+		t.Errorf("latestDeadline: got %v, %v; want %v, true", dl, ok, soon.Add(time.Minute))
+	}
+	calls = append(calls, &Call[int, int]{})
+	if _, ok := latestDeadline(calls); ok {
+		t.Error("latestDeadline with a caller without one: got ok, want none")
+	}
+}
