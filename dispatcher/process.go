@@ -198,9 +198,10 @@ const outcomeWait = 20 * time.Second
 // and if that write fails it retries it (v0.26) with a context it has
 // already cancelled, so the job stays active until lease recovery gives it
 // back, about a minute later, and it is sent to the upstream a second time.
-// So the worker waits here, up to outcomeWait, for Redis to take the
-// response; once it has, asynq's own write follows on a live connection.
-// A Redis restart costs the job a delay instead of a duplicate delivery.
+// So while Redis is unreachable the worker waits here, up to outcomeWait,
+// for it to take the response; once it has, asynq's own write follows on a
+// live connection. A Redis restart of up to outcomeWait costs the job a
+// delay instead of a duplicate delivery; a longer outage still risks one.
 func (d *Dispatcher) keepResponse(ctx context.Context, task *asynq.Task, job *queue.Job, resp *queue.Response) {
 	b, err := json.Marshal(resp)
 	if err != nil {
@@ -211,6 +212,12 @@ func (d *Dispatcher) keepResponse(ctx context.Context, task *asynq.Task, job *qu
 		return
 	}
 	d.m.RedisErrors.WithLabelValues("results").Inc()
+	if !unreachable(err) {
+		// Redis answered, and refused (out of memory, say): waiting
+		// would only hold a worker.
+		d.log.Warn("could not store a job's response", "job", job.ID, "err", err)
+		return
+	}
 	d.log.Warn("cannot store a job's response; holding the job until Redis answers, so its outcome is not lost",
 		"job", job.ID, "for_at_most", outcomeWait, "err", err)
 	deadline := time.Now().Add(outcomeWait)
