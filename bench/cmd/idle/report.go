@@ -16,7 +16,7 @@ func report(out io.Writer, o options, results []result) {
 		byKey[fmt.Sprintf("%s/%d/%d", r.Contender, r.Upstreams, r.Replicas)] = r
 	}
 	fmt.Fprintf(out, "### Idle Redis load: nothing queued, %v window after %v settling\n\n", o.window, o.settle)
-	fmt.Fprintf(out, "Redis commands per second (total_commands_processed, the benchmark's own INFO calls left out) and Redis CPU (share of one core). † marks a figure taken with Redis (one core) or Redis and the replicas together (all cores) saturated, so demand was higher than what was served; * one taken while the shared machine was busy with other work too (pollers may have been held back); ‡ one taken before every server had registered.\n\n")
+	fmt.Fprintf(out, "Redis commands per second (total_commands_processed, the benchmark's own INFO calls left out) and Redis CPU (share of one core). † marks a figure taken with Redis (one core) or Redis and the replicas together (all cores) saturated, so demand was higher than what was served; * one taken while the shared machine was busy with other work too (pollers may have been held back); § one whose servers each sent under 75%% of what the same contender's servers sent in its smallest cell, so they could not poll at their interval and the demand is higher (notes below); ‡ one taken before every server had registered.\n\n")
 	head := "| upstreams | replicas |"
 	rule := "| ---: | ---: |"
 	for _, c := range o.contenders {
@@ -72,6 +72,9 @@ func marks(r result) string {
 		m += "†"
 	} else if r.MachineBusy >= machineSaturated {
 		m += "*"
+	}
+	if r.HeldBack {
+		m += "§"
 	}
 	if r.Servers < r.Expected {
 		m += "‡"

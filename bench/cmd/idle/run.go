@@ -117,6 +117,9 @@ type result struct {
 	MachineBusy float64 `json:"machine_busy"`
 	// StartTime is from starting the replicas to every server registered.
 	StartTime time.Duration `json:"start_ns"`
+	// HeldBack is set when each server sent far fewer commands than in
+	// the contender's smallest cell (see markHeldBack).
+	HeldBack bool `json:"held_back"`
 	// Notes say why a figure may not be faithful.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -182,6 +185,7 @@ func run(ctx context.Context, args []string, out io.Writer) ([]result, error) {
 			}
 		}
 	}
+	markHeldBack(results)
 	loadAfter := machine.Load()
 	command := strings.TrimSpace("cd bench && go run ./cmd/idle " + strings.Join(args, " "))
 	if o.json {
@@ -223,7 +227,7 @@ func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.C
 	defer func() {
 		// A replica that needs SIGKILL to stop is no fault of the figure.
 		if err := fleet.StopAll(15*time.Second, procs...); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping %s %d×%d: %v\n", c, n, r, firstLine(err))
+			fmt.Fprintf(os.Stderr, "stopping %s %d×%d: %v\n", c, n, r, err)
 		}
 	}()
 	began := time.Now()
@@ -304,9 +308,36 @@ func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.C
 	return res, nil
 }
 
-func firstLine(err error) string {
-	s, _, _ := strings.Cut(err.Error(), "\n")
-	return s
+// heldBack is the share of its smallest cell's rate per server below
+// which a cell's servers are taken not to have polled at their interval.
+const heldBack = 0.75
+
+// markHeldBack notes the cells whose servers each sent far fewer commands
+// than the same contender's servers did in its smallest cell: idle polling
+// costs the same per server however many there are, so a drop means the
+// pollers could not keep their interval (CPU, connection pool or Redis),
+// and what the cell would ask of a bigger machine is the smallest cell's
+// rate per server times its servers.
+func markHeldBack(results []result) {
+	base := map[string]result{}
+	for _, r := range results {
+		if b, ok := base[r.Contender]; !ok || r.Expected < b.Expected {
+			base[r.Contender] = r
+		}
+	}
+	for i := range results {
+		r := &results[i]
+		b := base[r.Contender]
+		if r.Expected == b.Expected || b.CommandsPerSec <= 0 {
+			continue
+		}
+		per, bper := r.CommandsPerSec/float64(r.Expected), b.CommandsPerSec/float64(b.Expected)
+		if per < heldBack*bper {
+			r.HeldBack = true
+			r.Notes = append(r.Notes, fmt.Sprintf("pollers held back: %.0f commands/s per server against %.0f with %d × %d, so polling at its interval would ask about %s/s",
+				per, bper, b.Upstreams, b.Replicas, thousands(bper*float64(r.Expected))))
+		}
+	}
 }
 
 // sleep waits d or until ctx ends.
