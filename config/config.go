@@ -381,16 +381,6 @@ func (u *Upstream) leakyLimits() []leaky.Limit {
 	return out
 }
 
-// Upstream returns the named upstream as the rest of shaper takes it, and
-// whether it is configured.
-func (c *Config) Upstream(name string) (shaper.Upstream, bool) {
-	u, ok := c.Upstreams[name]
-	if !ok || u == nil {
-		return shaper.Upstream{}, false
-	}
-	return u.Shaper(), true
-}
-
 // AllUpstreams returns every configured upstream as the rest of shaper
 // takes it, sorted by name.
 func (c *Config) AllUpstreams() []shaper.Upstream {
