@@ -77,7 +77,23 @@ type Upstream struct {
 	// (content type, rate-limit and request-id headers). Empty means the
 	// default. Set-Cookie is never kept, whatever they say.
 	StoreResponseHeaders []string
+	// PartitionLimits pace each partition on its own (TEMP: lead's stand-in until h-config merges).
+	PartitionLimits    []leaky.Limit
+	PartitionOverrides map[string][]leaky.Limit
+	Fairness           Fairness
 }
+
+// Fairness (TEMP stand-in).
+type Fairness struct {
+	By      string
+	Weights map[string]int
+}
+
+const (
+	FairByTenant    = "tenant"
+	FairByPartition = "partition"
+	FairByNone      = "none"
+)
 
 // What of an upstream's answer is kept with the job (Upstream.StoreResponse).
 const (

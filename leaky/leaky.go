@@ -424,6 +424,14 @@ func (b *Bucket) Cancel(ctx context.Context, r *Reservation) (int, error) {
 	if r == nil || !r.OK {
 		return 0, nil
 	}
+	if r.tats == nil {
+		// Adopted: booked by another script; only the lease is ours.
+		r.OK = false
+		if r.Lease == "" {
+			return 0, nil
+		}
+		return 0, b.ReleaseLease(ctx, r.Lease)
+	}
 	keys := make([]string, 0, 1+len(b.params))
 	keys = append(keys, b.keys[1])
 	keys = append(keys, b.keys[2:]...)

@@ -1,0 +1,501 @@
+package sched
+
+import (
+	"github.com/shaperhq/shaper/internal/gcra"
+	"github.com/shaperhq/shaper/internal/script"
+)
+
+// The ready structure of one upstream. Every key shares the hash tag of the
+// upstream's asynq queue, {shaper.NAME}, so each script below touches one
+// Redis Cluster slot. Keys the scripts build at run time (a lane's zset, a
+// flow's group, a partition's TAT) are made from prefixes passed in ARGV
+// and carry the same tag.
+//
+//	P:s:{Q}:v          hash: v (the upstream's virtual time), v:FK (FK's lane
+//	                   virtual time), seq (FIFO counter), sleep (a worker sleeps)
+//	P:s:{Q}:f          zset: fairness key FK -> virtual start, FKs with work
+//	P:s:{Q}:l:FK       zset: lane -> virtual start within FK, lanes with work
+//	P:s:{Q}:r:LANE|FK  zset: partition PK -> µs when it can next send
+//	P:s:{Q}:cal        zset: LANE|FK -> µs when its earliest partition can send,
+//	                   for lanes whose every partition is parked
+//	P:s:{Q}:c          hash: STATE:LANE -> jobs (pending scheduled retry active
+//	                   dead succeeded)
+//	P:s:{Q}:pb         zset: PK -> jobs not yet finished
+//	asynq:{Q}:g:LANE|FK|PK  a flow: asynq's group zset, job id -> FIFO seq
+//	P:leaky:{Q}:p:PK:LIMIT  a partition's TAT per partition limit
+//
+// A job waiting in a flow is, to asynq's Inspector, an aggregating task of
+// group LANE|FK|PK; the task hash also carries shaper's fields sl (lane), sf
+// (fairness key), sp (partition), sc (costs "name=n,..."), sq (FIFO seq).
+
+// flowLua is shared by the scripts that put jobs into flows. It expects
+// locals: P (our prefix "P:s:{Q}:"), G (asynq's group prefix), T (asynq's
+// task prefix), K_V, K_F, K_CAL, K_GROUPS (key names).
+const flowLua = `
+local function activate_lane(fk, lane)
+  local lk = P .. 'l:' .. fk
+  if redis.call('ZSCORE', lk, lane) == false then
+    local v2 = tonumber(redis.call('HGET', K_V, 'v:' .. fk) or '0')
+    redis.call('ZADD', lk, v2, lane)
+    redis.call('ZREM', K_CAL, lane .. '|' .. fk)
+  end
+  if redis.call('ZSCORE', K_F, fk) == false then
+    local v1 = tonumber(redis.call('HGET', K_V, 'v') or '0')
+    redis.call('ZADD', K_F, v1, fk)
+  end
+end
+
+local function push(id, lane, fk, pk, seq, t)
+  local g = lane .. '|' .. fk .. '|' .. pk
+  redis.call('ZADD', G .. g, seq, id)
+  redis.call('SADD', K_GROUPS, g)
+  redis.call('HSET', T .. id, 'state', 'aggregating', 'group', g)
+  redis.call('ZADD', P .. 'r:' .. lane .. '|' .. fk, 'NX', t, pk)
+  activate_lane(fk, lane)
+end
+
+local function count(k, field, by)
+  local n = redis.call('HINCRBY', k, field, by)
+  if n <= 0 then redis.call('HDEL', k, field) end
+end
+`
+
+// enqueueScript stores a job and makes it ready, or schedules it.
+//
+//	KEYS[1] task hash  KEYS[2] v  KEYS[3] f  KEYS[4] cal  KEYS[5] counts
+//	KEYS[6] pbacklog   KEYS[7] asynq scheduled  KEYS[8] asynq groups set
+//	ARGV[1] now override  ARGV[2] encoded asynq message  ARGV[3] lane
+//	ARGV[4] fairness key  ARGV[5] partition  ARGV[6] costs
+//	ARGV[7] process at, Unix seconds ("" = now)  ARGV[8] our prefix
+//	ARGV[9] asynq group prefix  ARGV[10] asynq task prefix
+//	ARGV[11] wake channel  ARGV[12] upstream name
+//
+// Returns 0 if a job with this id exists (nothing changed), 1 if stored
+// ready, 2 if stored scheduled.
+var enqueueScript = script.New(`
+local P, G, T = ARGV[8], ARGV[9], ARGV[10]
+local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
+` + flowLua + `
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local now = shaper_now(ARGV[1])
+local lane, fk, pk = ARGV[3], ARGV[4], ARGV[5]
+local id = string.sub(KEYS[1], #T + 1)
+local seq = redis.call('HINCRBY', K_V, 'seq', 1)
+redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'sl', lane, 'sf', fk, 'sp', pk, 'sc', ARGV[6], 'sq', seq)
+if pk ~= '' then
+  redis.call('ZINCRBY', KEYS[6], 1, pk)
+end
+local out = 1
+if ARGV[7] ~= '' and tonumber(ARGV[7]) * 1000000 > now then
+  redis.call('HSET', KEYS[1], 'state', 'scheduled')
+  redis.call('ZADD', KEYS[7], ARGV[7], id)
+  count(KEYS[5], 'scheduled:' .. lane, 1)
+  out = 2
+else
+  push(id, lane, fk, pk, seq, now)
+  count(KEYS[5], 'pending:' .. lane, 1)
+end
+if redis.call('HDEL', K_V, 'sleep') == 1 then
+  redis.call('PUBLISH', ARGV[11], ARGV[12])
+end
+return out
+`)
+
+// takeScript takes up to N ready jobs whose send slots fall within the
+// lookahead, booking each slot in the upstream's limits and the job's
+// partition's limits at once, and moves each job to asynq's active state.
+// Before that it moves due scheduled and retrying jobs into their flows and
+// brings calendar entries that came due back into the rotation.
+//
+// Which job goes next: the fairness key with the lowest virtual start
+// (start-time fair queuing, each send advancing it by 1/weight), within it
+// the lane with the lowest virtual start (by lane weight), within that the
+// partition that can send earliest, within that the oldest job. A lane
+// whose every partition is parked beyond the lookahead goes on the
+// calendar until its earliest one can send.
+//
+//	KEYS[1] v  KEYS[2] f  KEYS[3] cal  KEYS[4] counts  KEYS[5] asynq scheduled
+//	KEYS[6] asynq retry  KEYS[7] asynq active  KEYS[8] asynq lease
+//	KEYS[9] asynq groups set  KEYS[10] leaky block hash
+//	KEYS[11] leaky concurrency leases  KEYS[12..] one TAT per upstream limit
+//	ARGV[1] now override  ARGV[2] max jobs  ARGV[3] lookahead µs
+//	ARGV[4] asynq lease seconds  ARGV[5] concurrency (0 none)
+//	ARGV[6] concurrency lease µs after the slot  ARGV[7] our prefix
+//	ARGV[8] asynq group prefix  ARGV[9] asynq task prefix
+//	ARGV[10] partition TAT prefix ("P:leaky:{Q}:p:")
+//	ARGV[11] n, then n × (interval, capacity, per µs, cost name) for the upstream
+//	then m, m × (id, interval, capacity, per µs, cost name): partition limits
+//	then o, o × (partition, k, k × (id, interval, capacity, per µs, cost)):
+//	overrides; then w, w × (fairness key, weight); then x, x × (lane, weight)
+//
+// Returns {now, wait, reason, next, expired, id_1, msg_1, slot_1, ...}:
+// wait (µs, -1 none) is how long until the upstream itself can send again
+// when it stopped the take (reason 1 a limit, 2 a block, 3 concurrency);
+// next (µs from now, -1 none) is when something else comes due (a
+// scheduled job, a parked lane, a lease); expired is 1 when some active
+// job's lease has run out; slot_i is the µs from now until job i's slot.
+var takeScript = script.New(gcra.LuaFunctions, `
+local P, G, T, PT = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
+`+flowLua+`
+local now = shaper_now(ARGV[1])
+local max_jobs = tonumber(ARGV[2])
+local la = tonumber(ARGV[3])
+local horizon = now + la
+local lease_s = tonumber(ARGV[4])
+local conc = tonumber(ARGV[5])
+local conc_ttl = tonumber(ARGV[6])
+local now_s = now / 1000000
+
+local a = 11
+local function arg()
+  local v = ARGV[a]
+  a = a + 1
+  return v
+end
+local function limits(with_id)
+  local out = {}
+  local cnt = tonumber(arg())
+  for i = 1, cnt do
+    local l = {}
+    if with_id then l.id = arg() end
+    l.interval = tonumber(arg())
+    l.capacity = tonumber(arg())
+    l.per = tonumber(arg())
+    l.cost = arg()
+    out[i] = l
+  end
+  return out
+end
+local up = limits(false)
+local plimits = limits(true)
+local overrides = {}
+local no = tonumber(arg())
+for i = 1, no do
+  local p = arg()
+  overrides[p] = limits(true)
+end
+local weights = {}
+local nw = tonumber(arg())
+for i = 1, nw do
+  local k = arg()
+  weights[k] = tonumber(arg())
+end
+local lweights = {}
+local nl = tonumber(arg())
+for i = 1, nl do
+  local k = arg()
+  lweights[k] = tonumber(arg())
+end
+
+local function costs_of(s)
+  local t = {}
+  if s then
+    for k, v in string.gmatch(s, '([^=,]+)=(%d+)') do
+      t[k] = tonumber(v)
+    end
+  end
+  return t
+end
+local function cost(l, costs)
+  if l.cost == '' then return 1 end
+  return costs[l.cost] or 0
+end
+
+-- Due scheduled and retrying jobs join their flows, at their old place.
+for z = 5, 6 do
+  local due = redis.call('ZRANGEBYSCORE', KEYS[z], '-inf', now_s, 'LIMIT', 0, 200)
+  local from = (z == 5) and 'scheduled:' or 'retry:'
+  for _, id in ipairs(due) do
+    redis.call('ZREM', KEYS[z], id)
+    local f = redis.call('HMGET', T .. id, 'sl', 'sf', 'sp', 'sq')
+    if f[1] then
+      push(id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), now)
+      count(KEYS[4], from .. f[1], -1)
+      count(KEYS[4], 'pending:' .. f[1], 1)
+    end
+  end
+end
+-- Parked lanes whose time came rejoin.
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', K_CAL, '-inf', now, 'LIMIT', 0, 200)) do
+  redis.call('ZREM', K_CAL, m)
+  local bar = string.find(m, '|', 1, true)
+  activate_lane(string.sub(m, bar + 1), string.sub(m, 1, bar - 1))
+end
+
+local blocked = tonumber(redis.call('HGET', KEYS[10], 'until') or '0')
+local tat, changed = {}, false
+for i = 1, #up do
+  tat[i] = tonumber(redis.call('GET', KEYS[11 + i]) or '0')
+end
+if conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now)
+end
+
+local out = {now, -1, 0, -1, 0}
+local taken, parks, steps = 0, 0, 0
+local stop = false
+local conc_expiry = 0
+while not stop and taken < max_jobs and steps < 2000 do
+  steps = steps + 1
+  repeat
+    local top = redis.call('ZRANGE', K_F, 0, 0)
+    if #top == 0 then stop = true break end
+    local fk = top[1]
+    local lk = P .. 'l:' .. fk
+    local lt = redis.call('ZRANGE', lk, 0, 0)
+    if #lt == 0 then
+      redis.call('ZREM', K_F, fk)
+      redis.call('HDEL', K_V, 'v:' .. fk)
+      break
+    end
+    local lane = lt[1]
+    local rk = P .. 'r:' .. lane .. '|' .. fk
+    local fl = redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')
+    local function retire_lane()
+      redis.call('ZREM', lk, lane)
+      if redis.call('ZCARD', lk) == 0 then
+        redis.call('ZREM', K_F, fk)
+        redis.call('HDEL', K_V, 'v:' .. fk)
+      end
+    end
+    if #fl == 0 then
+      retire_lane()
+      break
+    end
+    local pk, elig = fl[1], tonumber(fl[2])
+    if elig > horizon then
+      -- Every partition of this lane is parked: calendar it.
+      retire_lane()
+      redis.call('ZADD', K_CAL, elig - la, lane .. '|' .. fk)
+      break
+    end
+    local g = lane .. '|' .. fk .. '|' .. pk
+    local head = redis.call('ZRANGE', G .. g, 0, 0)
+    if #head == 0 then
+      redis.call('ZREM', rk, pk)
+      redis.call('SREM', K_GROUPS, g)
+      break
+    end
+    local id = head[1]
+    local tk = T .. id
+    local costs = costs_of(redis.call('HGET', tk, 'sc'))
+    -- The upstream's own slot for this job.
+    local su, why = now, 0
+    if blocked > su then su, why = blocked, 2 end
+    for i = 1, #up do
+      local l = up[i]
+      local at = gcra_earliest(tat[i], now, l.interval, l.capacity, cost(l, costs))
+      if at > su then su, why = at, 1 end
+    end
+    if su > horizon then
+      out[2], out[3] = su - horizon, why
+      stop = true
+      break
+    end
+    -- The partition's slot.
+    local pl = plimits
+    if overrides[pk] then pl = overrides[pk] end
+    if pk == '' then pl = {} end
+    local ptat = {}
+    local sp = now
+    for j = 1, #pl do
+      local l = pl[j]
+      ptat[j] = tonumber(redis.call('GET', PT .. pk .. ':' .. l.id) or '0')
+      local at = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, costs))
+      if at > sp then sp = at end
+    end
+    if sp > horizon then
+      redis.call('ZADD', rk, sp, pk)
+      parks = parks + 1
+      if parks >= 200 then stop = true end
+      break
+    end
+    if conc > 0 and redis.call('ZSCORE', KEYS[11], id) == false and redis.call('ZCARD', KEYS[11]) >= conc then
+      local oldest = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
+      out[2], out[3] = math.max(0, tonumber(oldest[2]) - now), 3
+      stop = true
+      break
+    end
+    local slot = math.max(su, sp)
+    for i = 1, #up do
+      tat[i] = gcra_take(tat[i], slot, up[i].interval, cost(up[i], costs))
+    end
+    changed = true
+    local e = now
+    for j = 1, #pl do
+      local l = pl[j]
+      local nt = gcra_take(ptat[j], slot, l.interval, cost(l, costs))
+      redis.call('SET', PT .. pk .. ':' .. l.id, shaper_int(nt), 'PX', math.ceil((nt - now + l.per) / 1000))
+      local nx = gcra_earliest(nt, now, l.interval, l.capacity, 1)
+      if nx > e then e = nx end
+    end
+    if conc > 0 then
+      local exp = slot + conc_ttl
+      redis.call('ZADD', KEYS[11], exp, id)
+      if exp > conc_expiry then conc_expiry = exp end
+    end
+    -- The job leaves its flow for asynq's active list.
+    redis.call('ZREM', G .. g, id)
+    if redis.call('ZCARD', G .. g) == 0 then
+      redis.call('SREM', K_GROUPS, g)
+      redis.call('ZREM', rk, pk)
+    else
+      redis.call('ZADD', rk, e, pk)
+    end
+    redis.call('LPUSH', KEYS[7], id)
+    redis.call('ZADD', KEYS[8], math.floor(now_s) + lease_s, id)
+    redis.call('HSET', tk, 'state', 'active')
+    redis.call('HDEL', tk, 'group')
+    count(KEYS[4], 'pending:' .. lane, -1)
+    count(KEYS[4], 'active:' .. lane, 1)
+    -- Fair share: the key and the lane each move on by 1/weight.
+    local s1 = tonumber(redis.call('ZSCORE', K_F, fk))
+    redis.call('HSET', K_V, 'v', s1)
+    redis.call('ZADD', K_F, s1 + 1 / (weights[fk] or 1), fk)
+    local s2 = tonumber(redis.call('ZSCORE', lk, lane))
+    redis.call('HSET', K_V, 'v:' .. fk, s2)
+    redis.call('ZADD', lk, s2 + 1 / (lweights[lane] or 1), lane)
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('HGET', tk, 'msg')
+    out[#out + 1] = slot - now
+    taken = taken + 1
+  until true
+end
+
+if changed then
+  for i = 1, #up do
+    redis.call('SET', KEYS[11 + i], shaper_int(tat[i]), 'PX', math.ceil((tat[i] - now + up[i].per) / 1000))
+  end
+end
+if conc_expiry > 0 then
+  local ttl = math.ceil((conc_expiry - now) / 1000) + 1000
+  if redis.call('PTTL', KEYS[11]) < ttl then
+    redis.call('PEXPIRE', KEYS[11], ttl)
+  end
+end
+
+-- When does something else come due?
+local next = -1
+local function sooner(t)
+  if t and (next < 0 or t < next) then next = t end
+end
+for z = 5, 6 do
+  local first = redis.call('ZRANGE', KEYS[z], 0, 0, 'WITHSCORES')
+  if #first > 0 then sooner(math.max(0, math.floor(tonumber(first[2]) * 1000000) - now)) end
+end
+local cal = redis.call('ZRANGE', K_CAL, 0, 0, 'WITHSCORES')
+if #cal > 0 then sooner(math.max(0, tonumber(cal[2]) - now)) end
+local lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+if #lease > 0 then
+  local exp = tonumber(lease[2]) * 1000000
+  if exp <= now then out[5] = 1 else sooner(exp - now) end
+end
+out[4] = next
+if taken == 0 and out[2] < 0 then
+  -- Nothing can go now: the next enqueue wakes the workers.
+  redis.call('HSET', K_V, 'sleep', 1)
+end
+return out
+`)
+
+// requeueScript puts active jobs that were not sent back at the head of
+// their flows (a worker shutting down, a slot missed), releasing their
+// concurrency leases.
+//
+//	KEYS[1] v  KEYS[2] f  KEYS[3] cal  KEYS[4] counts  KEYS[5] asynq active
+//	KEYS[6] asynq lease  KEYS[7] asynq groups  KEYS[8] leaky concurrency leases
+//	ARGV[1] our prefix  ARGV[2] asynq group prefix  ARGV[3] asynq task prefix
+//	ARGV[4] wake channel  ARGV[5] upstream name  ARGV[6..] job ids
+//
+// Returns how many were active and went back.
+var requeueScript = script.New(`
+local P, G, T = ARGV[1], ARGV[2], ARGV[3]
+local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[7]
+` + flowLua + `
+local n = 0
+for i = 6, #ARGV do
+  local id = ARGV[i]
+  redis.call('ZREM', KEYS[8], id)
+  if redis.call('LREM', KEYS[5], 0, id) > 0 then
+    redis.call('ZREM', KEYS[6], id)
+    local f = redis.call('HMGET', T .. id, 'sl', 'sf', 'sp', 'sq')
+    if f[1] then
+      push(id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), 0)
+      count(KEYS[4], 'active:' .. f[1], -1)
+      count(KEYS[4], 'pending:' .. f[1], 1)
+      n = n + 1
+    end
+  end
+end
+if n > 0 and redis.call('HDEL', K_V, 'sleep') == 1 then
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
+return n
+`)
+
+// cancelScript archives a job that is waiting (in a flow, scheduled or
+// retrying), marking it dead; the mark that says "cancelled" is the
+// caller's. A job in any other state is left alone.
+//
+//	KEYS[1] task hash  KEYS[2] counts  KEYS[3] pbacklog  KEYS[4] asynq scheduled
+//	KEYS[5] asynq retry  KEYS[6] asynq archived  KEYS[7] asynq groups
+//	ARGV[1] now override  ARGV[2] asynq group prefix  ARGV[3] id
+//
+// Returns the state the job was in ("" if there is no such job).
+var cancelScript = script.New(`
+local f = redis.call('HMGET', KEYS[1], 'state', 'group', 'sl', 'sp')
+local state = f[1]
+if not state then return '' end
+local from
+if state == 'aggregating' then
+  redis.call('ZREM', ARGV[2] .. f[2], ARGV[3])
+  if redis.call('EXISTS', ARGV[2] .. f[2]) == 0 then
+    redis.call('SREM', KEYS[7], f[2])
+  end
+  from = 'pending:'
+elseif state == 'scheduled' then
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  from = 'scheduled:'
+elseif state == 'retry' then
+  redis.call('ZREM', KEYS[5], ARGV[3])
+  from = 'retry:'
+else
+  return state
+end
+local now = shaper_now(ARGV[1])
+redis.call('ZADD', KEYS[6], math.floor(now / 1000000), ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'archived')
+redis.call('HDEL', KEYS[1], 'group')
+local lane = f[3] or ''
+local n = redis.call('HINCRBY', KEYS[2], from .. lane, -1)
+if n <= 0 then redis.call('HDEL', KEYS[2], from .. lane) end
+redis.call('HINCRBY', KEYS[2], 'dead:' .. lane, 1)
+local pk = f[4] or ''
+if pk ~= '' then
+  if tonumber(redis.call('ZINCRBY', KEYS[3], -1, pk)) <= 0 then
+    redis.call('ZREM', KEYS[3], pk)
+  end
+end
+return state
+`)
+
+// runNowScript makes retrying jobs due now (an operator resumed their
+// upstream) and wakes the workers.
+//
+//	KEYS[1] asynq retry  KEYS[2] v
+//	ARGV[1] now override  ARGV[2] wake channel  ARGV[3] upstream  ARGV[4..] ids
+//
+// Returns how many were retrying.
+var runNowScript = script.New(`
+local now_s = shaper_now(ARGV[1]) / 1000000
+local n = 0
+for i = 4, #ARGV do
+  n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', now_s, ARGV[i])
+end
+redis.call('HDEL', KEYS[2], 'sleep')
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return n
+`)

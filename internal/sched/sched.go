@@ -1,0 +1,405 @@
+// Package sched keeps each upstream's ready structure in Redis: which
+// waiting jobs may go next, in what order, and when. Jobs live in asynq's
+// key layout (an upstream is one asynq queue, "shaper.NAME"), so asynq's
+// Inspector reads them; what asynq's server would do — pick the next job,
+// forward scheduled ones, wake a worker — is done here by Lua scripts that
+// also book the job's send slot, so taking a job and pacing it is one
+// round trip, and nothing polls while an upstream is idle.
+//
+// Order: fair share between fairness keys (tenants, or partitions), then
+// lanes by weight within a key's share, then the partition that can send
+// earliest, then the oldest job. A partition whose own limits keep it
+// from sending soon is parked, costing no worker, until its next slot.
+package sched
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/keyspace"
+	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// QueueName is the asynq queue that holds an upstream's jobs, all lanes
+// together; its name is also the hash tag of every key of the upstream.
+func QueueName(upstream string) string { return "shaper." + upstream }
+
+// WakeChannel is where enqueues announce work to sleeping workers; a
+// message is the upstream's name.
+func WakeChannel(prefix string) string { return keyspace.Prefix(prefix) + ":wake" }
+
+// asynqKey is asynq's key for part of queue q (see its internal/base).
+func asynqKey(q, part string) string { return "asynq:{" + q + "}:" + part }
+
+// Space is one upstream's keys. It is a value; build it with For.
+type Space struct {
+	Upstream string
+	Queue    string
+	prefix   string
+	wake     string
+	our      string // P:s:{Q}:
+}
+
+// For returns the space of an upstream under a key prefix ("" = default).
+func For(prefix, upstream string) Space {
+	p := keyspace.Prefix(prefix)
+	q := QueueName(upstream)
+	return Space{Upstream: upstream, Queue: q, prefix: p, wake: WakeChannel(p), our: p + ":s:{" + q + "}:"}
+}
+
+// Keys of the space.
+func (s Space) vKey() string       { return s.our + "v" }
+func (s Space) fKey() string       { return s.our + "f" }
+func (s Space) calKey() string     { return s.our + "cal" }
+func (s Space) CountsKey() string  { return s.our + "c" }
+func (s Space) BacklogKey() string { return s.our + "pb" }
+func (s Space) TaskKey(id string) string {
+	return asynqKey(s.Queue, "t:") + id
+}
+func (s Space) taskPrefix() string  { return asynqKey(s.Queue, "t:") }
+func (s Space) groupPrefix() string { return asynqKey(s.Queue, "g:") }
+
+// Entry is a job as the ready structure sees it.
+type Entry struct {
+	ID   string
+	Lane string
+	// FairKey is what fair share divides by (a tenant, a partition, or
+	// "" for none), fixed when the job is enqueued.
+	FairKey   string
+	Partition string
+	Costs     map[string]int64
+	// Msg is the job's asynq task message, encoded.
+	Msg []byte
+	// ProcessAt delays the job; zero or past means ready now.
+	ProcessAt time.Time
+}
+
+// FairKey is the fairness key of a job of tenant with partition under u's
+// fairness setting.
+func FairKey(u shaper.Upstream, tenant, partition string) string {
+	switch u.Fairness.By {
+	case shaper.FairByNone:
+		return ""
+	case shaper.FairByPartition:
+		return partition
+	default:
+		return tenant
+	}
+}
+
+// EncodeCosts writes costs as the scripts read them: "name=n,...", sorted.
+func EncodeCosts(c map[string]int64) string {
+	names := make([]string, 0, len(c))
+	for k := range c {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for i, k := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(strconv.FormatInt(max(c[k], 0), 10))
+	}
+	return b.String()
+}
+
+// unixSeconds is t as asynq's sorted sets score it (seconds), with
+// milliseconds kept as a fraction: asynq's Inspector truncates, shaper
+// reads it to the millisecond.
+func unixSeconds(t time.Time) string {
+	return strconv.FormatFloat(float64(t.UnixMilli())/1000, 'f', 3, 64)
+}
+
+// Enqueue stores e and makes it ready (or scheduled). created is false,
+// with nothing changed, if a job with e.ID exists. rdb may be a pipeline
+// or an autopipeliner.
+func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (created bool, err error) {
+	at := ""
+	if !e.ProcessAt.IsZero() {
+		at = unixSeconds(e.ProcessAt)
+	}
+	keys := []string{s.TaskKey(e.ID), s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.BacklogKey(),
+		asynqKey(s.Queue, "scheduled"), asynqKey(s.Queue, "groups")}
+	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys,
+		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
+		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream)
+	if err != nil {
+		return false, err
+	}
+	n, _ := v.(int64)
+	return n != 0, nil
+}
+
+// Requeue puts active jobs that were never sent back at the head of their
+// flows and wakes the workers. conc is the upstream bucket's concurrency
+// lease set. It returns how many were still active.
+func (s Space) Requeue(ctx context.Context, rdb redis.Scripter, concLeases string, ids ...string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	keys := []string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), asynqKey(s.Queue, "active"),
+		asynqKey(s.Queue, "lease"), asynqKey(s.Queue, "groups"), concLeases}
+	args := []any{s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	v, err := script.Run(ctx, rdb, "sched.requeue", requeueScript, keys, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := v.(int64)
+	return int(n), nil
+}
+
+// ErrNotWaiting is returned by Cancel for a job that is not waiting: it is
+// being sent or has finished. The job's state is in the error.
+var ErrNotWaiting = errors.New("job is not waiting")
+
+// Cancel moves a waiting job (ready, scheduled or retrying) to asynq's
+// archive, out of every structure that would dispatch it. It returns
+// redis.Nil if there is no such job.
+func (s Space) Cancel(ctx context.Context, rdb redis.Scripter, id string) error {
+	keys := []string{s.TaskKey(id), s.CountsKey(), s.BacklogKey(), asynqKey(s.Queue, "scheduled"),
+		asynqKey(s.Queue, "retry"), asynqKey(s.Queue, "archived"), asynqKey(s.Queue, "groups")}
+	v, err := script.Run(ctx, rdb, "sched.cancel", cancelScript, keys, "", s.groupPrefix(), id)
+	if err != nil {
+		return err
+	}
+	switch st, _ := v.(string); st {
+	case "":
+		return redis.Nil
+	case "aggregating", "scheduled", "retry":
+		return nil
+	default:
+		return fmt.Errorf("%w: it is %s", ErrNotWaiting, st)
+	}
+}
+
+// RunNow makes retrying jobs due at once and wakes the workers; it
+// returns how many it moved.
+func (s Space) RunNow(ctx context.Context, rdb redis.Scripter, ids ...string) (int, error) {
+	args := []any{"", s.wake, s.Upstream}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	v, err := script.Run(ctx, rdb, "sched.run_now", runNowScript, []string{asynqKey(s.Queue, "retry"), s.vKey()}, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := v.(int64)
+	return int(n), nil
+}
+
+// Counts are jobs by state and lane.
+type Counts map[string]map[string]int64 // lane -> state -> n
+
+// ReadCounts reads the per-lane counts (one HGETALL).
+func (s Space) ReadCounts(ctx context.Context, rdb redis.Cmdable) (Counts, error) {
+	m, err := rdb.HGetAll(ctx, s.CountsKey()).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := Counts{}
+	for f, v := range m {
+		state, lane, ok := strings.Cut(f, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if out[lane] == nil {
+			out[lane] = map[string]int64{}
+		}
+		out[lane][state] = n
+	}
+	return out, nil
+}
+
+// PartitionBacklog is a partition and its jobs not yet finished.
+type PartitionBacklog struct {
+	Partition string `json:"partition"`
+	Backlog   int64  `json:"backlog"`
+}
+
+// Partitions reads how many partitions have backlog and the top n of them.
+func (s Space) Partitions(ctx context.Context, rdb redis.Cmdable, n int) (int64, []PartitionBacklog, error) {
+	pipe := rdb.Pipeline()
+	card := pipe.ZCard(ctx, s.BacklogKey())
+	top := pipe.ZRevRangeWithScores(ctx, s.BacklogKey(), 0, int64(n-1))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, nil, err
+	}
+	var out []PartitionBacklog
+	for _, z := range top.Val() {
+		m, _ := z.Member.(string)
+		out = append(out, PartitionBacklog{Partition: m, Backlog: int64(z.Score)})
+	}
+	return card.Val(), out, nil
+}
+
+// Taker takes ready jobs of one upstream, booking their slots on its
+// bucket. Build it with NewTaker.
+type Taker struct {
+	s       Space
+	rdb     redis.Scripter
+	bucket  *leaky.Bucket
+	keys    []string
+	fixed   []any // ARGV after max jobs and lookahead
+	conc    bool
+	leaseS  int64
+	lookUs  int64
+	concTTL time.Duration
+}
+
+// TakerConfig shapes a Taker.
+type TakerConfig struct {
+	// Upstream, with defaults filled in.
+	Upstream shaper.Upstream
+	// Bucket is the upstream's bucket, named QueueName(upstream).
+	Bucket *leaky.Bucket
+	// Lookahead is how far ahead of now a slot may be booked.
+	Lookahead time.Duration
+	// Lease is asynq's lease on an active job; the holder extends it.
+	Lease time.Duration
+	// ConcurrencyLease is how long a concurrency lease outlives its slot.
+	ConcurrencyLease time.Duration
+}
+
+// NewTaker prepares the arguments every take sends.
+func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
+	u := cfg.Upstream
+	lay := cfg.Bucket.Layout()
+	guard := cfg.Bucket.Guard()
+	t := &Taker{s: s, rdb: rdb, bucket: cfg.Bucket, leaseS: int64(cfg.Lease / time.Second),
+		lookUs: cfg.Lookahead.Microseconds(), conc: u.Concurrency > 0}
+	t.keys = append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
+		asynqKey(s.Queue, "scheduled"), asynqKey(s.Queue, "retry"), asynqKey(s.Queue, "active"),
+		asynqKey(s.Queue, "lease"), asynqKey(s.Queue, "groups"), lay.Block, lay.Leases}, lay.TATs...)
+	f := []any{t.leaseS, u.Concurrency, cfg.ConcurrencyLease.Microseconds(), s.our, s.groupPrefix(), s.taskPrefix(), lay.PartitionPrefix}
+	f = append(f, len(u.Limits))
+	for i, l := range u.Limits {
+		f = append(f, lay.Params[i].Interval, lay.Params[i].Capacity, l.Per.Microseconds(), l.Cost)
+	}
+	plimits := func(ls []leaky.Limit) error {
+		f = append(f, len(ls))
+		for _, l := range ls {
+			if err := l.Validate(); err != nil {
+				return err
+			}
+			p := l.Params(guard)
+			if err := p.Validate(); err != nil {
+				return fmt.Errorf("limit %v: %w", l, err)
+			}
+			f = append(f, leaky.LimitID(l), p.Interval, p.Capacity, l.Per.Microseconds(), l.Cost)
+		}
+		return nil
+	}
+	if err := plimits(u.PartitionLimits); err != nil {
+		return nil, fmt.Errorf("partition_limits: %w", err)
+	}
+	names := make([]string, 0, len(u.PartitionOverrides))
+	for p := range u.PartitionOverrides {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	f = append(f, len(names))
+	for _, p := range names {
+		f = append(f, p)
+		if err := plimits(u.PartitionOverrides[p]); err != nil {
+			return nil, fmt.Errorf("partition_overrides[%s]: %w", p, err)
+		}
+	}
+	f = append(f, len(u.Fairness.Weights))
+	for _, k := range sortedKeys(u.Fairness.Weights) {
+		f = append(f, k, u.Fairness.Weights[k])
+	}
+	f = append(f, len(u.Lanes))
+	for _, k := range sortedKeys(u.Lanes) {
+		f = append(f, k, max(u.Lanes[k], 1))
+	}
+	t.fixed = f
+	return t, nil
+}
+
+func sortedKeys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Taken is a job taken for sending, with its booked slot.
+type Taken struct {
+	ID  string
+	Msg []byte
+	// Slot is the reservation to send under: Wait for it, then send, then
+	// Release it.
+	Slot *leaky.Reservation
+}
+
+// Take is the answer of one take.
+type Take struct {
+	Jobs []Taken
+	// Wait, when positive, is how long until the upstream itself can send
+	// again (a limit, a block, the concurrency cap: Reason).
+	Wait   time.Duration
+	Reason leaky.Reason
+	// Next, when positive, is when something else comes due: a scheduled
+	// or retrying job, a parked partition, an active job's lease.
+	Next time.Duration
+	// Expired reports active jobs whose lease ran out: recover them.
+	Expired bool
+}
+
+// Take takes up to n ready jobs.
+func (t *Taker) Take(ctx context.Context, n int) (Take, error) {
+	args := make([]any, 0, 3+len(t.fixed))
+	args = append(args, "", n, t.lookUs)
+	args = append(args, t.fixed...)
+	issued := time.Now()
+	v, err := script.Run(ctx, t.rdb, "sched.take", takeScript, t.keys, args...)
+	if err != nil {
+		return Take{}, err
+	}
+	received := time.Now()
+	arr, ok := v.([]any)
+	if !ok || len(arr) < 5 || (len(arr)-5)%3 != 0 {
+		return Take{}, fmt.Errorf("script sched.take: malformed reply %v", v)
+	}
+	ints := func(i int) int64 { n, _ := arr[i].(int64); return n }
+	now := ints(0)
+	out := Take{Reason: leaky.Reason(ints(2)), Expired: ints(4) == 1}
+	if w := ints(1); w >= 0 {
+		out.Wait = time.Duration(w) * time.Microsecond
+		if out.Wait == 0 {
+			out.Wait = time.Microsecond
+		}
+	}
+	if nx := ints(3); nx >= 0 {
+		out.Next = max(time.Duration(nx)*time.Microsecond, time.Microsecond)
+	}
+	for i := 5; i < len(arr); i += 3 {
+		id, _ := arr[i].(string)
+		msg, _ := arr[i+1].(string)
+		delay := ints(i + 2)
+		lease := ""
+		if t.conc {
+			lease = id
+		}
+		out.Jobs = append(out.Jobs, Taken{ID: id, Msg: []byte(msg), Slot: t.bucket.Adopt(now, delay, lease, issued, received)})
+	}
+	return out, nil
+}
