@@ -1,0 +1,191 @@
+package taskstore
+
+import "github.com/shaperhq/shaper/internal/script"
+
+// finishScript ends taken tasks of one queue, each as asynq's MarkAsComplete
+// or Done (succeeded), Retry or Archive would, and keeps shaper's counters.
+// An item whose task is not both in the active list and the lease set
+// changes nothing: its lease ran out and it was recovered, or another
+// caller finished it first.
+//
+//	KEYS[1] -> active list
+//	KEYS[2] -> lease set
+//	KEYS[3] -> completed set
+//	KEYS[4] -> retry set
+//	KEYS[5] -> archived set
+//	KEYS[6] -> processed count of the day
+//	KEYS[7] -> processed total
+//	KEYS[8] -> failed count of the day
+//	KEYS[9] -> failed total
+//	KEYS[10] -> shaper's counter hash, fields "<state>:<lane>"
+//	KEYS[11] -> shaper's partition backlog, a sorted set of partition -> tasks
+//	KEYS[11+i] -> the task hash of item i (from 1)
+//	KEYS[...] -> uniqueness lock keys, as the items name them
+//	ARGV[1] -> score for the archived set: now, Unix seconds
+//	ARGV[2] -> when new daily stats keys expire, Unix seconds
+//	then per item, 10 values:
+//	  id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
+//	  "d" dead), encoded message to store, "1" when a result follows (else
+//	  "0"), result, score in the completed set ("" = delete the task) or in
+//	  the retry set, "1" when a retry is a failure (else "0"), index in KEYS
+//	  of the uniqueness lock to release (0 = none)
+//
+// Returns one integer per item: 1 finished, 0 not active.
+var finishScript = script.New(`
+local active, lease, completed, retry, archived = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local counts, pbacklog = KEYS[10], KEYS[11]
+local now, stats_expire = ARGV[1], ARGV[2]
+
+local function count(field, by)
+  if redis.call('HINCRBY', counts, field, by) <= 0 then
+    redis.call('HDEL', counts, field)
+  end
+end
+
+local function leave_backlog(partition)
+  if partition ~= '' then
+    if tonumber(redis.call('ZINCRBY', pbacklog, -1, partition)) <= 0 then
+      redis.call('ZREM', pbacklog, partition)
+    end
+  end
+end
+
+local function bump(day, total, n)
+  if n > 0 then
+    if redis.call('INCRBY', day, n) == n then
+      redis.call('EXPIREAT', day, stats_expire)
+    end
+    redis.call('INCRBY', total, n)
+  end
+end
+
+local processed, failed = 0, 0
+local out = {}
+local i = 0
+for b = 3, #ARGV, 10 do
+  i = i + 1
+  local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
+  local failure, unique = ARGV[b + 8], tonumber(ARGV[b + 9])
+  local task = KEYS[11 + i]
+  -- ZSCORE first: LREM removes as it checks, so nothing changes unless the
+  -- task is in both.
+  if not redis.call('ZSCORE', lease, id) or redis.call('LREM', active, 0, id) == 0 then
+    out[i] = 0
+  else
+    redis.call('ZREM', lease, id)
+    count('active:' .. lane, -1)
+    if has_result == '1' then
+      redis.call('HSET', task, 'result', result)
+    end
+    if outcome == 's' then
+      processed = processed + 1
+      leave_backlog(partition)
+      if unique > 0 and redis.call('GET', KEYS[unique]) == id then
+        redis.call('DEL', KEYS[unique])
+      end
+      if score == '' then
+        redis.call('DEL', task)
+      else
+        redis.call('ZADD', completed, score, id)
+        redis.call('HSET', task, 'msg', msg, 'state', 'completed')
+        count('succeeded:' .. lane, 1)
+      end
+    elseif outcome == 'r' then
+      redis.call('ZADD', retry, score, id)
+      redis.call('HSET', task, 'msg', msg, 'state', 'retry')
+      count('retry:' .. lane, 1)
+      if failure == '1' then
+        processed = processed + 1
+        failed = failed + 1
+      end
+    else
+      redis.call('ZADD', archived, now, id)
+      redis.call('HSET', task, 'msg', msg, 'state', 'archived')
+      count('dead:' .. lane, 1)
+      leave_backlog(partition)
+      processed = processed + 1
+      failed = failed + 1
+    end
+    out[i] = 1
+  end
+end
+bump(KEYS[6], KEYS[7], processed)
+bump(KEYS[8], KEYS[9], failed)
+return out
+`)
+
+// extendScript moves the lease of tasks that still hold one; ZADD XX
+// leaves out a task whose lease already went, so it is not resurrected.
+//
+//	KEYS[1] -> lease set
+//	ARGV[1] -> new lease end, Unix seconds
+//	ARGV[2..] -> task ids
+//
+// Returns how many of the tasks still held a lease.
+var extendScript = script.New(`
+local held = 0
+for i = 2, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i])
+    held = held + 1
+  end
+end
+return held
+`)
+
+// expiredScript lists tasks whose lease has run out, oldest lease first. A
+// lease naming a task whose hash is gone can never be finished; it is
+// dropped (with its active list entry) so it does not fill every later
+// page.
+//
+//	KEYS[1] -> lease set
+//	KEYS[2] -> active list
+//	ARGV[1] -> now, Unix seconds
+//	ARGV[2] -> most leases to look at
+//	ARGV[3] -> task key prefix (the task hashes share the queue's slot)
+//
+// Returns {id, msg, sl, sp} per task, sl and sp "" when unset.
+var expiredScript = script.New(`
+local out = {}
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do
+  local v = redis.call('HMGET', ARGV[3] .. id, 'msg', 'sl', 'sp')
+  if v[1] then
+    out[#out + 1] = {id, v[1], v[2] or '', v[3] or ''}
+  else
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('LREM', KEYS[2], 0, id)
+  end
+end
+return out
+`)
+
+// deleteExpiredScript deletes finished tasks whose time in the completed or
+// archived set is up, and counts them out of shaper's counters by the lane
+// in each task's sl field.
+//
+//	KEYS[1] -> completed or archived set
+//	KEYS[2] -> shaper's counter hash
+//	ARGV[1] -> cutoff, Unix seconds: scores at or below it go
+//	ARGV[2] -> most tasks to delete
+//	ARGV[3] -> task key prefix (the task hashes share the queue's slot)
+//	ARGV[4] -> counter state of the set: "succeeded" or "dead"
+//
+// Returns how many tasks it deleted.
+var deleteExpiredScript = script.New(`
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do
+  local task = ARGV[3] .. id
+  local lane = redis.call('HGET', task, 'sl')
+  redis.call('DEL', task)
+  redis.call('ZREM', KEYS[1], id)
+  if lane then
+    local field = ARGV[4] .. ':' .. lane
+    if redis.call('HINCRBY', KEYS[2], field, -1) <= 0 then
+      redis.call('HDEL', KEYS[2], field)
+    end
+  end
+end
+return #ids
+`)
