@@ -3,6 +3,7 @@ package shaper
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -28,8 +29,9 @@ type Upstream struct {
 	BaseURL string
 	// Limits must all allow each send; each is a leaky bucket. At least one.
 	Limits []leaky.Limit
-	// Guard is the pacing guard (leaky.BucketConfig.Guard); 0 is
-	// leaky.DefaultGuardFor the limits.
+	// Guard is the pacing guard (leaky.BucketConfig.Guard) of the
+	// upstream's and its partitions' buckets; 0 is leaky.DefaultGuardFor
+	// all of them (EveryLimit).
 	Guard time.Duration
 	// Concurrency caps requests in flight across all replicas; 0 is none.
 	Concurrency int
@@ -158,6 +160,17 @@ func (u Upstream) PartitionLimitsFor(partition string) []leaky.Limit {
 	return u.PartitionLimits
 }
 
+// EveryLimit lists the upstream's limits, then its partition limits, then
+// every override's (by partition, sorted): what one guard must suit.
+func (u Upstream) EveryLimit() []leaky.Limit {
+	out := slices.Clone(u.Limits)
+	out = append(out, u.PartitionLimits...)
+	for _, p := range slices.Sorted(maps.Keys(u.PartitionOverrides)) {
+		out = append(out, u.PartitionOverrides[p]...)
+	}
+	return out
+}
+
 // HasPartitionLimits reports whether any partition is limited on its own.
 func (u Upstream) HasPartitionLimits() bool {
 	return len(u.PartitionLimits) > 0 || len(u.PartitionOverrides) > 0
@@ -228,7 +241,7 @@ func (u Upstream) WithDefaults() Upstream {
 		u.IdempotencyHeader = DefaultIdempotencyHeader
 	}
 	if u.Guard <= 0 {
-		u.Guard = leaky.DefaultGuardFor(u.Limits)
+		u.Guard = leaky.DefaultGuardFor(u.EveryLimit())
 	}
 	u.Timeout = orDuration(u.Timeout, DefaultTimeout)
 	if u.MaxPending <= 0 {

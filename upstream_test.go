@@ -38,6 +38,13 @@ func TestUpstreamWithDefaults(t *testing.T) {
 		t.Errorf("LaneNames: got %v, want [%s]", got, DefaultLane)
 	}
 
+	// A partition limit with a short per shrinks the guard of the whole
+	// upstream, as a short limit of its own would.
+	short := Upstream{Limits: []leaky.Limit{leaky.PerSecond(10)}, PartitionOverrides: map[string][]leaky.Limit{"p": {{Rate: 1, Per: 100 * time.Millisecond}}}}.WithDefaults()
+	if want := 2 * time.Millisecond; short.Guard != want {
+		t.Errorf("Guard with a 100ms partition limit: got %v, want %v", short.Guard, want)
+	}
+
 	set := Upstream{Timeout: time.Second, Workers: 3, Retry: Retry{MaxAttempts: 2}, NoIdempotencyHeader: true, Fairness: Fairness{By: FairByNone}}.WithDefaults()
 	if set.Timeout != time.Second || set.Workers != 3 || set.Retry.MaxAttempts != 2 || set.IdempotencyHeader != "" || set.Fairness.By != FairByNone {
 		t.Errorf("WithDefaults replaced set fields: %+v", set)
