@@ -1,10 +1,16 @@
 package shaper
 
 import (
+	"errors"
+	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/shaperhq/shaper/leaky"
 )
@@ -23,8 +29,9 @@ type Upstream struct {
 	BaseURL string
 	// Limits must all allow each send; each is a leaky bucket. At least one.
 	Limits []leaky.Limit
-	// Guard is the pacing guard (leaky.BucketConfig.Guard); 0 is
-	// leaky.DefaultGuardFor the limits.
+	// Guard is the pacing guard (leaky.BucketConfig.Guard) of the
+	// upstream's and its partitions' buckets; 0 is leaky.DefaultGuardFor
+	// all of them (EveryLimit).
 	Guard time.Duration
 	// Concurrency caps requests in flight across all replicas; 0 is none.
 	Concurrency int
@@ -77,23 +84,106 @@ type Upstream struct {
 	// (content type, rate-limit and request-id headers). Empty means the
 	// default. Set-Cookie is never kept, whatever they say.
 	StoreResponseHeaders []string
-	// PartitionLimits pace each partition on its own (TEMP: lead's stand-in until h-config merges).
-	PartitionLimits    []leaky.Limit
+	// PartitionLimits are leaky buckets that each partition (a job's
+	// Partition: a recipient domain, customer or credential id) gets on
+	// its own, in addition to Limits on the whole upstream. Empty means
+	// partitions are not limited, except those in PartitionOverrides.
+	PartitionLimits []leaky.Limit
+	// PartitionOverrides gives the named partitions their own limits
+	// instead of PartitionLimits (gmail.com gets more than other domains).
 	PartitionOverrides map[string][]leaky.Limit
-	Fairness           Fairness
+	// Fairness says how the upstream's send slots are shared among jobs
+	// waiting for them. Default {By: FairByTenant}, every weight 1.
+	Fairness Fairness
 }
 
-// Fairness (TEMP stand-in).
+// Fairness is how an upstream's send slots are shared when it is the
+// bottleneck: among tenants, among partitions, or first come first served.
 type Fairness struct {
-	By      string
+	// By is FairByTenant (the default), FairByPartition or FairByNone.
+	By string
+	// Weights give a tenant's (or, by partition, a partition's) share
+	// relative to the others; absent names weigh 1. A weight of 3 gets
+	// three slots for every one of a name of weight 1 while both wait.
 	Weights map[string]int
 }
 
+// What Fairness.By shares send slots among.
 const (
-	FairByTenant    = "tenant"
+	// FairByTenant shares slots among the tenants of the API keys that
+	// enqueued the waiting jobs.
+	FairByTenant = "tenant"
+	// FairByPartition shares slots among the waiting jobs' partitions.
 	FairByPartition = "partition"
-	FairByNone      = "none"
+	// FairByNone sends in queue order, lanes weighed as configured.
+	FairByNone = "none"
 )
+
+// MaxPartitionBytes is the longest a job's partition may be, in bytes.
+const MaxPartitionBytes = 200
+
+// CheckPartition says what is wrong with a partition value, if anything:
+// it must be 1 to MaxPartitionBytes bytes of valid UTF-8 with no control
+// characters. Partitions are compared byte for byte ("Example.org" and
+// "example.org" are two partitions). The empty string is refused here;
+// a job without a partition simply has none.
+func CheckPartition(p string) error {
+	switch {
+	case p == "":
+		return errors.New("must not be empty")
+	case len(p) > MaxPartitionBytes:
+		return fmt.Errorf("is %d bytes: must be at most %d", len(p), MaxPartitionBytes)
+	case !utf8.ValidString(p):
+		return errors.New("is not valid UTF-8")
+	}
+	if i := strings.IndexFunc(p, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(p[i:])
+		return fmt.Errorf("holds a control character (%U at byte %d)", r, i)
+	}
+	return nil
+}
+
+// PartitionLimitsFor is the limits a job of the partition is held to on
+// top of Limits: its override when there is one, else PartitionLimits.
+// It is nil for a job without a partition, and when the upstream limits
+// neither partitions in general nor this one.
+func (u Upstream) PartitionLimitsFor(partition string) []leaky.Limit {
+	if partition == "" {
+		return nil
+	}
+	if l, ok := u.PartitionOverrides[partition]; ok && len(l) > 0 {
+		return l
+	}
+	if len(u.PartitionLimits) == 0 {
+		return nil
+	}
+	return u.PartitionLimits
+}
+
+// EveryLimit lists the upstream's limits, then its partition limits, then
+// every override's (by partition, sorted): what one guard must suit.
+func (u Upstream) EveryLimit() []leaky.Limit {
+	out := slices.Clone(u.Limits)
+	out = append(out, u.PartitionLimits...)
+	for _, p := range slices.Sorted(maps.Keys(u.PartitionOverrides)) {
+		out = append(out, u.PartitionOverrides[p]...)
+	}
+	return out
+}
+
+// HasPartitionLimits reports whether any partition is limited on its own.
+func (u Upstream) HasPartitionLimits() bool {
+	return len(u.PartitionLimits) > 0 || len(u.PartitionOverrides) > 0
+}
+
+// Weight is the fairness weight of a tenant or partition (whichever
+// Fairness.By shares among): its configured weight, else 1.
+func (u Upstream) Weight(key string) int {
+	if w := u.Fairness.Weights[key]; w > 0 {
+		return w
+	}
+	return 1
+}
 
 // What of an upstream's answer is kept with the job (Upstream.StoreResponse).
 const (
@@ -151,7 +241,7 @@ func (u Upstream) WithDefaults() Upstream {
 		u.IdempotencyHeader = DefaultIdempotencyHeader
 	}
 	if u.Guard <= 0 {
-		u.Guard = leaky.DefaultGuardFor(u.Limits)
+		u.Guard = leaky.DefaultGuardFor(u.EveryLimit())
 	}
 	u.Timeout = orDuration(u.Timeout, DefaultTimeout)
 	if u.MaxPending <= 0 {
@@ -176,6 +266,9 @@ func (u Upstream) WithDefaults() Upstream {
 	u.PushbackDefault = orDuration(u.PushbackDefault, DefaultPushback)
 	if u.StoreResponse == "" {
 		u.StoreResponse = StoreFull
+	}
+	if u.Fairness.By == "" {
+		u.Fairness.By = FairByTenant
 	}
 	return u
 }

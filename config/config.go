@@ -223,6 +223,33 @@ type Upstream struct {
 	// default list (content type, rate-limit and request-id headers).
 	// Set-Cookie is never kept, whatever they say.
 	StoreResponseHeaders []string `yaml:"store_response_headers"`
+	// PartitionLimits are leaky buckets each partition (a job's
+	// partition: a recipient domain, customer or credential id) gets on
+	// its own, on top of Limits. Same form as Limits; a cost they count
+	// must also be counted by one of Limits, since a job may only carry
+	// costs the upstream's limits count. Default none: partitions are not
+	// limited, except those in PartitionOverrides.
+	PartitionLimits []Limit `yaml:"partition_limits"`
+	// PartitionOverrides gives the named partitions their own limits
+	// instead of PartitionLimits ({gmail.com: [{rate: 1000, per: 1m}]}).
+	// Keys are partition values, 1 to 200 bytes, matched exactly.
+	PartitionOverrides map[string][]Limit `yaml:"partition_overrides"`
+	// Fairness is how the upstream's send slots are shared while it is the
+	// bottleneck. Default by tenant, every weight 1.
+	Fairness Fairness `yaml:"fairness"`
+}
+
+// Fairness is how an upstream's send slots are shared among waiting jobs.
+type Fairness struct {
+	// By is tenant (the default: the tenants of the API keys that enqueued
+	// the waiting jobs), partition (the jobs' partitions) or none (queue
+	// order, lanes weighed as configured).
+	By string `yaml:"by"`
+	// Weights give a tenant's (by: tenant) or partition's (by: partition)
+	// share relative to the others, 1 to 1000; absent names weigh 1. With
+	// by: tenant and api.keys configured, each name must be a tenant of one
+	// of the keys. Not allowed with by: none.
+	Weights map[string]int `yaml:"weights"`
 }
 
 // Limit is one limit as written in the config; see leaky.Limit for the
@@ -373,10 +400,26 @@ func (c *Config) Limits(name string) []leaky.Limit {
 	return u.leakyLimits()
 }
 
-func (u *Upstream) leakyLimits() []leaky.Limit {
-	out := make([]leaky.Limit, len(u.Limits))
-	for i, l := range u.Limits {
+func (u *Upstream) leakyLimits() []leaky.Limit { return toLeaky(u.Limits) }
+
+func toLeaky(ls []Limit) []leaky.Limit {
+	if ls == nil {
+		return nil
+	}
+	out := make([]leaky.Limit, len(ls))
+	for i, l := range ls {
 		out[i] = l.Leaky()
+	}
+	return out
+}
+
+func (u *Upstream) leakyOverrides() map[string][]leaky.Limit {
+	if u.PartitionOverrides == nil {
+		return nil
+	}
+	out := make(map[string][]leaky.Limit, len(u.PartitionOverrides))
+	for p, ls := range u.PartitionOverrides {
+		out[p] = toLeaky(ls)
 	}
 	return out
 }
@@ -412,6 +455,7 @@ func (u *Upstream) fillDefaults() {
 	setDefault(&u.DeadRetention, Duration(d.DeadRetention))
 	setDefault(&u.PushbackDefault, Duration(d.PushbackDefault))
 	setDefault(&u.StoreResponse, d.StoreResponse)
+	setDefault(&u.Fairness.By, d.Fairness.By)
 }
 
 // Shaper is the upstream as the rest of shaper takes it. In a parsed
@@ -438,6 +482,9 @@ func (u *Upstream) Shaper() shaper.Upstream {
 		SensitiveHeaders:     u.SensitiveHeaders,
 		StoreResponse:        u.StoreResponse,
 		StoreResponseHeaders: u.StoreResponseHeaders,
+		PartitionLimits:      toLeaky(u.PartitionLimits),
+		PartitionOverrides:   u.leakyOverrides(),
+		Fairness:             shaper.Fairness{By: u.Fairness.By, Weights: u.Fairness.Weights},
 	}
 }
 

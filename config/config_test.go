@@ -75,7 +75,17 @@ func TestProductExample(t *testing.T) {
 	if got := c.Limits("nope"); got != nil {
 		t.Errorf("unknown upstream limits: got %v, want nil", got)
 	}
-	if got, want := c.UpstreamNames(), []string{"openai", "stripe"}; !reflect.DeepEqual(got, want) {
+	mail := c.Upstreams["mail"].Shaper()
+	if got, want := mail.PartitionLimitsFor("example.org"), []leaky.Limit{leaky.PerMinute(100)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("mail partition limits for example.org: got %v, want %v", got, want)
+	}
+	if got, want := mail.PartitionLimitsFor("gmail.com"), []leaky.Limit{leaky.PerMinute(1000)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("mail partition limits for gmail.com: got %v, want %v", got, want)
+	}
+	if mail.Fairness.By != shaper.FairByTenant || mail.Weight("billing") != 3 || mail.Weight("ops") != 1 {
+		t.Errorf("mail fairness: got %+v, want by tenant, billing 3, ops 1", mail.Fairness)
+	}
+	if got, want := c.UpstreamNames(), []string{"mail", "openai", "stripe"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("UpstreamNames: got %v, want %v", got, want)
 	}
 	if c.Upstreams["openai"].Name != "openai" {
@@ -131,6 +141,7 @@ upstreams:
 			Workers:           workers, MaxResponseBytes: 1 << 20,
 			ResultRetention: Duration(24 * time.Hour), DeadRetention: Duration(168 * time.Hour),
 			PushbackDefault: Duration(time.Second), StoreResponse: "full",
+			Fairness: Fairness{By: "tenant"},
 		}
 	}
 	want.Upstreams = map[string]*Upstream{
@@ -208,6 +219,9 @@ upstreams:
     dead_retention: 2h
     pushback_default: 3s
     store_response: headers
+    partition_limits: [{rate: 100, per: 1m}, {rate: 500, per: 1h, cost: recipients}]
+    partition_overrides: {gmail.com: [{rate: 1000, per: 1m}], "Mixed Case Ltd": [{rate: 5, per: 1s, burst: 2}]}
+    fairness: {by: partition, weights: {gmail.com: 5}}
 `, nil)
 	wantRedis := Redis{
 		Sentinel: Sentinel{Master: "mymaster", Addrs: []string{"s1:26379", "s2:26379"}, Username: "su", Password: "sp"},
@@ -236,9 +250,32 @@ upstreams:
 		IdempotencyHeader: "X-Idem", Lanes: map[string]int{"default": 2, "bulk": 1}, Workers: 4,
 		MaxResponseBytes: 10, ResultRetention: Duration(time.Hour), DeadRetention: Duration(2 * time.Hour),
 		PushbackDefault: Duration(3 * time.Second), StoreResponse: "headers",
+		PartitionLimits: []Limit{{Rate: 100, Per: Duration(time.Minute)}, {Rate: 500, Per: Duration(time.Hour), Cost: "recipients"}},
+		PartitionOverrides: map[string][]Limit{
+			"gmail.com":      {{Rate: 1000, Per: Duration(time.Minute)}},
+			"Mixed Case Ltd": {{Rate: 5, Per: Duration(time.Second), Burst: 2}},
+		},
+		Fairness: Fairness{By: "partition", Weights: map[string]int{"gmail.com": 5}},
 	}
 	if got := c.Upstreams["mail"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("upstream: got %+v, want %+v", got, want)
+	}
+	// The rest of shaper sees the same, as leaky limits.
+	u := c.Upstreams["mail"].Shaper()
+	wantShaper := shaper.Upstream{
+		PartitionLimits: []leaky.Limit{leaky.PerMinute(100), {Rate: 500, Per: time.Hour, Cost: "recipients"}},
+		PartitionOverrides: map[string][]leaky.Limit{
+			"gmail.com":      {leaky.PerMinute(1000)},
+			"Mixed Case Ltd": {{Rate: 5, Per: time.Second, Burst: 2}},
+		},
+		Fairness: shaper.Fairness{By: shaper.FairByPartition, Weights: map[string]int{"gmail.com": 5}},
+	}
+	if !reflect.DeepEqual(u.PartitionLimits, wantShaper.PartitionLimits) || !reflect.DeepEqual(u.PartitionOverrides, wantShaper.PartitionOverrides) || !reflect.DeepEqual(u.Fairness, wantShaper.Fairness) {
+		t.Errorf("Shaper(): got partition limits %v, overrides %v, fairness %+v; want %v, %v, %+v",
+			u.PartitionLimits, u.PartitionOverrides, u.Fairness, wantShaper.PartitionLimits, wantShaper.PartitionOverrides, wantShaper.Fairness)
+	}
+	if got, want := u.PartitionLimitsFor("gmail.com"), wantShaper.PartitionOverrides["gmail.com"]; !reflect.DeepEqual(got, want) {
+		t.Errorf("PartitionLimitsFor(gmail.com): got %v, want %v", got, want)
 	}
 }
 
@@ -571,6 +608,16 @@ upstreams:
   mail:
     handler: true
     limits: [{rate: 1, per: 2s}]
+  relay:
+    base_url: https://relay.example.com
+    limits: [{rate: 200, per: 1s}]
+    partition_limits: [{rate: 100, per: 1m}]
+    partition_overrides: {gmail.com: [{rate: 1000, per: 1m}]}
+    fairness: {weights: {b: 3}}
+  vip:
+    base_url: https://vip.example.com
+    limits: [{rate: 10, per: 1s}]
+    fairness: {by: none}
 `, map[string]string{"KEY": "sk_live_secret"})
 	got := c.Summary()
 	want := `redis: redis://:xxxxx@redis.internal:6379/1, keys under shaper
@@ -578,12 +625,66 @@ api: listen :8080, 2 keys (1 admin), admission per key: burst 100 then 10/s, on 
 work: metrics on :9091, books pacing waits up to 2s, holds blocked jobs up to 10s, shutdown within 30s
 upstream mail: Go handler at 1 requests per 2s (drains at 0.99 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4998/min); 800000 tokens per 1m0s (burst 8000) (drains at 789474/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream relay: https://relay.example.com at 200 requests per 1s (drains at 196.1/s); each partition at 100 requests per 1m0s (drains at 100.0/min); partition "gmail.com" at 1000 requests per 1m0s (drains at 999.7/min); fair share by tenant (b=3, others 1); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream stripe: https://api.stripe.com at 100 requests per 1s (drains at 98.0/s); concurrency 20, 20 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream vip: https://vip.example.com at 10 requests per 1s (drains at 9.8/s); no fair share (queue order); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 `
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 	if strings.Contains(got, "hunter2") || strings.Contains(got, "sk_live") {
 		t.Error("summary shows a secret")
+	}
+}
+
+// TestPartitionConfigs: configs of partitions and fairness that are valid,
+// and what the rest of shaper sees of them.
+func TestPartitionConfigs(t *testing.T) {
+	const up = "upstreams: {mail: {base_url: 'https://relay.example.com', limits: [{rate: 200, per: 1s}, {rate: 1e6, per: 1h, cost: recipients}], "
+	gmail := []leaky.Limit{leaky.PerMinute(1000)}
+	cases := []struct {
+		name         string
+		yaml         string
+		fairness     shaper.Fairness
+		limitsFor    map[string][]leaky.Limit // partition → PartitionLimitsFor
+		partitionsOn bool                     // HasPartitionLimits
+	}{
+		{"nothing said", up + "}}",
+			shaper.Fairness{By: "tenant"}, map[string][]leaky.Limit{"example.org": nil}, false},
+		{"fairness null", up + "fairness: }}",
+			shaper.Fairness{By: "tenant"}, nil, false},
+		{"overrides without partition_limits limit only those named", up + "partition_overrides: {gmail.com: [{rate: 1000, per: 1m}]}}}",
+			shaper.Fairness{By: "tenant"}, map[string][]leaky.Limit{"gmail.com": gmail, "example.org": nil}, true},
+		{"a partition limit may count a cost the limits count", up + "partition_limits: [{rate: 100, per: 1m}, {rate: 5000, per: 1h, cost: recipients}]}}",
+			shaper.Fairness{By: "tenant"},
+			map[string][]leaky.Limit{"example.org": {leaky.PerMinute(100), {Rate: 5000, Per: time.Hour, Cost: "recipients"}}, "": nil}, true},
+		{"weights by tenant with no api keys name any tenant", up + "fairness: {weights: {billing: 3, ops: 1000}}}}",
+			shaper.Fairness{By: "tenant", Weights: map[string]int{"billing": 3, "ops": 1000}}, nil, false},
+		{"weights by tenant name a key's default tenant", "api: {keys: [{name: billing, key_env: A}, {name: r, tenant: reports, key_env: B}]}\n" + up + "fairness: {by: tenant, weights: {billing: 3, reports: 2}}}}",
+			shaper.Fairness{By: "tenant", Weights: map[string]int{"billing": 3, "reports": 2}}, nil, false},
+		{"weights by partition name partitions, not tenants", "api: {keys: [{name: billing, key_env: A}]}\n" + up + "fairness: {by: partition, weights: {gmail.com: 5, 'Acme Ltd': 1}}}}",
+			shaper.Fairness{By: "partition", Weights: map[string]int{"gmail.com": 5, "Acme Ltd": 1}}, nil, false},
+		{"by none", up + "fairness: {by: none}}}",
+			shaper.Fairness{By: "none"}, nil, false},
+		{"by none with empty weights", up + "fairness: {by: none, weights: {}}}}",
+			shaper.Fairness{By: "none", Weights: map[string]int{}}, nil, false},
+		{"override key at 200 bytes", up + "partition_overrides: {" + strings.Repeat("d", 200) + ": [{rate: 1000, per: 1m}]}}}",
+			shaper.Fairness{By: "tenant"}, map[string][]leaky.Limit{strings.Repeat("d", 200): gmail}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			u := mustParse(t, tc.yaml, nil).Upstreams["mail"].Shaper()
+			if !reflect.DeepEqual(u.Fairness, tc.fairness) {
+				t.Errorf("Fairness: got %+v, want %+v", u.Fairness, tc.fairness)
+			}
+			for p, want := range tc.limitsFor {
+				if got := u.PartitionLimitsFor(p); !reflect.DeepEqual(got, want) {
+					t.Errorf("PartitionLimitsFor(%q): got %v, want %v", p, got, want)
+				}
+			}
+			if got := u.HasPartitionLimits(); got != tc.partitionsOn {
+				t.Errorf("HasPartitionLimits: got %v, want %v", got, tc.partitionsOn)
+			}
+		})
 	}
 }

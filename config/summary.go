@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/shaperhq/shaper"
 )
 
 // Summary explains a parsed config in plain words for `shaper config
@@ -83,12 +85,48 @@ func (u *Upstream) describe(name string) string {
 		ll := l.Leaky()
 		fmt.Fprintf(&b, "%s%s (drains at %s)", sep, ll, rate(ll.SustainedRate(time.Duration(u.Guard)), ll.Per))
 	}
+	b.WriteString(u.describePartitions())
 	conc := "unlimited"
 	if u.Concurrency > 0 {
 		conc = fmt.Sprint(u.Concurrency)
 	}
 	fmt.Fprintf(&b, "; concurrency %s, %d workers per replica, lanes %s, up to %s, timeout %v",
 		conc, u.Workers, lanes(u.Lanes), plural(u.Retry.MaxAttempts, "attempt"), u.Timeout)
+	return b.String()
+}
+
+// describePartitions says how partitions are limited and slots shared,
+// or nothing when the upstream uses neither beyond the defaults.
+func (u *Upstream) describePartitions() string {
+	var b strings.Builder
+	limits := func(ls []Limit) string {
+		parts := make([]string, len(ls))
+		for i, l := range ls {
+			ll := l.Leaky()
+			parts[i] = fmt.Sprintf("%s (drains at %s)", ll, rate(ll.SustainedRate(time.Duration(u.Guard)), ll.Per))
+		}
+		return strings.Join(parts, " and ")
+	}
+	if len(u.PartitionLimits) > 0 {
+		b.WriteString("; each partition at " + limits(u.PartitionLimits))
+	}
+	for _, p := range sortedKeys(u.PartitionOverrides) {
+		fmt.Fprintf(&b, "; partition %q at %s", p, limits(u.PartitionOverrides[p]))
+	}
+	f := u.Fairness
+	by := f.By
+	if by == "" {
+		by = shaper.FairByTenant
+	}
+	switch {
+	case by == shaper.FairByNone:
+		b.WriteString("; no fair share (queue order)")
+	case b.Len() > 0 || len(f.Weights) > 0 || by != shaper.FairByTenant:
+		fmt.Fprintf(&b, "; fair share by %s", by)
+		if len(f.Weights) > 0 {
+			b.WriteString(" (" + lanes(f.Weights) + ", others 1)")
+		}
+	}
 	return b.String()
 }
 

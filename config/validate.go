@@ -77,9 +77,28 @@ func check(c *Config, ps *problems) {
 	if len(c.Upstreams) == 0 {
 		k.add("upstreams", "at least one upstream is required (e.g. upstreams: {stripe: {base_url: https://api.stripe.com, limits: [{rate: 100, per: 1s}]}})")
 	}
+	tenants := keyTenants(c.API.Keys)
 	for _, name := range c.UpstreamNames() {
-		k.upstream(join("upstreams", name), name, c.Upstreams[name])
+		k.upstream(join("upstreams", name), name, c.Upstreams[name], tenants)
 	}
+}
+
+// keyTenants is the set of tenants the API keys name, nil when there are
+// no keys (a worker's config may leave them out): fairness weights by
+// tenant are held to it only when there is something to hold them to.
+func keyTenants(keys []Key) map[string]bool {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, key := range keys {
+		if key.Tenant != "" {
+			out[key.Tenant] = true
+		} else if key.Name != "" {
+			out[key.Name] = true
+		}
+	}
+	return out
 }
 
 // mode is which kind of Redis deployment the config names: "url",
@@ -299,7 +318,7 @@ func (k checker) work(w *Work) {
 	k.positive("work.poll_interval", w.PollInterval, defaultPollInterval)
 }
 
-func (k checker) upstream(p, name string, u *Upstream) {
+func (k checker) upstream(p, name string, u *Upstream, tenants map[string]bool) {
 	if !upstreamName.MatchString(name) {
 		hint := ""
 		if lower := strings.ToLower(name); upstreamName.MatchString(lower) {
@@ -330,31 +349,12 @@ func (k checker) upstream(p, name string, u *Upstream) {
 	if len(u.Limits) == 0 {
 		k.add(lp, "at least one limit is required (e.g. [{rate: 100, per: 1s}])")
 	}
-	shortest := time.Duration(0)
-	limitsOK := true
-	for i, l := range u.Limits {
-		ip := index(lp, i)
-		if k.ps.isBroken(ip) {
-			limitsOK = false
-			continue
-		}
-		switch {
-		case l.Rate == 0 && !k.set(ip+".rate"):
-			k.add(ip+".rate", "required (the most units in any window of length per)")
-		case l.Per == 0 && !k.set(ip+".per"):
-			k.add(ip+".per", "required (the window, e.g. 1s or 1m)")
-		default:
-			if err := l.Leaky().Validate(); err != nil {
-				k.add(ip, "%v", err)
-			} else {
-				if shortest == 0 || time.Duration(l.Per) < shortest {
-					shortest = time.Duration(l.Per)
-				}
-				continue
-			}
-		}
-		limitsOK = false
+	shortest, limitsOK := k.limits(lp, u.Limits, nil)
+	pShortest, pOK := k.partitions(p, u)
+	if pShortest > 0 && (shortest == 0 || pShortest < shortest) {
+		shortest = pShortest
 	}
+	limitsOK = limitsOK && pOK
 	switch g := u.Guard; {
 	case g < 0:
 		k.add(p+".guard", "%v: must not be negative", g)
@@ -382,6 +382,7 @@ func (k checker) upstream(p, name string, u *Upstream) {
 		k.add(rp, "min_backoff %v is above max_backoff %v%s", lo, hi, defaultNote(u.Retry.MaxBackoff == 0))
 	}
 
+	k.fairness(p, u.Fairness, tenants)
 	k.headers(p, u)
 
 	switch {
@@ -437,6 +438,131 @@ func (k checker) upstream(p, name string, u *Upstream) {
 		}
 	default:
 		k.add(p+".store_response", "%q: want full (status, headers and body), headers (no body) or status", u.StoreResponse)
+	}
+}
+
+// limits checks a list of limits as leaky.Limit.Validate does, and
+// returns the shortest per among them and whether every one is valid. A
+// cost a limit counts must be in costs, unless costs is nil.
+func (k checker) limits(lp string, ls []Limit, costs []string) (shortest time.Duration, ok bool) {
+	ok = true
+	for i, l := range ls {
+		ip := index(lp, i)
+		if k.ps.isBroken(ip) {
+			ok = false
+			continue
+		}
+		switch {
+		case l.Rate == 0 && !k.set(ip+".rate"):
+			k.add(ip+".rate", "required (the most units in any window of length per)")
+		case l.Per == 0 && !k.set(ip+".per"):
+			k.add(ip+".per", "required (the window, e.g. 1s or 1m)")
+		default:
+			if err := l.Leaky().Validate(); err != nil {
+				k.add(ip, "%v", err)
+				break
+			}
+			if costs != nil && l.Cost != "" && !slices.Contains(costs, l.Cost) {
+				counted := "requests only"
+				if len(costs) > 0 {
+					counted = strings.Join(costs, ", ")
+				}
+				k.add(ip+".cost", "%q is counted by none of the upstream's limits, and a job may only carry costs they count (they count: %s; add a limit with cost: %s to limits)", l.Cost, counted, l.Cost)
+				break
+			}
+			if shortest == 0 || time.Duration(l.Per) < shortest {
+				shortest = time.Duration(l.Per)
+			}
+			continue
+		}
+		ok = false
+	}
+	return shortest, ok
+}
+
+// partitions checks partition_limits and partition_overrides, and returns
+// the shortest per among them and whether every limit is valid.
+func (k checker) partitions(p string, u *Upstream) (shortest time.Duration, ok bool) {
+	costs := []string{}
+	for _, l := range u.Limits {
+		if l.Cost != "" && !slices.Contains(costs, l.Cost) {
+			costs = append(costs, l.Cost)
+		}
+	}
+	slices.Sort(costs)
+	shorter := func(d time.Duration) {
+		if d > 0 && (shortest == 0 || d < shortest) {
+			shortest = d
+		}
+	}
+
+	pl := p + ".partition_limits"
+	if u.PartitionLimits != nil && len(u.PartitionLimits) == 0 && k.set(pl) {
+		k.add(pl, "an empty list (leave partition_limits out to limit no partition but those in partition_overrides)")
+	}
+	d, ok := k.limits(pl, u.PartitionLimits, costs)
+	shorter(d)
+
+	po := p + ".partition_overrides"
+	if u.PartitionOverrides != nil && len(u.PartitionOverrides) == 0 && k.set(po) {
+		k.add(po, "an empty mapping (leave partition_overrides out, or name partitions: {gmail.com: [{rate: 1000, per: 1m}]})")
+	}
+	for _, name := range sortedKeys(u.PartitionOverrides) {
+		op := join(po, name)
+		if err := shaper.CheckPartition(name); err != nil {
+			k.add(op, "not a valid partition: %v", err)
+		}
+		ls := u.PartitionOverrides[name]
+		if len(ls) == 0 && !k.ps.isBroken(op) {
+			k.add(op, "no limits (an override replaces partition_limits for this partition; list at least one, e.g. [{rate: 1000, per: 1m}])")
+			continue
+		}
+		d, lok := k.limits(op, ls, costs)
+		shorter(d)
+		ok = ok && lok
+	}
+	return shortest, ok
+}
+
+// fairness checks how the upstream shares its slots; tenants is nil when
+// the config has no API keys to hold tenant weights to.
+func (k checker) fairness(p string, f Fairness, tenants map[string]bool) {
+	fp := p + ".fairness"
+	by := f.By
+	switch by {
+	case shaper.FairByTenant, shaper.FairByPartition, shaper.FairByNone:
+	case "":
+		if k.set(fp + ".by") {
+			k.add(fp+".by", "empty: want tenant, partition or none (or leave it out for %s)", shaper.FairByTenant)
+		}
+		by = shaper.FairByTenant
+	default:
+		k.add(fp+".by", "%q is not one of tenant, partition, none", by)
+		by = ""
+	}
+	wp := fp + ".weights"
+	if by == shaper.FairByNone && len(f.Weights) > 0 {
+		k.add(wp, "by: none shares nothing by weight (remove weights, or set by: tenant or by: partition)")
+		return
+	}
+	for _, name := range sortedKeys(f.Weights) {
+		np := join(wp, name)
+		if w := f.Weights[name]; w < 1 || w > 1000 {
+			k.add(np, "weight %d: must be 1 to 1000", w)
+		}
+		switch by {
+		case shaper.FairByTenant:
+			switch {
+			case !keyName.MatchString(name):
+				k.add(np, "not a tenant name (letters, digits and _ . - only, at most 64; by: tenant weighs tenants)")
+			case tenants != nil && !tenants[name]:
+				k.add(np, "no API key has tenant %q (tenants: %s; by: tenant weighs the tenants of api.keys)", name, strings.Join(sortedKeys(tenants), ", "))
+			}
+		case shaper.FairByPartition:
+			if err := shaper.CheckPartition(name); err != nil {
+				k.add(np, "not a valid partition: %v", err)
+			}
+		}
 	}
 }
 

@@ -29,6 +29,13 @@ type Job struct {
 	Tenant   string `json:"tenant"`
 	Upstream string `json:"upstream"`
 	Lane     string `json:"lane"`
+	// Partition, when set, is what the job is paced by within its
+	// upstream besides the upstream's own limits (a recipient domain, a
+	// customer or credential id): the upstream's partition limits apply
+	// to it, and fairness by partition shares slots among partitions.
+	// Where neither is configured it only labels the job. See
+	// shaper.CheckPartition for what it may hold.
+	Partition string `json:"partition,omitempty"`
 
 	Method  string            `json:"method,omitempty"`
 	Path    string            `json:"path,omitempty"`

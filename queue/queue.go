@@ -150,7 +150,8 @@ type Info struct {
 }
 
 // Prepare fills in a job's defaults and checks it against the config: the
-// upstream and lane exist, an ID is assigned (derived from the idempotency
+// upstream and lane exist, the partition, if any, is valid (else it wraps
+// shaper.ErrInvalid), an ID is assigned (derived from the idempotency
 // key when there is one). It changes nothing in Redis.
 func (q *Queue) Prepare(job *Job) error {
 	u, ok := q.ups[job.Upstream]
@@ -162,6 +163,11 @@ func (q *Queue) Prepare(job *Job) error {
 	}
 	if !u.HasLane(job.Lane) {
 		return fmt.Errorf("lane %q of upstream %s (lanes: %s): %w", job.Lane, job.Upstream, strings.Join(u.LaneNames(), ", "), ErrUnknownLane)
+	}
+	if job.Partition != "" {
+		if err := shaper.CheckPartition(job.Partition); err != nil {
+			return fmt.Errorf("partition: %v: %w", err, shaper.ErrInvalid)
+		}
 	}
 	if job.MaxAttempts <= 0 {
 		job.MaxAttempts = u.Retry.MaxAttempts

@@ -44,7 +44,7 @@ func TestEnqueueAndGet(t *testing.T) {
 	q := newQueue(t, rdb, upstreams(100))
 	job := &Job{Tenant: "billing", Upstream: "stripe", Method: "POST", Path: "/v1/charges",
 		Headers: map[string]string{"Content-Type": "application/json"}, Body: []byte(`{"amount":100}`),
-		Cost: map[string]int64{"tokens": 5}}
+		Cost: map[string]int64{"tokens": 5}, Partition: "example.org"}
 	info, created, err := q.Enqueue(ctx, job)
 	if err != nil || !created {
 		t.Fatalf("enqueue: got created %v, %v", created, err)
@@ -59,7 +59,7 @@ func TestEnqueueAndGet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.State != StateQueued || got.Path != "/v1/charges" || string(got.Body) != `{"amount":100}` || got.Cost["tokens"] != 5 {
+	if got.State != StateQueued || got.Path != "/v1/charges" || string(got.Body) != `{"amount":100}` || got.Cost["tokens"] != 5 || got.Partition != "example.org" {
 		t.Fatalf("got %+v", got)
 	}
 	// Another tenant does not see it.
@@ -113,6 +113,14 @@ func TestEnqueueRefusesBadJobsAndFullBacklog(t *testing.T) {
 	}
 	if _, _, err := q.Enqueue(ctx, &Job{Upstream: "stripe", Lane: "vip"}); !errors.Is(err, ErrUnknownLane) || !strings.Contains(err.Error(), "default, bulk") {
 		t.Fatalf("unknown lane: got %v, want ErrUnknownLane naming the lanes", err)
+	}
+	for _, p := range []string{strings.Repeat("p", shaper.MaxPartitionBytes+1), "a\nb", "\xff"} {
+		if _, _, err := q.Enqueue(ctx, &Job{Upstream: "stripe", Partition: p}); !errors.Is(err, shaper.ErrInvalid) || !strings.HasPrefix(err.Error(), "partition: ") {
+			t.Fatalf("partition %q: got %v, want shaper.ErrInvalid about the partition", p, err)
+		}
+	}
+	if n, _ := q.pendingCount(ctx, "stripe"); n != 0 {
+		t.Fatalf("after bad partitions: %d jobs, want 0 (nothing enqueued)", n)
 	}
 	for i := 0; i < 3; i++ {
 		if _, _, err := q.Enqueue(ctx, &Job{Upstream: "stripe", Lane: []string{"default", "bulk"}[i%2]}); err != nil {

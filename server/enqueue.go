@@ -47,6 +47,7 @@ type accepted struct {
 	State          queue.State `json:"state"`
 	Upstream       string      `json:"upstream"`
 	Lane           string      `json:"lane"`
+	Partition      string      `json:"partition,omitempty"`
 	IdempotencyKey string      `json:"idempotency_key"`
 	CreatedAt      time.Time   `json:"created_at"`
 }
@@ -223,7 +224,7 @@ func (s *Server) storeJob(ctx context.Context, job *queue.Job, enqueue enqueueFu
 	}
 	s.m.JobsEnqueued.WithLabelValues(info.Upstream, info.Lane).Inc()
 	return outcome{status: http.StatusAccepted, job: accepted{ID: info.ID, State: info.State, Upstream: info.Upstream,
-		Lane: info.Lane, IdempotencyKey: info.IdempotencyKey, CreatedAt: info.CreatedAt}}
+		Lane: info.Lane, Partition: info.Partition, IdempotencyKey: info.IdempotencyKey, CreatedAt: info.CreatedAt}}
 }
 
 // upstreamLabel is the upstream label for a name a request gave: the name

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -35,6 +36,7 @@ type JobRequest struct {
 	NotBefore      string            `json:"not_before"`
 	TTL            string            `json:"ttl"`
 	Task           string            `json:"task"`
+	Partition      string            `json:"partition"`
 }
 
 // taskPattern is what a Go handler's task name may be; a compiled pattern
@@ -86,6 +88,7 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 	}
 	checkBody(p, req, job)
 	checkCost(p, up, req)
+	checkPartition(p, up, req, job)
 	checkLane(p, up, req)
 	checkAttempts(p, req)
 	checkSchedule(p, req, job, now)
@@ -180,6 +183,31 @@ func checkCost(p *fieldProblems, up upstreamEntry, req *JobRequest) {
 	if len(p.list) == 0 {
 		if err := up.bucket.CheckCosts(leaky.Costs(req.Cost)); err != nil {
 			p.add("cost", "%v; a single job cannot be sent within that limit: raise the limit's burst or split the job", err)
+		}
+	}
+}
+
+// checkPartition bounds the partition (see shaper.CheckPartition) and
+// requires the job's costs to fit within each of the partition's own
+// limits, as checkCost does for the upstream's: a job that no slot of its
+// partition could carry would wait forever. A partition on an upstream
+// that limits no partition is accepted: it labels the job.
+func checkPartition(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queue.Job) {
+	if req.Partition == "" {
+		return
+	}
+	if err := shaper.CheckPartition(req.Partition); err != nil {
+		p.add("partition", "%v (a partition is a recipient domain, customer or credential id: up to %d bytes of UTF-8 text without control characters)", err, shaper.MaxPartitionBytes)
+		return
+	}
+	job.Partition = req.Partition
+	for _, l := range up.PartitionLimitsFor(req.Partition) {
+		if l.Cost == "" {
+			continue
+		}
+		if n := req.Cost[l.Cost]; n > l.Capacity() {
+			p.add("cost."+l.Cost, "%d is over partition %q's limit %v, which lets at most %d through at once; a single job cannot be sent within that limit: raise the limit's burst or split the job",
+				n, req.Partition, l, l.Capacity())
 		}
 	}
 }
@@ -341,6 +369,7 @@ type JobView struct {
 	Tenant         string           `json:"tenant"`
 	Upstream       string           `json:"upstream"`
 	Lane           string           `json:"lane"`
+	Partition      string           `json:"partition,omitempty"`
 	State          queue.State      `json:"state"`
 	Attempts       int              `json:"attempts"`
 	MaxAttempts    int              `json:"max_attempts"`
@@ -379,7 +408,7 @@ func timePtr(t time.Time) *time.Time {
 
 func jobView(i *queue.Info) JobView {
 	v := JobView{
-		ID: i.ID, Tenant: i.Tenant, Upstream: i.Upstream, Lane: i.Lane, State: i.State, Attempts: i.Attempts,
+		ID: i.ID, Tenant: i.Tenant, Upstream: i.Upstream, Lane: i.Lane, Partition: i.Partition, State: i.State, Attempts: i.Attempts,
 		MaxAttempts: i.MaxAttempts, LastError: i.LastError, IdempotencyKey: i.IdempotencyKey, Method: i.Method,
 		Path: i.Path, Task: i.Task, Cost: i.Cost, CreatedAt: i.CreatedAt.UTC(),
 		NotBefore: timePtr(i.NotBefore), ExpiresAt: timePtr(i.ExpiresAt), NextAttemptAt: timePtr(i.NextAttemptAt),

@@ -59,7 +59,10 @@ func newFixtureOn(t *testing.T, rdb redis.UniversalClient, admission tokenbucket
 		{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: stripe, Lanes: map[string]int{"default": 1, "bulk": 1},
 			Headers: map[string]string{"Authorization": "Bearer sk"}, IdempotencyHeader: "Idempotency-Key",
 			MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
-		{Name: "openai", BaseURL: "https://api.openai.com", Limits: openai, MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
+		{Name: "openai", BaseURL: "https://api.openai.com", Limits: openai, MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour,
+			// Each partition (a customer) may send 1000 tokens at once, big-customer 8000.
+			PartitionLimits:    []leaky.Limit{{Rate: 100000, Per: time.Minute, Cost: "tokens"}},
+			PartitionOverrides: map[string][]leaky.Limit{"big-customer": {{Rate: 800000, Per: time.Minute, Cost: "tokens"}}}},
 		{Name: "mail", Limits: mail, MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
 	}
 	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
@@ -190,6 +193,13 @@ func TestBadRequests(t *testing.T) {
 		{"unknown cost", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","cost":{"tokens":5}}`, nil, 400, `no limit counting "tokens"`},
 		{"negative cost", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","cost":{"tokens":-5}}`, nil, 400, "negative"},
 		{"cost over burst", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","cost":{"tokens":9000}}`, nil, 400, "raise the limit's burst"},
+		{"partition too long", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"` + strings.Repeat("p", 201) + `"}`, nil, 400, "partition is 201 bytes: must be at most 200"},
+		{"partition too long in multibyte", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"` + strings.Repeat("é", 101) + `"}`, nil, 400, "partition is 202 bytes: must be at most 200"},
+		{"partition with a line break", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"a\nb"}`, nil, 400, "partition holds a control character (U+000A at byte 1)"},
+		{"partition with NUL", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"\u0000"}`, nil, 400, "partition holds a control character (U+0000 at byte 0)"},
+		{"partition not a string", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":42}`, nil, 400, "partition: expected string"},
+		{"cost over the partition's burst", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","partition":"acme","cost":{"tokens":2000}}`, nil, 400,
+			`cost.tokens 2000 is over partition "acme"'s limit 100000 tokens per 1m0s (burst 1000), which lets at most 1000 through at once`},
 		{"unknown lane", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","lane":"vip"}`, nil, 400, "lanes: default, bulk"},
 		{"too many attempts", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","max_attempts":1000}`, nil, 400, "max_attempts"},
 		{"bad ttl", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","ttl":"soon"}`, nil, 400, "ttl"},
@@ -460,5 +470,69 @@ func TestHealthReadyMetrics(t *testing.T) {
 	problems, err := testutil.GatherAndLint(f.reg)
 	if err != nil || len(problems) > 0 {
 		t.Fatalf("promlint: %v %v", problems, err)
+	}
+}
+
+// TestPartition: a job's partition is stored and shown, checked against
+// the partition's own limits where the upstream has them, and a label
+// where it has none; a bad one is refused with a field error, singly and
+// in a batch, and nothing is stored.
+func TestPartition(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	for _, tc := range []struct {
+		name, body string
+	}{
+		// stripe limits no partition: the partition only labels the job.
+		{"label only", `{"upstream":"stripe","path":"/x","partition":"example.org"}`},
+		{"at the byte limit", `{"upstream":"stripe","path":"/x","partition":"` + strings.Repeat("é", 100) + `"}`},
+		{"within the partition's burst", `{"upstream":"openai","path":"/x","partition":"acme","cost":{"tokens":1000}}`},
+		{"within an override's burst", `{"upstream":"openai","path":"/x","partition":"big-customer","cost":{"tokens":8000}}`},
+		{"handler upstream", `{"upstream":"mail","task":"welcome","partition":"gmail.com"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var req JobRequest
+			if err := json.Unmarshal([]byte(tc.body), &req); err != nil {
+				t.Fatal(err)
+			}
+			resp, body := f.do("POST", "/v1/jobs", tc.body)
+			if resp.StatusCode != 202 || body["partition"] != req.Partition {
+				t.Fatalf("got %d %v, want 202 with partition %q", resp.StatusCode, body, req.Partition)
+			}
+			resp, got := f.do("GET", "/v1/jobs/"+body["id"].(string), "")
+			if resp.StatusCode != 200 || got["partition"] != req.Partition {
+				t.Fatalf("get: got %d %v, want partition %q", resp.StatusCode, got, req.Partition)
+			}
+		})
+	}
+	// No partition, no field.
+	resp, body := f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/x"}`)
+	if _, ok := body["partition"]; resp.StatusCode != 202 || ok {
+		t.Fatalf("no partition: got %d %v, want 202 without a partition field", resp.StatusCode, body)
+	}
+
+	before := f.backlog()
+	resp, body = f.do("POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"`+strings.Repeat("p", 201)+`"}`)
+	errs, _ := body["errors"].([]any)
+	if resp.StatusCode != 400 || len(errs) != 1 || errs[0].(map[string]any)["field"] != "partition" {
+		t.Fatalf("too long: got %d %v, want 400 with one error on field partition", resp.StatusCode, body)
+	}
+	resp, body = f.do("POST", "/v1/jobs/batch", `{"jobs":[
+		{"upstream":"stripe","path":"/a","partition":"example.org"},
+		{"upstream":"stripe","path":"/b","partition":"`+strings.Repeat("p", 201)+`"}
+	]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("batch: got %d %v", resp.StatusCode, body)
+	}
+	results := body["results"].([]any)
+	ok, bad := results[0].(map[string]any), results[1].(map[string]any)
+	if ok["status"] != float64(202) || ok["job"].(map[string]any)["partition"] != "example.org" {
+		t.Fatalf("batch item 0: got %v, want 202 with partition example.org", ok)
+	}
+	berrs, _ := bad["error"].(map[string]any)["errors"].([]any)
+	if bad["status"] != float64(400) || len(berrs) != 1 || berrs[0].(map[string]any)["field"] != "jobs[1].partition" {
+		t.Fatalf("batch item 1: got %v, want 400 with one error on jobs[1].partition", bad)
+	}
+	if after := f.backlog(); after != before+1 {
+		t.Fatalf("backlog went from %d to %d, want one more (the good batch item only)", before, after)
 	}
 }
