@@ -20,16 +20,17 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
 	"github.com/shaperhq/shaper/internal/keyspace"
+	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -88,7 +89,17 @@ type upstream struct {
 	bucket  *leaky.Bucket
 	client  *http.Client
 	handler Handler
-	srv     *asynq.Server
+
+	space  sched.Space
+	store  taskstore.Keys
+	taker  *sched.Taker
+	slots  chan struct{} // one per worker; a taken job holds one
+	wake   chan struct{} // buffered 1: look for work now
+	finish *script.Batcher[taskstore.Finished, error]
+
+	mu       sync.Mutex
+	inFlight map[string]bool // jobs this replica holds, whose leases it extends
+	janitor  bool            // a job finished since the last sweep
 }
 
 // New validates the config and prepares a Dispatcher on rdb (which the
@@ -151,7 +162,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 			return nil, fmt.Errorf("store_response_headers: %w", err)
 		}
 	}
-	bucket, err := pacer.Bucket(uc.Name, leaky.BucketConfig{
+	bucket, err := pacer.Bucket(sched.QueueName(uc.Name), leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
 		// A lease lives through the wait for its slot and the request.
 		LeaseTTL: uc.Timeout + d.cfg.Horizon + 10*time.Second,
@@ -160,7 +171,29 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{cfg: uc, bucket: bucket}
+	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name),
+		store: taskstore.For(sched.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
+		wake: make(chan struct{}, 1), inFlight: map[string]bool{}}
+	u.taker, err = sched.NewTaker(d.rdb, u.space, sched.TakerConfig{Upstream: uc, Bucket: bucket,
+		Lookahead: d.cfg.Horizon, Lease: taskLease, ConcurrencyLease: uc.Timeout + d.cfg.Horizon + 10*time.Second})
+	if err != nil {
+		return nil, err
+	}
+	u.finish = script.NewBatcher(script.BatchOptions{}, func(ctx context.Context, calls []*script.Call[taskstore.Finished, error]) {
+		items := make([]taskstore.Finished, len(calls))
+		for i, c := range calls {
+			items[i] = c.Req
+		}
+		errs, err := taskstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items)
+		for i, c := range calls {
+			switch {
+			case err != nil:
+				c.Err = err
+			default:
+				c.Res = errs[i]
+			}
+		}
+	})
 	if uc.BaseURL != "" {
 		base, err := url.Parse(uc.BaseURL)
 		if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
@@ -203,97 +236,6 @@ func (d *Dispatcher) Handle(upstream string, h Handler) error {
 	return nil
 }
 
-// Run drains every upstream until ctx ends, then shuts down gracefully:
-// no new jobs are taken, jobs waiting for their slot are handed back to the
-// queue at once without spending an attempt, and requests in flight get up
-// to ShutdownTimeout to finish before their jobs are put back too.
-func (d *Dispatcher) Run(ctx context.Context) error {
-	for _, name := range d.order {
-		if u := d.ups[name]; u.base == nil && u.handler == nil {
-			return fmt.Errorf("dispatcher: upstream %s has neither a base URL nor a handler", name)
-		}
-	}
-	drainCtx, stopDrain := context.WithCancel(context.Background())
-	var bg sync.WaitGroup
-	bg.Add(2)
-	go func() {
-		defer bg.Done()
-		d.drain.Run(drainCtx, time.Second)
-	}()
-	go func() {
-		defer bg.Done()
-		// Blocks placed by other replicas reach slots already booked here.
-		for drainCtx.Err() == nil {
-			if err := d.pacer.Watch(drainCtx); err != nil {
-				d.log.Warn("cannot watch for upstream blocks", "err", err)
-				return
-			}
-			sleep(drainCtx, time.Second)
-		}
-	}()
-	started := []*asynq.Server{}
-	var startErr error
-	for _, name := range d.order {
-		u := d.ups[name]
-		u.srv = asynq.NewServerFromRedisClient(d.rdb, d.asynqConfig(u))
-		if err := u.srv.Start(asynq.HandlerFunc(d.processor(u))); err != nil {
-			startErr = fmt.Errorf("dispatcher: start %s: %w", name, err)
-			break
-		}
-		started = append(started, u.srv)
-		d.log.Info("draining upstream", "upstream", name, "limits", limitsString(u.cfg.Limits),
-			"workers", u.cfg.Workers, "concurrency", u.cfg.Concurrency)
-	}
-	if startErr == nil {
-		<-ctx.Done()
-		d.log.Info("shutting down: handing back waiting jobs, finishing requests in flight", "timeout", d.cfg.ShutdownTimeout)
-	}
-	for _, s := range started {
-		s.Stop()
-	}
-	d.stopWaiting()
-	var wg sync.WaitGroup
-	for _, s := range started {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.Shutdown()
-		}()
-	}
-	wg.Wait()
-	stopDrain()
-	bg.Wait()
-	return startErr
-}
-
-func limitsString(ls []leaky.Limit) string {
-	parts := make([]string, len(ls))
-	for i, l := range ls {
-		parts[i] = l.String()
-	}
-	return strings.Join(parts, " and ")
-}
-
-func (d *Dispatcher) asynqConfig(u *upstream) asynq.Config {
-	queues := map[string]int{}
-	for lane, w := range u.cfg.Lanes {
-		queues[queue.QueueName(u.cfg.Name, lane)] = max(w, 1)
-	}
-	return asynq.Config{
-		Concurrency:              u.cfg.Workers,
-		Queues:                   queues,
-		TaskCheckInterval:        d.cfg.PollInterval,
-		DelayedTaskCheckInterval: d.cfg.ForwardInterval,
-		ShutdownTimeout:          d.cfg.ShutdownTimeout,
-		IsFailure:                queue.IsFailure,
-		RetryDelayFunc: func(n int, err error, _ *asynq.Task) time.Duration {
-			return retryDelay(err, func() time.Duration { return backoff(n+1, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff) })
-		},
-		Logger:   asynqLogger{d.log.With("upstream", u.cfg.Name)},
-		LogLevel: asynq.WarnLevel,
-	}
-}
-
 // retryDelay is how long asynq holds a job a worker ended with err before
 // running it again: a hand-back's or a retry's own delay, else fallback.
 func retryDelay(err error, fallback func() time.Duration) time.Duration {
@@ -332,13 +274,3 @@ func backoff(n int, min, max time.Duration) time.Duration {
 	return min + rand.N(ceiling-min+1)
 }
 
-// asynqLogger routes asynq's logs into slog.
-type asynqLogger struct{ l *slog.Logger }
-
-func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Fatal(args ...any) {
-	a.l.Error(fmt.Sprint(args...), "component", "asynq", "fatal", true)
-}

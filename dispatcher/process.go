@@ -3,117 +3,19 @@ package dispatcher
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
-
-// processor is the asynq handler for one upstream's jobs.
-func (d *Dispatcher) processor(u *upstream) func(context.Context, *asynq.Task) error {
-	name := u.cfg.Name
-	return func(ctx context.Context, task *asynq.Task) (err error) {
-		var job queue.Job
-		if err := json.Unmarshal(task.Payload(), &job); err != nil {
-			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-			return fmt.Errorf("undecodable job: %v: %w", err, asynq.SkipRetry)
-		}
-		read := false // the side key was read, so Redis answered just now
-		if job.Secrets != "" {
-			defer func() {
-				switch {
-				case err == nil || errors.Is(err, asynq.SkipRetry):
-					d.forgetSecrets(ctx, &job)
-				case read:
-					// Handed back: the headers must outlast the wait, however
-					// long (a pause until resumed hands back for up to a
-					// year). Not after a failed read: Redis is likely down,
-					// and the read left the TTL as it was.
-					d.keepSecrets(ctx, &job, retryDelay(err, func() time.Duration { return u.cfg.Retry.MaxBackoff }))
-				}
-			}()
-		}
-		if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
-			d.m.Dispatches.WithLabelValues(name, "expired").Inc()
-			return fmt.Errorf("expired at %s before it could be dispatched: %w", job.ExpiresAt.Format(time.RFC3339), asynq.SkipRetry)
-		}
-		if err := d.withSecrets(ctx, &job); err != nil {
-			return err
-		}
-		read = true
-		attempt := queue.Attempt(ctx)
-
-		var v verdict
-		var resp *queue.Response
-		var r *leaky.Reservation
-		for {
-			var err error
-			r, err = d.pace(ctx, u, &job)
-			if err != nil {
-				var df *queue.Deferral
-				if errors.As(err, &df) {
-					d.m.Dispatches.WithLabelValues(name, "handed_back").Inc()
-				}
-				if u.cfg.Concurrency > 0 {
-					// A slot skipped as late keeps the job's lease; let it go.
-					rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-					u.bucket.ReleaseLease(rctx, job.ID)
-					cancel()
-				}
-				return err
-			}
-			var sent bool
-			if v, resp, sent = d.send(ctx, u, &job, r); sent {
-				break
-			}
-			// The slot slipped past the guard before the request left.
-			d.m.LateSlots.WithLabelValues(name).Inc()
-		}
-		if r.Lease != "" {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			if err := u.bucket.Release(rctx, r); err != nil {
-				d.m.RedisErrors.WithLabelValues("pacing").Inc()
-			}
-			cancel()
-		}
-		if resp != nil {
-			d.keepResponse(ctx, task, &job, u.stored(resp))
-		}
-		if v.block > 0 {
-			d.block(ctx, u, v.block, v.blockReason)
-		}
-		switch v.kind {
-		case kindDone:
-			d.m.Dispatches.WithLabelValues(name, "succeeded").Inc()
-			return nil
-		case kindPushback:
-			d.m.Dispatches.WithLabelValues(name, "deferred").Inc()
-			return &queue.Deferral{Delay: v.wait, Why: v.reason}
-		case kindRetry:
-			if !queue.LastAttempt(&job, attempt) {
-				d.m.Dispatches.WithLabelValues(name, "retry").Inc()
-				delay := max(backoff(attempt, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff), v.wait)
-				return &retryLater{delay: delay, why: fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)}
-			}
-			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-			return fmt.Errorf("gave up after %d attempts: %s: %w", attempt, v.reason, asynq.SkipRetry)
-		default:
-			d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-			return fmt.Errorf("%s: %w", v.reason, asynq.SkipRetry)
-		}
-	}
-}
 
 // withSecrets puts a job's sensitive headers (kept aside by the queue) back
 // into its headers for the send. Without them the job cannot be sent as
@@ -125,7 +27,7 @@ func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
 	switch {
 	case errors.Is(err, queue.ErrSecretsGone):
 		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
-		return fmt.Errorf("%v: %w", err, asynq.SkipRetry)
+		return dead("%v", err)
 	case err != nil && unreachable(err):
 		d.m.RedisErrors.WithLabelValues("secrets").Inc()
 		d.log.Error("cannot read a job's sensitive headers; handing it back", "job", job.ID, "err", err)
@@ -133,7 +35,7 @@ func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
 	case err != nil:
 		d.m.RedisErrors.WithLabelValues("secrets").Inc()
 		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
-		return fmt.Errorf("cannot use the job's sensitive headers: %v: %w", err, asynq.SkipRetry)
+		return dead("cannot use the job's sensitive headers: %v", err)
 	case secret == nil:
 		return nil
 	}
@@ -186,52 +88,6 @@ func (d *Dispatcher) keepSecrets(ctx context.Context, job *queue.Job, delay time
 	}
 }
 
-// outcomeWait bounds how long a worker whose job was answered waits for an
-// unreachable Redis before reporting the outcome anyway: well inside
-// asynq's 30 s task lease, which its heartbeat renews every 5 s once Redis
-// answers again, so that asynq can still record the outcome.
-const outcomeWait = 20 * time.Second
-
-// keepResponse stores the upstream's answer with the job. A failed write
-// means Redis is most likely down, and then more than the response is at
-// stake: asynq records the job's outcome right after the handler returns,
-// and if that write fails it retries it (v0.26) with a context it has
-// already cancelled, so the job stays active until lease recovery gives it
-// back, about a minute later, and it is sent to the upstream a second time.
-// So while Redis is unreachable the worker waits here, up to outcomeWait,
-// for it to take the response; once it has, asynq's own write follows on a
-// live connection. A Redis restart of up to outcomeWait costs the job a
-// delay instead of a duplicate delivery; a longer outage still risks one.
-func (d *Dispatcher) keepResponse(ctx context.Context, task *asynq.Task, job *queue.Job, resp *queue.Response) {
-	b, err := json.Marshal(resp)
-	if err != nil {
-		return
-	}
-	_, err = task.ResultWriter().Write(b)
-	if err == nil {
-		return
-	}
-	d.m.RedisErrors.WithLabelValues("results").Inc()
-	if !unreachable(err) {
-		// Redis answered, and refused (out of memory, say): waiting
-		// would only hold a worker.
-		d.log.Warn("could not store a job's response", "job", job.ID, "err", err)
-		return
-	}
-	d.log.Warn("cannot store a job's response; holding the job until Redis answers, so its outcome is not lost",
-		"job", job.ID, "for_at_most", outcomeWait, "err", err)
-	deadline := time.Now().Add(outcomeWait)
-	for pause := 50 * time.Millisecond; time.Now().Before(deadline) && ctx.Err() == nil; pause = min(2*pause, time.Second) {
-		sleep(ctx, pause)
-		if _, err = task.ResultWriter().Write(b); err == nil {
-			d.log.Info("stored the response of a job held while Redis was unreachable", "job", job.ID)
-			return
-		}
-	}
-	d.log.Error("gave up storing a job's response; if Redis cannot record its outcome either, lease recovery will send it again",
-		"job", job.ID, "err", err)
-}
-
 // forgetSecrets deletes a finished job's sensitive headers; the side key's
 // TTL covers a failed delete.
 func (d *Dispatcher) forgetSecrets(ctx context.Context, job *queue.Job) {
@@ -255,82 +111,6 @@ func (d *Dispatcher) block(ctx context.Context, u *upstream, dur time.Duration, 
 	}
 	d.m.UpstreamBlocks.WithLabelValues(u.cfg.Name, reason).Inc()
 	d.log.Warn("upstream pushed back; blocked fleet-wide", "upstream", u.cfg.Name, "reason", reason, "until", until.Format(time.RFC3339Nano))
-}
-
-// pace waits for the job's slot. It returns the reservation to send under,
-// or a deferral when the job should go back to the queue (shutdown, or the
-// upstream will not take it within MaxHold).
-func (d *Dispatcher) pace(ctx context.Context, u *upstream, job *queue.Job) (*leaky.Reservation, error) {
-	start := time.Now()
-	name := u.cfg.Name
-	waitCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(d.stopping, cancel)
-	defer stop()
-
-	costs := leaky.Costs(job.Cost)
-	redisPause := 50 * time.Millisecond
-	paused := false
-	defer func() {
-		if paused {
-			d.m.UpstreamPaused.WithLabelValues(name).Set(0)
-		}
-	}()
-	for {
-		if waitCtx.Err() != nil {
-			return nil, handBack(0, "worker shutting down")
-		}
-		r, err := u.bucket.Reserve(waitCtx, costs, leaky.WithLease(job.ID))
-		switch {
-		case errors.Is(err, leaky.ErrCostTooLarge):
-			return nil, fmt.Errorf("%v: %w", err, asynq.SkipRetry)
-		case err != nil:
-			if waitCtx.Err() != nil {
-				continue
-			}
-			// Pacing fails closed: no send without a reservation.
-			d.m.RedisErrors.WithLabelValues("pacing").Inc()
-			d.log.Error("cannot reserve a send slot; holding the job", "upstream", name, "job", job.ID, "err", err)
-			if time.Since(start) > d.cfg.MaxHold {
-				return nil, handBack(time.Second, "pacing store unreachable")
-			}
-			sleep(waitCtx, redisPause)
-			redisPause = min(2*redisPause, 2*time.Second)
-			continue
-		case !r.OK:
-			if r.Reason == leaky.ReasonBlocked && !paused {
-				paused = true
-				d.m.UpstreamPaused.WithLabelValues(name).Set(1)
-			}
-			switch {
-			case r.Reason == leaky.ReasonConcurrency:
-				// Leases free up as requests finish, not on a schedule.
-				sleep(waitCtx, min(r.RetryAfter, 5*time.Millisecond)+rand.N(5*time.Millisecond))
-			case r.RetryAfter <= d.cfg.Horizon:
-				sleep(waitCtx, r.RetryAfter)
-			case time.Since(start) >= d.cfg.MaxHold:
-				// Held long enough: give the job back for when the upstream
-				// expects it. Handing back at once instead would only make
-				// this worker take the next job and hand that back too,
-				// churning the whole backlog through Redis.
-				return nil, handBack(r.RetryAfter, fmt.Sprintf("upstream %s until about %s", r.Reason, time.Now().Add(r.RetryAfter+d.cfg.Horizon).Format(time.RFC3339)))
-			default:
-				// Look again now and then: a resume lifts a block early.
-				sleep(waitCtx, min(r.RetryAfter, time.Second, d.cfg.MaxHold-time.Since(start)))
-			}
-			continue
-		}
-		if err := r.Wait(waitCtx); err != nil {
-			if errors.Is(err, leaky.ErrLate) {
-				d.m.LateSlots.WithLabelValues(name).Inc()
-			}
-			// ErrBlocked: the upstream was paused after the slot was booked.
-			// Otherwise ctx ended and Wait gave the slot back.
-			continue
-		}
-		d.m.PacingWait.WithLabelValues(name).Observe(time.Since(start).Seconds())
-		return r, nil
-	}
 }
 
 // handBack returns the job to its queue after delay, spending no attempt.

@@ -48,6 +48,10 @@ func (b *blockBoard) covers(name string, slot int64) bool {
 
 func (p *Pacer) blocksChannel() string { return p.prefix + ":leaky:blocks" }
 
+// BlocksChannel is where blocks and unblocks are announced ("NAME UNTIL",
+// UNTIL in Redis µs, 0 for lifted), for processes that react to them.
+func (p *Pacer) BlocksChannel() string { return p.blocksChannel() }
+
 // Watch listens for blocks placed by other processes until ctx ends, so
 // that Wait holds back slots they cover. Run it in a goroutine you own; it
 // needs a client that can Subscribe (Client, ClusterClient, Ring). Missing an

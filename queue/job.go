@@ -8,6 +8,7 @@
 package queue
 
 import (
+	"github.com/shaperhq/shaper/internal/sched"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
@@ -92,8 +93,9 @@ var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 // ValidName reports whether s can name an upstream or a lane.
 func ValidName(s string) bool { return namePattern.MatchString(s) }
 
-// QueueName is the asynq queue of an upstream's lane.
-func QueueName(upstream, lane string) string { return "shaper." + upstream + "." + lane }
+// QueueName is the asynq queue of an upstream: all its lanes together,
+// so that one script can choose among them (see internal/sched).
+func QueueName(upstream string) string { return sched.QueueName(upstream) }
 
 // A job ID names its upstream and lane, so a job can be found without an
 // index, and carries a tag of its tenant, so a lookup by another tenant is

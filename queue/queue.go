@@ -15,6 +15,8 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/keyspace"
+	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/taskstore"
 )
 
 // Errors callers branch on.
@@ -57,12 +59,8 @@ type Config struct {
 // Queue enqueues and inspects jobs. Safe for concurrent use.
 type Queue struct {
 	rdb    redis.UniversalClient
-	client *asynq.Client
-	// bulk enqueues through go-redis's autopipeliner (see EnqueueMany), or
-	// is client where rdb has none (a Ring).
-	bulk *asynq.Client
-	// bulkRdb is the autopipeliner itself (or rdb), for EnqueueMany's own
-	// commands.
+	// bulkRdb is go-redis's autopipeliner (see EnqueueMany), or rdb where
+	// it has none (a Ring).
 	bulkRdb redis.Cmdable
 	insp    *asynq.Inspector
 	ups     map[string]shaper.Upstream
@@ -70,6 +68,9 @@ type Queue struct {
 
 	mu      sync.Mutex
 	backlog map[string]backlogSample
+	// listed holds the upstreams whose queue this process has put in
+	// asynq's set of queues, which asynq's Inspector looks a queue up in.
+	listed map[string]bool
 }
 
 type backlogSample struct {
@@ -97,28 +98,22 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 	}
 	q := &Queue{
 		rdb:     rdb,
-		client:  asynq.NewClientFromRedisClient(rdb),
 		insp:    asynq.NewInspectorFromRedisClient(rdb),
 		ups:     ups,
 		prefix:  keyspace.Prefix(cfg.Prefix),
 		backlog: map[string]backlogSample{},
+		listed:  map[string]bool{},
 	}
-	q.bulk, q.bulkRdb = q.client, rdb
+	q.bulkRdb = rdb
 	// The autopipeliner belongs to rdb and stops when rdb is closed.
 	if ap, err := rdb.AutoPipeline(); err == nil {
-		q.bulk, q.bulkRdb = asynq.NewClientFromRedisClient(ap), ap
+		q.bulkRdb = ap
 	}
 	return q, nil
 }
 
-// Close releases the asynq clients and inspector (not rdb).
-func (q *Queue) Close() error {
-	err := errors.Join(q.client.Close(), q.insp.Close())
-	if q.bulk != q.client {
-		err = errors.Join(err, q.bulk.Close())
-	}
-	return err
-}
+// Close releases the asynq inspector (not rdb).
+func (q *Queue) Close() error { return q.insp.Close() }
 
 // Upstreams lists the upstreams, with their defaults filled in, sorted by
 // name.
@@ -193,7 +188,7 @@ func (q *Queue) Prepare(job *Job) error {
 // changes. If the upstream's backlog is at max_pending it returns a
 // *BacklogFullError.
 func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
-	return q.enqueue(ctx, job, q.client, q.rdb)
+	return q.enqueue(ctx, job, q.rdb)
 }
 
 // EnqueueMany is Enqueue for callers that enqueue many jobs at once from
@@ -201,10 +196,10 @@ func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
 // coalesced into shared pipelines, which costs a lone caller a little and
 // saves a crowd a lot.
 func (q *Queue) EnqueueMany(ctx context.Context, job *Job) (*Info, bool, error) {
-	return q.enqueue(ctx, job, q.bulk, q.bulkRdb)
+	return q.enqueue(ctx, job, q.bulkRdb)
 }
 
-func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client, rdb redis.Cmdable) (*Info, bool, error) {
+func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info, bool, error) {
 	if err := q.Prepare(job); err != nil {
 		return nil, false, err
 	}
@@ -222,35 +217,40 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client, rdb
 			return nil, false, fmt.Errorf("enqueue %s: store sensitive headers: %w", job.ID, err)
 		}
 	}
-	opts := []asynq.Option{
-		asynq.Queue(QueueName(job.Upstream, job.Lane)),
-		asynq.TaskID(job.ID),
-		asynq.MaxRetry(asynqMaxRetry(job.MaxAttempts)),
-		asynq.Retention(u.ResultRetention),
-		// Waits for the upstream happen inside the handler; the upstream's
-		// own timeout bounds each request.
-		asynq.Timeout(24 * time.Hour),
+	if err := q.list(ctx, rdb, job.Upstream); err != nil {
+		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}
-	if !job.NotBefore.IsZero() {
-		opts = append(opts, asynq.ProcessAt(job.NotBefore))
+	space := sched.For(q.prefix, job.Upstream)
+	fk := sched.FairKey(u, job.Tenant, job.Partition)
+	msg := &taskstore.Message{
+		Type: TaskType, Payload: payload, ID: job.ID, Queue: space.Queue,
+		Retry: int32(asynqMaxRetry(job.MaxAttempts)),
+		// Waits for the upstream happen before a job is taken; the
+		// upstream's own timeout bounds each request.
+		Timeout:   int64((24 * time.Hour).Seconds()),
+		Retention: int64(u.ResultRetention.Seconds()),
+		GroupKey:  job.Lane + "|" + fk + "|" + job.Partition,
 	}
-	_, err = client.EnqueueContext(ctx, asynq.NewTask(TaskType, payload), opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) && secret != nil {
+	created, err := space.Enqueue(ctx, rdb, sched.Entry{
+		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
+		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
+	})
+	if err == nil && !created && secret != nil {
 		// The repeat found the first job, which has its own side key: this
-		// one names no task. (After another error the task may or may not
+		// one names no task. (After an error the task may or may not
 		// exist, so the key is left to its TTL rather than risk a job that
 		// cannot be sent.) The TTL also covers a failed delete.
 		DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &stored)
 	}
 	switch {
-	case errors.Is(err, asynq.ErrTaskIDConflict):
+	case err != nil:
+		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
+	case !created:
 		info, gerr := q.Get(ctx, job.ID, job.Tenant)
 		if gerr != nil {
 			return nil, false, fmt.Errorf("enqueue %s: exists, but: %w", job.ID, gerr)
 		}
 		return info, false, nil
-	case err != nil:
-		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}
 	q.noteEnqueued(job.Upstream)
 	info := &Info{Job: stored, State: StateQueued}
@@ -258,6 +258,25 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, client *asynq.Client, rdb
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
 	}
 	return info, true, nil
+}
+
+// list puts an upstream's queue in asynq's set of queues, once per
+// process (a set member has no TTL to renew, and the set lives in another
+// Redis Cluster slot than the queue, so the enqueue script cannot do it).
+func (q *Queue) list(ctx context.Context, rdb redis.Cmdable, upstream string) error {
+	q.mu.Lock()
+	done := q.listed[upstream]
+	q.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := rdb.SAdd(ctx, taskstore.AllQueues, QueueName(upstream)).Err(); err != nil {
+		return fmt.Errorf("list queue: %w", err)
+	}
+	q.mu.Lock()
+	q.listed[upstream] = true
+	q.mu.Unlock()
+	return nil
 }
 
 // backlogFresh is how long a backlog count may be trusted while the
@@ -304,11 +323,6 @@ func (q *Queue) noteEnqueued(upstream string) {
 	q.mu.Unlock()
 }
 
-// asynq's key layout for a queue (see its internal/base): we read sizes
-// straight from it in one pipelined round trip, because its Inspector
-// samples memory usage on every call.
-func asynqKey(qname, part string) string { return "asynq:{" + qname + "}:" + part }
-
 // LaneCounts are one lane's jobs by state.
 type LaneCounts struct {
 	Pending   int64 `json:"pending"`
@@ -323,37 +337,37 @@ type LaneCounts struct {
 // active.
 func (c LaneCounts) Backlog() int64 { return c.Pending + c.Scheduled + c.Retry + c.Active }
 
-// Counts reads every lane's counts for an upstream in one round trip.
+// Counts reads every lane's counts for an upstream in one round trip:
+// counters that every change of a job's state keeps in the same script.
 func (q *Queue) Counts(ctx context.Context, upstream string) (map[string]LaneCounts, error) {
 	u, ok := q.ups[upstream]
 	if !ok {
 		return nil, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	type cmds struct{ pending, scheduled, retry, active, dead, done *redis.IntCmd }
-	byLane := map[string]cmds{}
-	pipe := q.rdb.Pipeline()
-	for _, lane := range u.LaneNames() {
-		qn := QueueName(upstream, lane)
-		byLane[lane] = cmds{
-			pending:   pipe.LLen(ctx, asynqKey(qn, "pending")),
-			scheduled: pipe.ZCard(ctx, asynqKey(qn, "scheduled")),
-			retry:     pipe.ZCard(ctx, asynqKey(qn, "retry")),
-			active:    pipe.LLen(ctx, asynqKey(qn, "active")),
-			dead:      pipe.ZCard(ctx, asynqKey(qn, "archived")),
-			done:      pipe.ZCard(ctx, asynqKey(qn, "completed")),
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	c, err := sched.For(q.prefix, upstream).ReadCounts(ctx, q.rdb)
+	if err != nil {
 		return nil, fmt.Errorf("count jobs of %s: %w", upstream, err)
 	}
 	out := map[string]LaneCounts{}
-	for lane, c := range byLane {
+	for _, lane := range u.LaneNames() {
+		out[lane] = LaneCounts{}
+	}
+	for lane, m := range c {
 		out[lane] = LaneCounts{
-			Pending: c.pending.Val(), Scheduled: c.scheduled.Val(), Retry: c.retry.Val(),
-			Active: c.active.Val(), Dead: c.dead.Val(), Succeeded: c.done.Val(),
+			Pending: m["pending"], Scheduled: m["scheduled"], Retry: m["retry"],
+			Active: m["active"], Dead: m["dead"], Succeeded: m["succeeded"],
 		}
 	}
 	return out, nil
+}
+
+// Partitions reads how many partitions of an upstream have jobs not yet
+// finished, and the top n of them by that count.
+func (q *Queue) Partitions(ctx context.Context, upstream string, n int) (int64, []sched.PartitionBacklog, error) {
+	if _, ok := q.ups[upstream]; !ok {
+		return 0, nil, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+	}
+	return sched.For(q.prefix, upstream).Partitions(ctx, q.rdb, n)
 }
 
 func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error) {
@@ -372,7 +386,7 @@ func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error
 // reported as not found; for an ID with a tenant tag (see NewID) that is
 // decided without touching Redis.
 func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
-	upstream, lane, err := ParseID(id)
+	upstream, _, err := ParseID(id)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, ErrNotFound)
 	}
@@ -384,7 +398,7 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	if tenant != "" && foreignID(id, tenant) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
-	ti, err := q.insp.GetTaskInfo(QueueName(upstream, lane), id)
+	ti, err := q.insp.GetTaskInfo(QueueName(upstream), id)
 	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
@@ -419,7 +433,8 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 		Attempts: attemptsMade(ti.State, ti.Retried)}
 	handedBack := deferred(ti.LastErr)
 	switch ti.State {
-	case asynq.TaskStatePending:
+	case asynq.TaskStatePending, asynq.TaskStateAggregating:
+		// Aggregating: waiting in its flow (see internal/sched).
 		info.State = StateQueued
 	case asynq.TaskStateScheduled:
 		info.State, info.NextAttemptAt = StateScheduled, ti.NextProcessAt
@@ -451,8 +466,8 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 }
 
 func (q *Queue) cancelKey(id string) string {
-	upstream, lane, _ := ParseID(id)
-	return q.prefix + ":cancelled:{" + QueueName(upstream, lane) + "}:" + id
+	upstream, _, _ := ParseID(id)
+	return q.prefix + ":cancelled:{" + QueueName(upstream) + "}:" + id
 }
 
 // Cancel stops a job that has not been dispatched: it is kept among the
@@ -475,13 +490,16 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 	if err := q.rdb.Set(ctx, q.cancelKey(id), "1", ttl).Err(); err != nil {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
 	}
-	if err := q.insp.ArchiveTask(QueueName(info.Upstream, info.Lane), id); err != nil {
+	if err := sched.For(q.prefix, info.Upstream).Cancel(ctx, q.rdb, id); err != nil {
 		q.rdb.Del(context.WithoutCancel(ctx), q.cancelKey(id))
-		if errors.Is(err, asynq.ErrTaskNotFound) {
+		if errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
-		// Most likely a worker took it in the meantime.
-		return nil, fmt.Errorf("cancel %s: %v: %w", id, err, ErrNotCancellable)
+		if errors.Is(err, sched.ErrNotWaiting) {
+			// A worker took it in the meantime.
+			return nil, fmt.Errorf("cancel %s: %v: %w", id, err, ErrNotCancellable)
+		}
+		return nil, fmt.Errorf("cancel %s: %w", id, err)
 	}
 	// The job will not be sent; its TTL covers a failed delete.
 	DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &info.Job)
@@ -494,44 +512,42 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 // operator resumed the upstream. Jobs waiting to retry after a failure keep
 // their backoff. It returns how many jobs it moved.
 func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
-	u, ok := q.ups[upstream]
-	if !ok {
+	if _, ok := q.ups[upstream]; !ok {
 		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
+	qn := QueueName(upstream)
+	var ids []string
+	// Collect first: moving a task while paging would shift the pages.
+	for page := 1; ; page++ {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		tasks, err := q.insp.ListRetryTasks(qn, asynq.Page(page), asynq.PageSize(500))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("list waiting jobs of %s: %w", qn, err)
+		}
+		for _, t := range tasks {
+			if deferred(t.LastErr) {
+				ids = append(ids, t.ID)
+			}
+		}
+		if len(tasks) < 500 {
+			break
+		}
+	}
 	moved := 0
-	for _, lane := range u.LaneNames() {
-		qn := QueueName(upstream, lane)
-		var ids []string
-		// Collect first: running a task while paging would shift the pages.
-		for page := 1; ; page++ {
-			if err := ctx.Err(); err != nil {
-				return moved, err
-			}
-			tasks, err := q.insp.ListRetryTasks(qn, asynq.Page(page), asynq.PageSize(500))
-			if errors.Is(err, asynq.ErrQueueNotFound) {
-				break
-			}
-			if err != nil {
-				return moved, fmt.Errorf("list waiting jobs of %s: %w", qn, err)
-			}
-			for _, t := range tasks {
-				if deferred(t.LastErr) {
-					ids = append(ids, t.ID)
-				}
-			}
-			if len(tasks) < 500 {
-				break
-			}
+	space := sched.For(q.prefix, upstream)
+	for len(ids) > 0 {
+		n := min(len(ids), 500)
+		m, err := space.RunNow(ctx, q.rdb, ids[:n]...)
+		if err != nil {
+			return moved, fmt.Errorf("run waiting jobs of %s: %w", qn, err)
 		}
-		for _, id := range ids {
-			err := q.insp.RunTask(qn, id)
-			if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-				return moved, fmt.Errorf("run job %s: %w", id, err)
-			}
-			if err == nil {
-				moved++
-			}
-		}
+		moved += m
+		ids = ids[n:]
 	}
 	return moved, nil
 }
@@ -545,22 +561,10 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 		return 0, nil
 	}
 	cutoff := time.Now().Add(-u.DeadRetention)
-	deleted := 0
-	for _, lane := range u.LaneNames() {
-		qn := QueueName(upstream, lane)
-		// The archive is ordered by time of death, oldest first.
-		ids, err := q.rdb.ZRangeByScore(ctx, asynqKey(qn, "archived"), &redis.ZRangeBy{
-			Min: "-inf", Max: fmt.Sprint(cutoff.Unix()), Count: 500,
-		}).Result()
-		if err != nil {
-			return deleted, fmt.Errorf("trim dead jobs of %s: %w", qn, err)
-		}
-		for _, id := range ids {
-			if err := q.insp.DeleteTask(qn, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-				return deleted, fmt.Errorf("trim dead job %s: %w", id, err)
-			}
-			deleted++
-		}
+	space := sched.For(q.prefix, upstream)
+	n, err := taskstore.DeleteExpired(ctx, q.rdb, taskstore.For(space.Queue), space.CountsKey(), taskstore.Archived, cutoff, 500)
+	if err != nil {
+		return n, fmt.Errorf("trim dead jobs of %s: %w", upstream, err)
 	}
-	return deleted, nil
+	return n, nil
 }

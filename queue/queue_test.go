@@ -3,17 +3,18 @@ package queue
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/leaky"
 )
 
 var srv *redistest.Server
@@ -168,8 +169,8 @@ func TestCancel(t *testing.T) {
 	}
 }
 
-// TestWorkerSeesDeferralAsScheduled checks the states a real asynq worker
-// leaves a job in, including a deferral that spends no attempt.
+// TestStatesThroughAsynq checks the states a worker's outcomes leave a
+// job in, as asynq's Inspector reads them,, including a deferral that spends no attempt.
 func TestStatesThroughAsynq(t *testing.T) {
 	ctx := context.Background()
 	rdb := srv.Client(t)
@@ -178,48 +179,45 @@ func TestStatesThroughAsynq(t *testing.T) {
 	deferred, _, _ := q.Enqueue(ctx, &Job{Upstream: "stripe", Path: "/defer"})
 	done, _, _ := q.Enqueue(ctx, &Job{Upstream: "stripe", Path: "/ok"})
 	dead, _, _ := q.Enqueue(ctx, &Job{Upstream: "stripe", Path: "/dead"})
-	finished := make(chan string, 3)
-	asrv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Queues:            map[string]int{QueueName("stripe", "default"): 1},
-		TaskCheckInterval: 10 * time.Millisecond,
-		IsFailure:         IsFailure,
-		RetryDelayFunc:    func(int, error, *asynq.Task) time.Duration { return time.Hour },
-		LogLevel:          asynq.FatalLevel,
-	})
-	err := asrv.Start(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-		id := t.ResultWriter().TaskID()
-		defer func() { finished <- id }()
-		switch id {
-		case deferred.ID:
-			return &Deferral{Delay: time.Hour, Why: "upstream blocked"}
-		case done.ID:
-			t.ResultWriter().Write([]byte(`{"status":200,"body":"b2s="}`))
-			return nil
-		}
-		return fmt.Errorf("upstream said 400: %w", asynq.SkipRetry)
-	}))
+	// Take them as a worker does and record each outcome.
+	u, _ := q.Upstream("stripe")
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 3; i++ {
-		select {
-		case <-finished:
-		case <-time.After(10 * time.Second):
-			t.Fatal("asynq did not run the jobs")
-		}
+	space := sched.For("", "stripe")
+	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
 	}
-	asrv.Shutdown()
+	tk, err := taker.Take(ctx, 10)
+	if err != nil || len(tk.Jobs) != 3 {
+		t.Fatalf("took %d jobs, %v; want 3", len(tk.Jobs), err)
+	}
+	var items []taskstore.Finished
+	for _, j := range tk.Jobs {
+		msg, err := taskstore.Unmarshal(j.Msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := taskstore.Finished{ID: j.ID, Lane: "default", Msg: msg}
+		switch j.ID {
+		case deferred.ID:
+			f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Hour), (&Deferral{Why: "upstream blocked"}).Error()
+		case done.ID:
+			f.Outcome, f.Retention, f.Result = taskstore.Succeeded, time.Hour, []byte(`{"status":200,"body":"b2s="}`)
+		default:
+			f.Outcome, f.ErrMsg = taskstore.Dead, "upstream said 400"
+		}
+		items = append(items, f)
+	}
+	if _, err := taskstore.Finish(ctx, rdb, taskstore.For(QueueName("stripe")), space.CountsKey(), space.BacklogKey(), items); err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]State{deferred.ID: StateScheduled, done.ID: StateSucceeded, dead.ID: StateDead}
 	for id, state := range want {
-		var info *Info
-		// asynq records the outcome just after the handler returns.
-		for i := 0; i < 100; i++ {
-			info, err = q.Get(ctx, id, "")
-			if err == nil && info.State == state {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		info, err := q.Get(ctx, id, "")
 		if err != nil || info.State != state {
 			t.Fatalf("job %s: got %+v, %v; want %s", id, info, err, state)
 		}

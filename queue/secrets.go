@@ -79,7 +79,7 @@ func SecretsKey(prefix string, job *Job) string {
 	if job.Secrets == "" {
 		return ""
 	}
-	return prefix + ":secrets:{" + QueueName(job.Upstream, job.Lane) + "}:" + job.ID + ":" + job.Secrets
+	return prefix + ":secrets:{" + QueueName(job.Upstream) + "}:" + job.ID + ":" + job.Secrets
 }
 
 // splitSecrets returns the job as stored (its sensitive headers removed,

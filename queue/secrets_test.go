@@ -49,7 +49,7 @@ func TestSensitiveHeadersKeptAside(t *testing.T) {
 	if keys := secretKeys(t, q); len(keys) != 1 || keys[0] != key {
 		t.Fatalf("side keys %v, want just %s", keys, key)
 	}
-	if !strings.Contains(key, "{"+QueueName("stripe", "default")+"}") {
+	if !strings.Contains(key, "{"+QueueName("stripe")+"}") {
 		t.Errorf("side key %s lacks the queue's hash tag", key)
 	}
 	// Until not_before plus the backstop.

@@ -17,6 +17,7 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
 	"github.com/shaperhq/shaper/internal/keyspace"
+	"github.com/shaperhq/shaper/internal/sched"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -66,6 +67,18 @@ type Upstream struct {
 	// AtLimitSeconds is how long the backlog takes at the configured
 	// sustained rate, the best case.
 	AtLimitSeconds float64 `json:"time_to_drain_at_limit_seconds"`
+	// Partitions counts the partitions with jobs not yet finished, and
+	// Top shows the ones with the most (at most TopPartitions).
+	Partitions Partitions `json:"partitions"`
+}
+
+// TopPartitions is how many partitions Upstream.Partitions.Top lists.
+const TopPartitions = 10
+
+// Partitions are an upstream's partitions with backlog.
+type Partitions struct {
+	WithBacklog int64                    `json:"with_backlog"`
+	Top         []sched.PartitionBacklog `json:"top"`
 }
 
 // Reader reads statuses, and pauses and resumes upstreams (Pause, Resume),
@@ -86,7 +99,7 @@ func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string) (*Reade
 	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]shaper.Upstream{}, buckets: map[string]*leaky.Bucket{}}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix})
 	for _, u := range q.Upstreams() {
-		b, err := pacer.Bucket(u.Name, leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
+		b, err := pacer.Bucket(queue.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 		if err != nil {
 			return nil, fmt.Errorf("status of %s: %w", u.Name, err)
 		}
@@ -140,9 +153,16 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	if err != nil {
 		return Upstream{}, err
 	}
+	parts, top, err := r.q.Partitions(ctx, name, TopPartitions)
+	if err != nil {
+		return Upstream{}, err
+	}
+	if top == nil {
+		top = []sched.PartitionBacklog{}
+	}
 	u := Upstream{
 		Name: name, Concurrency: src.Concurrency, DrainRate: rates,
-		Backlog: Backlog{Lanes: counts},
+		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: top},
 	}
 	guard := b.Config().Guard
 	sustained := 0.0

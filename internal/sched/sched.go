@@ -187,14 +187,15 @@ func (s Space) Cancel(ctx context.Context, rdb redis.Scripter, id string) error 
 	}
 }
 
-// RunNow makes retrying jobs due at once and wakes the workers; it
+// RunNow makes retrying jobs ready at once and wakes the workers; it
 // returns how many it moved.
 func (s Space) RunNow(ctx context.Context, rdb redis.Scripter, ids ...string) (int, error) {
-	args := []any{"", s.wake, s.Upstream}
+	args := []any{"", s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream}
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	v, err := script.Run(ctx, rdb, "sched.run_now", runNowScript, []string{asynqKey(s.Queue, "retry"), s.vKey()}, args...)
+	keys := []string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), asynqKey(s.Queue, "retry"), asynqKey(s.Queue, "groups")}
+	v, err := script.Run(ctx, rdb, "sched.run_now", runNowScript, keys, args...)
 	if err != nil {
 		return 0, err
 	}

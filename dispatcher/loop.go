@@ -1,0 +1,534 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// taskLease is asynq's lease on an active job: a replica that stops
+// extending it (it died) loses the job to recovery after this long.
+const (
+	taskLease       = 30 * time.Second
+	leaseRenewEvery = 5 * time.Second
+	// maxTake bounds the jobs one take books, so one script call stays short.
+	maxTake = 64
+	// janitorEvery is how often finished jobs past their retention are
+	// swept, on upstreams that finished jobs since the last sweep.
+	janitorEvery = 30 * time.Second
+	// outcomeWait bounds how long a worker whose job was answered keeps
+	// trying to record the outcome while Redis is unreachable; the job's
+	// lease, which this replica keeps extending meanwhile, outlives it.
+	outcomeWait = 20 * time.Second
+)
+
+// Run drains every upstream until ctx ends, then shuts down gracefully:
+// no new jobs are taken, jobs waiting for their slot go back to the head
+// of their queue at once without spending an attempt, and requests in
+// flight get up to ShutdownTimeout to finish.
+//
+// Nothing polls an idle upstream: a worker that finds no work sleeps
+// until an enqueue wakes it (over pub/sub), until something it knows of
+// comes due (a scheduled job, a parked partition, a lease), or at most
+// PollInterval.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	for _, name := range d.order {
+		if u := d.ups[name]; u.base == nil && u.handler == nil {
+			return fmt.Errorf("dispatcher: upstream %s has neither a base URL nor a handler", name)
+		}
+	}
+	d.registerQueues(ctx)
+	bgCtx, stopBg := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	bg.Add(4)
+	go func() {
+		defer bg.Done()
+		d.drain.Run(bgCtx, time.Second)
+	}()
+	go func() {
+		defer bg.Done()
+		// Blocks placed by other replicas reach slots already booked here.
+		for bgCtx.Err() == nil {
+			if err := d.pacer.Watch(bgCtx); err != nil {
+				d.log.Warn("cannot watch for upstream blocks", "err", err)
+				return
+			}
+			sleep(bgCtx, time.Second)
+		}
+	}()
+	go func() {
+		defer bg.Done()
+		d.listen(bgCtx)
+	}()
+	go func() {
+		defer bg.Done()
+		d.upkeep(bgCtx)
+	}()
+
+	var workers sync.WaitGroup
+	// Requests in flight outlive ctx by up to ShutdownTimeout.
+	sendCtx, stopSends := context.WithCancel(context.Background())
+	var loops sync.WaitGroup
+	for _, name := range d.order {
+		u := d.ups[name]
+		d.log.Info("draining upstream", "upstream", name, "limits", limitsString(u.cfg.Limits),
+			"workers", u.cfg.Workers, "concurrency", u.cfg.Concurrency)
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			d.fetch(ctx, sendCtx, u, &workers)
+		}()
+	}
+	<-ctx.Done()
+	d.log.Info("shutting down: handing back waiting jobs, finishing requests in flight", "timeout", d.cfg.ShutdownTimeout)
+	loops.Wait()
+	d.stopWaiting()
+	done := make(chan struct{})
+	go func() {
+		workers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d.cfg.ShutdownTimeout):
+		d.log.Warn("requests still in flight at the shutdown timeout; cancelling them, their jobs go back to the queue")
+		stopSends()
+		<-done
+	}
+	stopSends()
+	stopBg()
+	bg.Wait()
+	return nil
+}
+
+// registerQueues lists the upstreams' queues in asynq's set of queues, so
+// asynq's Inspector and tools find them before any job is enqueued.
+func (d *Dispatcher) registerQueues(ctx context.Context) {
+	names := make([]any, 0, len(d.order))
+	for _, name := range d.order {
+		names = append(names, sched.QueueName(name))
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := d.rdb.SAdd(rctx, taskstore.AllQueues, names...).Err(); err != nil {
+		d.log.Warn("could not register queues with asynq", "err", err)
+	}
+}
+
+// listen wakes upstreams: on an enqueue's announcement, on a block or
+// unblock of their bucket, and all of them when the subscription comes
+// back after a break (announcements may have been missed).
+func (d *Dispatcher) listen(ctx context.Context) {
+	byQueue := map[string]*upstream{}
+	for _, u := range d.ups {
+		byQueue[sched.QueueName(u.cfg.Name)] = u
+	}
+	wakeAll := func() {
+		for _, u := range d.ups {
+			u.poke()
+		}
+	}
+	for ctx.Err() == nil {
+		ps := d.rdb.Subscribe(ctx, sched.WakeChannel(d.cfg.Prefix), d.pacer.BlocksChannel())
+		for ctx.Err() == nil {
+			msg, err := ps.Receive(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					d.log.Warn("wake-up subscription broke; looking at every upstream", "err", err)
+				}
+				break
+			}
+			switch m := msg.(type) {
+			case *redis.Subscription:
+				// (Re)subscribed: anything announced meanwhile was missed.
+				wakeAll()
+			case *redis.Message:
+				if u, ok := d.ups[m.Payload]; ok && m.Channel != d.pacer.BlocksChannel() {
+					u.poke()
+				} else if q, _, ok := strings.Cut(m.Payload, " "); ok {
+					if u, ok := byQueue[q]; ok {
+						u.poke()
+					}
+				}
+			}
+		}
+		ps.Close()
+		wakeAll()
+		sleep(ctx, 100*time.Millisecond+rand.N(200*time.Millisecond))
+	}
+}
+
+func (u *upstream) poke() {
+	select {
+	case u.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fetch takes an upstream's jobs as workers free up and their slots come,
+// and sleeps in between.
+func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *sync.WaitGroup) {
+	name := u.cfg.Name
+	backoff := 50 * time.Millisecond
+	paused := false
+	defer func() {
+		if paused {
+			d.m.UpstreamPaused.WithLabelValues(name).Set(0)
+		}
+	}()
+	for ctx.Err() == nil {
+		free := cap(u.slots) - len(u.slots)
+		if free == 0 {
+			// Every worker holds a job; one finishing pokes us.
+			select {
+			case <-ctx.Done():
+			case <-u.wake:
+			}
+			continue
+		}
+		tk, err := u.taker.Take(ctx, min(free, maxTake))
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// Pacing fails closed: no send without a booked slot.
+			d.m.RedisErrors.WithLabelValues("pacing").Inc()
+			d.log.Error("cannot take jobs", "upstream", name, "err", err)
+			d.idle(ctx, u, backoff)
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		if blocked := tk.Reason == leaky.ReasonBlocked; blocked != paused {
+			paused = blocked
+			d.m.UpstreamPaused.WithLabelValues(name).Set(map[bool]float64{true: 1}[blocked])
+		}
+		for _, j := range tk.Jobs {
+			u.slots <- struct{}{}
+			u.hold(j.ID, true)
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				defer func() {
+					u.hold(j.ID, false)
+					<-u.slots
+					u.poke()
+				}()
+				d.work(sendCtx, u, j)
+			}()
+		}
+		if tk.Expired {
+			d.recover(ctx, u)
+			continue
+		}
+		if len(tk.Jobs) == min(free, maxTake) {
+			continue
+		}
+		wait := d.cfg.PollInterval
+		if tk.Wait > 0 {
+			wait = min(wait, tk.Wait)
+			if tk.Reason == leaky.ReasonConcurrency {
+				// Leases free up as requests finish, not on a schedule.
+				wait = min(wait, 5*time.Millisecond) + rand.N(5*time.Millisecond)
+			}
+		} else if len(tk.Jobs) > 0 {
+			// Took what there was; look once more before sleeping.
+			continue
+		}
+		if tk.Next > 0 {
+			wait = min(wait, tk.Next)
+		}
+		d.idle(ctx, u, wait)
+	}
+}
+
+// idle sleeps up to d, or until the upstream is poked.
+func (d *Dispatcher) idle(ctx context.Context, u *upstream, dur time.Duration) {
+	t := time.NewTimer(dur)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-u.wake:
+	case <-t.C:
+	}
+}
+
+// hold records that this replica holds a job (its lease is extended).
+func (u *upstream) hold(id string, on bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if on {
+		u.inFlight[id] = true
+	} else {
+		delete(u.inFlight, id)
+	}
+}
+
+func (u *upstream) held() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make([]string, 0, len(u.inFlight))
+	for id := range u.inFlight {
+		out = append(out, id)
+	}
+	return out
+}
+
+// recover ends jobs whose worker died holding them.
+func (d *Dispatcher) recover(ctx context.Context, u *upstream) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := taskstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), time.Now(), 100)
+	if err != nil {
+		d.m.RedisErrors.WithLabelValues("pacing").Inc()
+		d.log.Warn("could not recover jobs whose worker stopped", "upstream", u.cfg.Name, "err", err)
+		sleep(ctx, time.Second)
+		return
+	}
+	if n > 0 {
+		d.log.Warn("recovered jobs whose worker stopped holding them", "upstream", u.cfg.Name, "jobs", n)
+	}
+}
+
+// upkeep extends the leases of the jobs this replica holds and sweeps
+// finished jobs past their retention on upstreams that finished some.
+func (d *Dispatcher) upkeep(ctx context.Context) {
+	t := time.NewTicker(leaseRenewEvery)
+	defer t.Stop()
+	lastSweep := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		until := time.Now().Add(taskLease)
+		for _, name := range d.order {
+			u := d.ups[name]
+			ids := u.held()
+			if len(ids) == 0 {
+				continue
+			}
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := taskstore.ExtendLeases(rctx, d.rdb, u.store, ids, until); err != nil {
+				d.m.RedisErrors.WithLabelValues("pacing").Inc()
+				d.log.Warn("could not extend the leases of jobs in flight", "upstream", name, "err", err)
+			}
+			cancel()
+		}
+		if time.Since(lastSweep) < janitorEvery {
+			continue
+		}
+		lastSweep = time.Now()
+		for _, name := range d.order {
+			u := d.ups[name]
+			u.mu.Lock()
+			due := u.janitor
+			u.janitor = false
+			u.mu.Unlock()
+			if !due {
+				continue
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if _, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), taskstore.Completed, time.Now(), 1000); err != nil {
+				d.log.Warn("could not delete succeeded jobs past their retention", "upstream", name, "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// work runs one taken job: waits for its slot, sends it, records the
+// outcome.
+func (d *Dispatcher) work(ctx context.Context, u *upstream, t sched.Taken) {
+	name := u.cfg.Name
+	msg, err := taskstore.Unmarshal(t.Msg)
+	if err != nil {
+		d.log.Error("undecodable task; it stays active until its lease runs out", "upstream", name, "job", t.ID, "err", err)
+		return
+	}
+	var job queue.Job
+	if err := json.Unmarshal(msg.Payload, &job); err != nil {
+		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
+		d.end(ctx, u, t, msg, &job, dead("undecodable job: %v", err), nil)
+		return
+	}
+	outcome, resp := d.run(ctx, u, t, msg, &job)
+	d.end(ctx, u, t, msg, &job, outcome, resp)
+}
+
+// deadError ends a job for good.
+type deadError struct{ why string }
+
+func (e *deadError) Error() string { return e.why }
+
+func dead(format string, args ...any) error { return &deadError{why: fmt.Sprintf(format, args...)} }
+
+// errRequeue: the job was not sent (shutdown, a missed slot, a block) and
+// goes back to the head of its queue as it was.
+var errRequeue = errors.New("not sent; back to the head of its queue")
+
+// run decides a job's outcome: nil (succeeded), a *queue.Deferral, a
+// *retryLater, a *deadError or errRequeue.
+func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job) (error, *queue.Response) {
+	name := u.cfg.Name
+	if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
+		d.m.Dispatches.WithLabelValues(name, "expired").Inc()
+		return dead("expired at %s before it could be dispatched", job.ExpiresAt.Format(time.RFC3339)), nil
+	}
+	if err := d.withSecrets(ctx, job); err != nil {
+		return err, nil
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(d.stopping, cancel)
+	defer stop()
+	start := time.Now()
+	r := t.Slot
+	if err := r.Wait(waitCtx); err != nil {
+		if errors.Is(err, leaky.ErrLate) {
+			d.m.LateSlots.WithLabelValues(name).Inc()
+		}
+		return errRequeue, nil
+	}
+	d.m.PacingWait.WithLabelValues(name).Observe(time.Since(start).Seconds())
+	v, resp, sent := d.send(ctx, u, job, r)
+	if !sent {
+		d.m.LateSlots.WithLabelValues(name).Inc()
+		return errRequeue, nil
+	}
+	if ctx.Err() != nil && v.kind == kindRetry {
+		// Cut off by the shutdown timeout: not the upstream's fault.
+		return errRequeue, nil
+	}
+	if v.block > 0 {
+		d.block(ctx, u, v.block, v.blockReason)
+	}
+	var stored *queue.Response
+	if resp != nil {
+		stored = u.stored(resp)
+	}
+	attempt := int(msg.Retried) + 1
+	switch v.kind {
+	case kindDone:
+		d.m.Dispatches.WithLabelValues(name, "succeeded").Inc()
+		return nil, stored
+	case kindPushback:
+		d.m.Dispatches.WithLabelValues(name, "deferred").Inc()
+		return &queue.Deferral{Delay: v.wait, Why: v.reason}, stored
+	case kindRetry:
+		if !queue.LastAttempt(job, attempt) {
+			d.m.Dispatches.WithLabelValues(name, "retry").Inc()
+			delay := max(backoff(attempt, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff), v.wait)
+			return &retryLater{delay: delay, why: fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)}, stored
+		}
+		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
+		return dead("gave up after %d attempts: %s", attempt, v.reason), stored
+	default:
+		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
+		return dead("%s", v.reason), stored
+	}
+}
+
+// end records a job's outcome in Redis, with its response, and releases
+// what the job held. While Redis is unreachable it keeps trying, up to
+// outcomeWait, so that an answered job is not sent again.
+func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job, outcome error, resp *queue.Response) {
+	name := u.cfg.Name
+	bg := context.WithoutCancel(ctx)
+	if errors.Is(outcome, errRequeue) {
+		rctx, cancel := context.WithTimeout(bg, 2*time.Second)
+		defer cancel()
+		if _, err := u.space.Requeue(rctx, d.rdb, u.bucket.Layout().Leases, t.ID); err != nil {
+			d.m.RedisErrors.WithLabelValues("pacing").Inc()
+			d.log.Warn("could not put a job back; it goes back when its lease runs out", "upstream", name, "job", t.ID, "err", err)
+		}
+		return
+	}
+	if t.Slot.Lease != "" {
+		rctx, cancel := context.WithTimeout(bg, 2*time.Second)
+		if err := u.bucket.Release(rctx, t.Slot); err != nil {
+			d.m.RedisErrors.WithLabelValues("pacing").Inc()
+		}
+		cancel()
+	}
+	f := taskstore.Finished{ID: t.ID, Lane: job.Lane, Partition: job.Partition, Msg: msg}
+	if resp != nil {
+		if b, err := json.Marshal(resp); err == nil {
+			f.Result = b
+		}
+	}
+	var df *queue.Deferral
+	var rl *retryLater
+	var de *deadError
+	switch {
+	case outcome == nil:
+		f.Outcome, f.Retention = taskstore.Succeeded, u.cfg.ResultRetention
+	case errors.As(outcome, &df):
+		f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(df.Delay), df.Error()
+	case errors.As(outcome, &rl):
+		f.Outcome, f.RetryAt, f.ErrMsg, f.Failure = taskstore.Retry, time.Now().Add(rl.delay), rl.Error(), true
+	case errors.As(outcome, &de):
+		f.Outcome, f.ErrMsg = taskstore.Dead, de.Error()
+	default:
+		f.Outcome, f.RetryAt, f.ErrMsg, f.Failure = taskstore.Retry, time.Now().Add(time.Second), outcome.Error(), true
+	}
+	deadline := time.Now().Add(outcomeWait)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		rctx, cancel := context.WithTimeout(bg, 2*time.Second)
+		itemErr, err := u.finish.Do(rctx, f)
+		cancel()
+		if err == nil {
+			if itemErr != nil {
+				d.log.Warn("a job's outcome came after its lease ran out; recovery already gave it back", "upstream", name, "job", t.ID)
+			}
+			break
+		}
+		d.m.RedisErrors.WithLabelValues("results").Inc()
+		if !unreachable(err) || time.Now().After(deadline) {
+			d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", t.ID, "err", err)
+			return
+		}
+		if pause == 50*time.Millisecond {
+			d.log.Warn("cannot record a job's outcome; holding it until Redis answers", "upstream", name, "job", t.ID, "for_at_most", outcomeWait, "err", err)
+		}
+		time.Sleep(pause)
+	}
+	if job.Secrets != "" {
+		switch f.Outcome {
+		case taskstore.Retry:
+			d.keepSecrets(bg, job, time.Until(f.RetryAt))
+		default:
+			d.forgetSecrets(bg, job)
+		}
+	}
+	if f.Outcome == taskstore.Succeeded {
+		u.mu.Lock()
+		u.janitor = true
+		u.mu.Unlock()
+	}
+	if f.Outcome == taskstore.Retry {
+		// This replica knows when it comes due; wake in time for it.
+		u.poke()
+	}
+}
+
+func limitsString(ls []leaky.Limit) string {
+	parts := make([]string, len(ls))
+	for i, l := range ls {
+		parts[i] = l.String()
+	}
+	return strings.Join(parts, " and ")
+}
