@@ -273,4 +273,3 @@ func backoff(n int, min, max time.Duration) time.Duration {
 	}
 	return min + rand.N(ceiling-min+1)
 }
-

@@ -140,23 +140,28 @@ func (d *Dispatcher) listen(ctx context.Context) {
 			u.poke()
 		}
 	}
-	for ctx.Err() == nil {
-		ps := d.rdb.Subscribe(ctx, sched.WakeChannel(d.cfg.Prefix), d.pacer.BlocksChannel())
-		for ctx.Err() == nil {
-			msg, err := ps.Receive(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					d.log.Warn("wake-up subscription broke; looking at every upstream", "err", err)
-				}
-				break
+	// The channel delivers a *redis.Subscription each time go-redis
+	// (re)subscribes, after a dropped connection too: then anything
+	// announced meanwhile was missed, and every upstream looks again.
+	ps := d.rdb.Subscribe(ctx, sched.WakeChannel(d.cfg.Prefix), d.pacer.BlocksChannel())
+	defer ps.Close()
+	ch := ps.ChannelWithSubscriptions()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case msg, ok := <-ch:
+			if !ok {
+				return
 			}
 			switch m := msg.(type) {
 			case *redis.Subscription:
-				// (Re)subscribed: anything announced meanwhile was missed.
 				wakeAll()
 			case *redis.Message:
-				if u, ok := d.ups[m.Payload]; ok && m.Channel != d.pacer.BlocksChannel() {
-					u.poke()
+				if m.Channel != d.pacer.BlocksChannel() {
+					if u, ok := d.ups[m.Payload]; ok {
+						u.poke()
+					}
 				} else if q, _, ok := strings.Cut(m.Payload, " "); ok {
 					if u, ok := byQueue[q]; ok {
 						u.poke()
@@ -164,9 +169,6 @@ func (d *Dispatcher) listen(ctx context.Context) {
 				}
 			}
 		}
-		ps.Close()
-		wakeAll()
-		sleep(ctx, 100*time.Millisecond+rand.N(200*time.Millisecond))
 	}
 }
 

@@ -8,12 +8,12 @@
 package queue
 
 import (
-	"github.com/shaperhq/shaper/internal/sched"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
+	"github.com/shaperhq/shaper/internal/sched"
 	"regexp"
 	"strings"
 	"time"

@@ -58,7 +58,7 @@ type Config struct {
 
 // Queue enqueues and inspects jobs. Safe for concurrent use.
 type Queue struct {
-	rdb    redis.UniversalClient
+	rdb redis.UniversalClient
 	// bulkRdb is go-redis's autopipeliner (see EnqueueMany), or rdb where
 	// it has none (a Ring).
 	bulkRdb redis.Cmdable

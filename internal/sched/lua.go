@@ -495,7 +495,7 @@ return state
 var runNowScript = script.New(`
 local P, G, T = ARGV[2], ARGV[3], ARGV[4]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[6]
-`+flowLua+`
+` + flowLua + `
 local now = shaper_now(ARGV[1])
 local n = 0
 for i = 7, #ARGV do
