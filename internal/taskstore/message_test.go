@@ -120,6 +120,7 @@ func FuzzMarshalRoundTrip(f *testing.F) {
 	f.Add("t", []byte("p"), "id", "q", int32(3), int32(1), "err", int64(30), int64(1764500000), "uk",
 		int64(1764500001), int64(3600), int64(1764500002), "g", "k", "v")
 	f.Add("", []byte(nil), "", "", int32(-1), int32(-2147483648), "", int64(-1), int64(0), "", int64(0), int64(0), int64(0), "", "", "")
+	md := taskMessageDesc(f)
 	f.Fuzz(func(t *testing.T, typ string, payload []byte, id, queue string, retry, retried int32, errMsg string,
 		timeout, deadline int64, unique string, lastFailed, retention, completedAt int64, group, hk, hv string) {
 		m := &Message{Type: typ, Payload: payload, ID: id, Queue: queue, Retry: retry, Retried: retried,
@@ -138,7 +139,7 @@ func FuzzMarshalRoundTrip(f *testing.F) {
 			t.Fatalf("round trip: got %+v, want %+v", got, want)
 		}
 		// protobuf, reading asynq's schema, sees the same message.
-		dyn := dynamicpb.NewMessage(taskMessageDesc(t))
+		dyn := dynamicpb.NewMessage(md)
 		if err := proto.Unmarshal(enc, dyn); err != nil {
 			t.Fatalf("protobuf rejects Marshal's output: %v", err)
 		}
@@ -146,7 +147,7 @@ func FuzzMarshalRoundTrip(f *testing.F) {
 			t.Fatalf("protobuf read %+v, want %+v", fromDyn, want)
 		}
 		// And what protobuf writes for it, Unmarshal reads.
-		pb, err := proto.Marshal(toDynamic(t, want))
+		pb, err := proto.Marshal(toDynamic(md, want))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,9 +163,10 @@ func FuzzUnmarshal(f *testing.F) {
 	f.Add((&Message{Type: "a", ID: "b", Retry: 2, Headers: map[string]string{"x": "y"}}).Marshal())
 	f.Add([]byte{0x7a, 0x04, 0x0a, 0x00, 0x12, 0x00, 0x28, 0x80, 0x80, 0x80, 0x80, 0x10})
 	f.Add([]byte{0x0d, 1, 2, 3, 4, 0x2a, 0x00})
+	md := taskMessageDesc(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := Unmarshal(b) // must not panic
-		dyn := dynamicpb.NewMessage(taskMessageDesc(t))
+		dyn := dynamicpb.NewMessage(md)
 		if perr := proto.Unmarshal(b, dyn); perr != nil {
 			return // invalid UTF-8 protobuf refuses; Unmarshal may take it
 		}
@@ -260,8 +262,8 @@ func fromDynamic(d *dynamicpb.Message) *Message {
 	return m
 }
 
-func toDynamic(t testing.TB, m *Message) *dynamicpb.Message {
-	d := dynamicpb.NewMessage(taskMessageDesc(t))
+func toDynamic(md protoreflect.MessageDescriptor, m *Message) *dynamicpb.Message {
+	d := dynamicpb.NewMessage(md)
 	fs := d.Descriptor().Fields()
 	set := func(name protoreflect.Name, v protoreflect.Value) { d.Set(fs.ByName(name), v) }
 	set("type", protoreflect.ValueOfString(m.Type))
