@@ -395,6 +395,36 @@ func TestFinishBatch(t *testing.T) {
 	}
 }
 
+// TestFinishNeedsActiveAndLease: a task must be both in the active list
+// and in the lease set to be finished, and one that is in only one of them
+// is left as it is.
+func TestFinishNeedsActiveAndLease(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "q")
+	noLease := e.taken("no-lease", "default", "p")
+	must(t, e.rdb.ZRem(ctx, e.k.Lease(), "no-lease").Err())
+	notActive := e.taken("not-active", "default", "p")
+	must(t, e.rdb.LRem(ctx, e.k.Active(), 0, "not-active").Err())
+	errs := e.finish(
+		Finished{ID: "no-lease", Lane: "default", Partition: "p", Msg: noLease, Outcome: Dead},
+		Finished{ID: "not-active", Lane: "default", Partition: "p", Msg: notActive, Outcome: Dead})
+	if errs[0] != ErrNotActive || errs[1] != ErrNotActive {
+		t.Fatalf("got %v, want ErrNotActive twice", errs)
+	}
+	if e.rdb.LPos(ctx, e.k.Active(), "no-lease", redis.LPosArgs{}).Err() != nil {
+		t.Fatal("the task without a lease left the active list")
+	}
+	if e.rdb.ZScore(ctx, e.k.Lease(), "not-active").Err() != nil {
+		t.Fatal("the task outside the active list lost its lease")
+	}
+	if got, want := e.countsNow(), map[string]int64{"active:default": 2}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("counts: got %v, want %v", got, want)
+	}
+	if got, want := e.sizes(), [10]int{0, 1, 0, 0, 0, 0, 0, 0, 0, 0}; got != want {
+		t.Fatalf("queue sizes: got %v, want %v", got, want)
+	}
+}
+
 func TestFinishRejectsBadItems(t *testing.T) {
 	e := newEnv(t, "q")
 	m := e.taken("a", "default", "")
