@@ -154,6 +154,7 @@ func TestEnqueueSendsTheContract(t *testing.T) {
 		MaxAttempts:    5,
 		NotBefore:      notBefore,
 		TTL:            90 * time.Minute,
+		Partition:      "example.org",
 	})
 	if err != nil {
 		t.Fatalf("Enqueue: %v", err)
@@ -188,13 +189,14 @@ func TestEnqueueSendsTheContract(t *testing.T) {
 		"max_attempts":    float64(5),
 		"not_before":      "2099-01-02T03:04:05+01:00",
 		"ttl":             "1h30m0s",
+		"partition":       "example.org",
 	}
 	if got := jsonOf(t, r.Body); !reflect.DeepEqual(got, want) {
 		t.Errorf("body:\ngot  %v\nwant %v", got, want)
 	}
 
 	if job.ID != "stripe.bulk.j1" || job.State != client.StateScheduled || job.Upstream != "stripe" ||
-		job.Lane != "bulk" || job.IdempotencyKey != "order-42" || job.CreatedAt.IsZero() || job.Existing || job.Done() {
+		job.Lane != "bulk" || job.Partition != "example.org" || job.IdempotencyKey != "order-42" || job.CreatedAt.IsZero() || job.Existing || job.Done() {
 		t.Errorf("got %+v, want the accepted job stripe.bulk.j1, scheduled", job)
 	}
 
@@ -203,7 +205,7 @@ func TestEnqueueSendsTheContract(t *testing.T) {
 		t.Fatalf("Enqueue again: %v", err)
 	}
 	if !again.Existing || again.ID != job.ID || again.MaxAttempts != 5 || again.Path != "/v1/charges" ||
-		again.Cost["tokens"] != 12 || !again.NotBefore.Equal(notBefore) || again.ExpiresAt.IsZero() {
+		again.Cost["tokens"] != 12 || !again.NotBefore.Equal(notBefore) || again.ExpiresAt.IsZero() || again.Partition != "example.org" {
 		t.Errorf("got %+v, want the existing job %s in full", again, job.ID)
 	}
 	if n := f.jobCount(); n != 1 {
@@ -274,6 +276,7 @@ func TestJSONRoundTrip(t *testing.T) {
 		Upstream: "stripe", Method: "PUT", Path: "/x", Headers: map[string]string{"A": "b"},
 		Body: []byte{0, 1, 0xff}, Task: "t", Cost: map[string]int64{"tokens": 3}, Lane: "bulk",
 		IdempotencyKey: "k", MaxAttempts: 2, NotBefore: time.Date(2030, 5, 6, 7, 8, 9, 500, time.UTC), TTL: 1500 * time.Millisecond,
+		Partition: "example.org",
 	}
 	b, err := json.Marshal(req)
 	if err != nil {
@@ -481,6 +484,20 @@ func TestErrorsFromTheServer(t *testing.T) {
 				}
 				if e.Type == "" || e.Title != "Invalid request" || !strings.Contains(e.Error(), "upstream: is required") {
 					t.Errorf("got %+v (%q), want the problem with its field in the message", e, e.Error())
+				}
+			},
+		},
+		{
+			name: "partition too long", key: producerKey,
+			call: func(c *client.Client) error {
+				_, err := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe", Path: "/x", Partition: strings.Repeat("p", 201)})
+				return err
+			},
+			want:       client.ErrInvalid,
+			wantStatus: 400,
+			check: func(t *testing.T, e *client.Error) {
+				if len(e.Fields) != 1 || e.Fields[0].Field != "partition" {
+					t.Errorf("got fields %v, want partition", e.Fields)
 				}
 			},
 		},

@@ -321,6 +321,7 @@ type wireJobRequest struct {
 	NotBefore      string            `json:"not_before"`
 	TTL            string            `json:"ttl"`
 	Task           string            `json:"task"`
+	Partition      string            `json:"partition"`
 }
 
 // create validates and stores one job for tenant, with f.mu held. It
@@ -354,6 +355,9 @@ func (f *fake) create(tenant string, req wireJobRequest) (int, map[string]any, *
 	}
 	if req.Path != "" && (!strings.HasPrefix(req.Path, "/") || strings.HasPrefix(req.Path, "//")) {
 		return invalid("path", "must be relative to the upstream's base URL")
+	}
+	if len(req.Partition) > 200 {
+		return invalid("partition", fmt.Sprintf("%d bytes, at most 200", len(req.Partition)))
 	}
 	if req.Lane == "" {
 		req.Lane = up.lanes[0]
@@ -429,7 +433,7 @@ func (f *fake) create(tenant string, req wireJobRequest) (int, map[string]any, *
 	if ttl > 0 {
 		wire["expires_at"] = now.Add(ttl).Format(time.RFC3339Nano)
 	}
-	for k, v := range map[string]string{"method": req.Method, "path": req.Path, "task": req.Task} {
+	for k, v := range map[string]string{"method": req.Method, "path": req.Path, "task": req.Task, "partition": req.Partition} {
 		if v != "" {
 			wire[k] = v
 		}
@@ -444,8 +448,10 @@ func (f *fake) create(tenant string, req wireJobRequest) (int, map[string]any, *
 // accepted is the short shape of a 202.
 func accepted(wire map[string]any) map[string]any {
 	out := map[string]any{}
-	for _, k := range []string{"id", "state", "upstream", "lane", "idempotency_key", "created_at"} {
-		out[k] = wire[k]
+	for _, k := range []string{"id", "state", "upstream", "lane", "idempotency_key", "created_at", "partition"} {
+		if v, ok := wire[k]; ok {
+			out[k] = v
+		}
 	}
 	return out
 }

@@ -68,6 +68,13 @@ type JobRequest struct {
 	// TTL gives the job up (dead) if it has not been dispatched this long
 	// after it was enqueued; zero means never.
 	TTL time.Duration
+	// Partition is what the job is paced by within its upstream besides
+	// the upstream's own limits, e.g. the recipient domain of an email or
+	// a customer id: up to 200 bytes of UTF-8 text without control
+	// characters, compared byte for byte. Where the upstream sets
+	// partition limits, each partition gets its own; elsewhere it only
+	// labels the job. Empty means none.
+	Partition string
 }
 
 // jobRequestJSON is JobRequest as it travels.
@@ -85,6 +92,7 @@ type jobRequestJSON struct {
 	MaxAttempts    int               `json:"max_attempts,omitempty"`
 	NotBefore      string            `json:"not_before,omitempty"`
 	TTL            string            `json:"ttl,omitempty"`
+	Partition      string            `json:"partition,omitempty"`
 }
 
 // MarshalJSON encodes r as the body of POST /v1/jobs.
@@ -92,7 +100,7 @@ func (r JobRequest) MarshalJSON() ([]byte, error) {
 	w := jobRequestJSON{
 		Upstream: r.Upstream, Method: r.Method, Path: r.Path, Headers: r.Headers,
 		Task: r.Task, Cost: r.Cost, Lane: r.Lane, IdempotencyKey: r.IdempotencyKey,
-		MaxAttempts: r.MaxAttempts,
+		MaxAttempts: r.MaxAttempts, Partition: r.Partition,
 	}
 	w.Body, w.BodyBase64 = encodeBody(r.Body)
 	if !r.NotBefore.IsZero() {
@@ -118,7 +126,7 @@ func (r *JobRequest) UnmarshalJSON(data []byte) error {
 	out := JobRequest{
 		Upstream: w.Upstream, Method: w.Method, Path: w.Path, Headers: w.Headers,
 		Body: body, Task: w.Task, Cost: w.Cost, Lane: w.Lane,
-		IdempotencyKey: w.IdempotencyKey, MaxAttempts: w.MaxAttempts,
+		IdempotencyKey: w.IdempotencyKey, MaxAttempts: w.MaxAttempts, Partition: w.Partition,
 	}
 	if w.NotBefore != "" {
 		if out.NotBefore, err = time.Parse(time.RFC3339, w.NotBefore); err != nil {
@@ -162,15 +170,17 @@ func decodeBody(text, b64 string) ([]byte, error) {
 }
 
 // Job is a job as the server reports it. Enqueue's 202 answer carries only
-// the identity fields (ID, State, Upstream, Lane, IdempotencyKey,
-// CreatedAt); Get fills in the rest. Times the job does not have yet are
+// the identity fields (ID, State, Upstream, Lane, Partition,
+// IdempotencyKey, CreatedAt); Get fills in the rest. Times the job does not have yet are
 // zero.
 type Job struct {
 	ID       string `json:"id"`
 	Tenant   string `json:"tenant,omitempty"`
 	Upstream string `json:"upstream"`
 	Lane     string `json:"lane,omitempty"`
-	State    State  `json:"state"`
+	// Partition is the job's partition, empty if it has none.
+	Partition string `json:"partition,omitempty"`
+	State     State  `json:"state"`
 	// Attempts counts the calls made to the upstream so far.
 	Attempts    int `json:"attempts,omitempty"`
 	MaxAttempts int `json:"max_attempts,omitempty"`

@@ -687,4 +687,10 @@ func TestPartitionConfigs(t *testing.T) {
 			}
 		})
 	}
+	// A short partition limit shrinks the default guard as a short limit
+	// of the upstream's own would: a fiftieth of its per.
+	u := mustParse(t, up+"partition_overrides: {fast.example: [{rate: 5, per: 100ms}]}}}", nil).Upstreams["mail"]
+	if want := Duration(2 * time.Millisecond); u.Guard != want {
+		t.Errorf("guard with a 100ms partition limit: got %v, want %v", u.Guard, want)
+	}
 }

@@ -11,10 +11,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/server"
+	"github.com/shaperhq/shaper/status"
+	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 var srv *redistest.Server
@@ -78,6 +83,17 @@ func TestCommands(t *testing.T) {
 	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
 	handlers := writeFile(t, "handlers.yaml", strings.ReplaceAll(handlerConfig, "%REDIS%", srv.URL()))
 	bad := writeFile(t, "bad.yaml", "upstreams:\n  stripe:\n    base_url: ftp://x\n    limits: [{rate: 0, per: 1s}]\n    colour: red\n")
+	badPartitions := writeFile(t, "partitions.yaml", `
+api:
+  keys: [{name: billing, key_env: K}]
+upstreams:
+  mail:
+    base_url: https://relay.example.com
+    limits: [{rate: 200, per: 1s}]
+    partition_limits: [{rate: 0, per: 1m}]
+    partition_overrides: {gmail.com: [{rate: 1000, per: 1m, cost: tokens}]}
+    fairness: {by: tenants, weights: {biling: 3}}
+`)
 	for _, tc := range []struct {
 		name    string
 		args    []string
@@ -96,6 +112,10 @@ func TestCommands(t *testing.T) {
 		{name: "valid config summary", args: []string{"config", "validate", good}, out: "upstream stripe: https://api.stripe.com at 100 requests per 1s"},
 		{name: "invalid config lists every problem", args: []string{"config", "validate", bad}, code: 1, errOut: "3 problem(s)"},
 		{name: "invalid config names fields", args: []string{"config", "validate", bad}, code: 1, errOut: "upstreams.stripe.limits[0]: rate 0: must be at least 1"},
+		{name: "invalid partitions list every problem", args: []string{"config", "validate", badPartitions}, code: 1, errOut: "3 problem(s)"},
+		{name: "invalid partition limit", args: []string{"config", "validate", badPartitions}, code: 1, errOut: "line 8: upstreams.mail.partition_limits[0]: rate 0: must be at least 1"},
+		{name: "invalid override cost", args: []string{"config", "validate", badPartitions}, code: 1, errOut: `upstreams.mail.partition_overrides["gmail.com"][0].cost: "tokens" is counted by none of the upstream's limits`},
+		{name: "invalid fairness", args: []string{"config", "validate", badPartitions}, code: 1, errOut: `upstreams.mail.fairness.by: "tenants" is not one of tenant, partition, none`},
 		{name: "missing config file", args: []string{"config", "validate", "/nonexistent.yaml"}, code: 1, errOut: "nonexistent.yaml"},
 		{name: "work needs --config", args: []string{"work"}, code: 1, errOut: `"config" not set`},
 		{name: "work unknown upstream", args: []string{"work", "--config", good, "--upstream", "twilio"}, code: 1, errOut: "--upstream twilio: no such upstream"},
@@ -112,6 +132,8 @@ func TestCommands(t *testing.T) {
 		{name: "enqueue data twice", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--data", "{}", "--data-file", "-", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "give --data or --data-file, not both"},
 		{name: "enqueue bad not-before", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--not-before", "tomorrow", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "want an RFC 3339 time"},
 		{name: "enqueue needs a key", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--api", "http://x"}, code: 1, errOut: "--api-key (or $SHAPER_API_KEY) is required"},
+		{name: "enqueue partition too long", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--partition", strings.Repeat("p", 201), "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "--partition: is 201 bytes: must be at most 200"},
+		{name: "enqueue partition with a line break", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--partition", "a\nb", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "--partition: holds a control character"},
 		{name: "enqueue bad cost", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--cost", "tokens", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "NAME=N"},
 		{name: "pause needs a target", args: []string{"pause", "stripe"}, code: 1, errOut: "--config FILE"},
 		{name: "pause unknown upstream", args: []string{"pause", "twilio", "--config", good}, code: 1, errOut: `no upstream "twilio"`},
@@ -217,5 +239,52 @@ func TestEnqueueThroughAPI(t *testing.T) {
 	}
 	if !strings.Contains(out, "succeeded") || !strings.Contains(out, "upstream answered 200") {
 		t.Fatalf("stdout: %s", out)
+	}
+}
+
+// TestEnqueuePartition: --partition reaches a real API server and is
+// stored with the job.
+func TestEnqueuePartition(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	ups := []shaper.Upstream{{Name: "mail", BaseURL: "https://relay.example.com", Limits: []leaky.Limit{leaky.PerSecond(200)},
+		PartitionLimits: []leaky.Limit{leaky.PerMinute(100)}}}
+	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	st, err := status.NewReader(rdb, q, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{{Name: "billing", Secret: "k1"}},
+		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(s.Handler())
+	defer api.Close()
+
+	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
+	out, errOut, code := run(t, env, "", "enqueue", "--upstream", "mail", "--path", "/v1/send", "--partition", "example.org", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out, errOut)
+	}
+	var job struct {
+		ID        string `json:"id"`
+		Partition string `json:"partition"`
+	}
+	if err := json.Unmarshal([]byte(out), &job); err != nil || job.Partition != "example.org" {
+		t.Fatalf("got %s (%v), want the job with partition example.org", out, err)
+	}
+	info, err := q.Get(ctx, job.ID, "billing")
+	if err != nil || info.Partition != "example.org" {
+		t.Fatalf("stored job: got %+v, %v; want partition example.org", info, err)
+	}
+	out, _, code = run(t, env, "", "enqueue", "--upstream", "mail", "--path", "/v1/send", "--partition", "gmail.com")
+	if code != 0 || !strings.Contains(out, `partition "gmail.com"`) {
+		t.Fatalf("exit %d, stdout %q: want the partition shown", code, out)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/client"
 )
 
@@ -66,6 +67,7 @@ type enqueueOptions struct {
 	notBefore      string
 	ttl            time.Duration
 	task           string
+	partition      string
 	wait           bool
 	waitTimeout    time.Duration
 	json           bool
@@ -85,7 +87,8 @@ The request body comes from --data, or --data-file (- for stdin).`,
 		Example: `  shaper enqueue --api http://localhost:8080 --api-key "$KEY" --upstream demo --path /v1/hello --data '{"hi":1}'
   shaper enqueue --upstream openai --method POST --path /v1/chat/completions \
       --header 'Content-Type: application/json' --data-file prompt.json --cost tokens=1200 --wait
-  shaper enqueue --upstream stripe --path /v1/refunds --idempotency-key refund-42 --json`,
+  shaper enqueue --upstream stripe --path /v1/refunds --idempotency-key refund-42 --json
+  shaper enqueue --upstream mail --path /v1/send --partition example.org --data-file message.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return enqueueRun(cmd.Context(), f, opts)
@@ -106,6 +109,7 @@ The request body comes from --data, or --data-file (- for stdin).`,
 	fl.StringVar(&opts.notBefore, "not-before", "", "first attempt no earlier than this RFC 3339 time")
 	fl.DurationVar(&opts.ttl, "ttl", 0, "give the job up if not dispatched within this long")
 	fl.StringVar(&opts.task, "task", "", "task name, for upstreams served by a Go handler")
+	fl.StringVar(&opts.partition, "partition", "", "partition, e.g. the recipient domain or customer id (up to 200 bytes); paced by the upstream's partition_limits")
 	fl.BoolVar(&opts.wait, "wait", false, "wait for the job to finish")
 	fl.DurationVar(&opts.waitTimeout, "wait-timeout", 10*time.Minute, "give up waiting after this long")
 	fl.BoolVar(&opts.json, "json", false, "print the job as JSON")
@@ -147,9 +151,15 @@ func jobRequest(f *Factory, opts *enqueueOptions) (client.JobRequest, error) {
 	req := client.JobRequest{
 		Upstream: opts.upstream, Method: opts.method, Path: opts.path, Lane: opts.lane,
 		IdempotencyKey: opts.idempotencyKey, MaxAttempts: opts.maxAttempts, TTL: opts.ttl, Task: opts.task,
+		Partition: opts.partition,
 	}
 	if opts.path == "" && opts.task == "" {
 		return req, errors.New("give --path (an HTTP upstream) or --task (a Go handler upstream)")
+	}
+	if opts.partition != "" {
+		if err := shaper.CheckPartition(opts.partition); err != nil {
+			return req, fmt.Errorf("--partition: %v", err)
+		}
 	}
 	var err error
 	if req.Headers, err = parseHeaderFlags(opts.headers); err != nil {
@@ -254,6 +264,9 @@ func printJob(w io.Writer, j *client.Job) {
 		what = "already enqueued under this idempotency key"
 	}
 	fmt.Fprintf(w, "%s %s: %s on %s/%s", what, j.ID, j.State, j.Upstream, j.Lane)
+	if j.Partition != "" {
+		fmt.Fprintf(w, " partition %q", j.Partition)
+	}
 	if j.Attempts > 0 {
 		fmt.Fprintf(w, " after %d attempt(s)", j.Attempts)
 	}

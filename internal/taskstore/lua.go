@@ -21,7 +21,7 @@ import "github.com/shaperhq/shaper/internal/script"
 //	KEYS[11] -> shaper's partition backlog, a sorted set of partition -> tasks
 //	KEYS[11+i] -> the task hash of item i (from 1)
 //	KEYS[...] -> uniqueness lock keys, as the items name them
-//	ARGV[1] -> score for the archived set: now, Unix seconds
+//	ARGV[1] -> score for the archived set: now, Unix seconds (see Score)
 //	ARGV[2] -> when new daily stats keys expire, Unix seconds
 //	then per item, 10 values:
 //	  id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,

@@ -90,8 +90,9 @@ type Finished struct {
 // Finish ends taken tasks of one queue in a single script call, and
 // returns one error per item: nil, or ErrNotActive when the task no longer
 // holds its lease in the active state (then nothing changed for it). The
-// second result is an error for the whole call; then the per-item errors
-// are nil and nothing may or may not have changed.
+// second result is an error for the whole call, with no per-item errors:
+// an invalid item (nothing was sent), or Redis failing (the script may
+// have run, or, since Redis does not roll a script back, part of it).
 //
 // Every item leaves the active list and the lease set, and its lane's
 // active:<lane> counter; Succeeded moves it to succeeded:<lane> (when
@@ -127,7 +128,7 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 		keys = append(keys, k.Task(it.ID))
 	}
 	args := make([]any, 0, 2+10*len(items))
-	args = append(args, now.Unix(), now.Add(statsTTL).Unix())
+	args = append(args, Score(now), now.Add(statsTTL).Unix())
 	for i := range items {
 		it := &items[i]
 		if err := it.check(k); err != nil {
