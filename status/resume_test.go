@@ -15,15 +15,21 @@ import (
 	"github.com/shaperhq/shaper/queue"
 )
 
-// TestResumeRunsHandedBackJobs: a worker hands back a job it could not send
-// during a pause, scheduled for the pause's end an hour away; Resume lifts
-// the pause and makes that job due, so it is sent at once.
+// TestResumeRunsHandedBackJobs: the upstream pushes back for an hour, so
+// the job it refused waits an hour and the upstream is blocked; a job
+// enqueued meanwhile waits queued, taken by no worker. Resume lifts the
+// block and makes the refused job due, so both are sent at once.
 func TestResumeRunsHandedBackJobs(t *testing.T) {
 	ctx := context.Background()
 	rdb := srv.Client(t)
 	rdb.FlushAll(ctx)
 	var sent atomic.Int64
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { sent.Add(1) }))
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sent.Add(1) == 1 {
+			w.Header().Set("Retry-After", "3600")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
 	defer upstream.Close()
 	api := shaper.Upstream{Name: "api", BaseURL: upstream.URL, Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 1,
 		Retry: shaper.Retry{MaxAttempts: 3}, ResultRetention: time.Hour}
@@ -36,16 +42,12 @@ func TestResumeRunsHandedBackJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Pause(ctx, "api", time.Hour, "test"); err != nil {
-		t.Fatal(err)
-	}
 	job, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "api", Path: "/x"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d, err := dispatcher.New(rdb, dispatcher.Config{
 		Upstreams: []shaper.Upstream{api},
-		MaxHold:   50 * time.Millisecond,
 		Logger:    slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -62,10 +64,10 @@ func TestResumeRunsHandedBackJobs(t *testing.T) {
 	}()
 
 	// waitFor bounds a hang only; the assertions are on states.
-	waitFor := func(want queue.State) *queue.Info {
+	waitFor := func(id string, want queue.State) *queue.Info {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			info, err := q.Get(ctx, job.ID, "")
+			info, err := q.Get(ctx, id, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,25 +75,34 @@ func TestResumeRunsHandedBackJobs(t *testing.T) {
 				return info
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("job %s: got %s, want %s", job.ID, info.State, want)
+				t.Fatalf("job %s: got %s, want %s", id, info.State, want)
 			}
 		}
 	}
-	handedBack := waitFor(queue.StateScheduled)
+	handedBack := waitFor(job.ID, queue.StateScheduled)
 	if left := time.Until(handedBack.NextAttemptAt); left < 50*time.Minute {
-		t.Fatalf("handed back for %v from now, want about the pause's end, an hour away", left)
+		t.Fatalf("handed back for %v from now, want about the Retry-After, an hour away", left)
 	}
-	if n := sent.Load(); n != 0 {
-		t.Fatalf("the upstream got %d requests during the pause, want 0", n)
+	second, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "api", Path: "/y"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if info := waitFor(second.ID, queue.StateQueued); info.Attempts != 0 {
+		t.Fatalf("job enqueued while blocked: %d attempts, want none", info.Attempts)
+	}
+	if n := sent.Load(); n != 1 {
+		t.Fatalf("the upstream got %d requests while blocked, want only the first", n)
 	}
 	moved, err := r.Resume(ctx, "api")
 	if err != nil || moved != 1 {
 		t.Fatalf("Resume: got %d made due, %v; want 1, nil", moved, err)
 	}
-	if info := waitFor(queue.StateSucceeded); info.Attempts != 1 {
-		t.Fatalf("got %d attempts, want 1 (the hand-back spends none)", info.Attempts)
+	if info := waitFor(job.ID, queue.StateSucceeded); info.Attempts != 1 {
+		t.Fatalf("got %d attempts, want 1 (the pushback spends none)", info.Attempts)
 	}
-	if n := sent.Load(); n != 1 {
-		t.Fatalf("the upstream got %d requests, want 1", n)
+	waitFor(second.ID, queue.StateSucceeded)
+	if n := sent.Load(); n != 3 {
+		t.Fatalf("the upstream got %d requests, want 3", n)
 	}
 }
