@@ -25,10 +25,11 @@ const TaskType = "shaper:job"
 // upstream's base URL, or, for upstreams served by a Go handler, a named task
 // with a payload in Body.
 type Job struct {
-	ID       string `json:"id"`
-	Tenant   string `json:"tenant"`
-	Upstream string `json:"upstream"`
-	Lane     string `json:"lane"`
+	ID        string `json:"id"`
+	Tenant    string `json:"tenant"`
+	Upstream  string `json:"upstream"`
+	Lane      string `json:"lane"`
+	Partition string `json:"partition,omitempty"`
 
 	Method  string            `json:"method,omitempty"`
 	Path    string            `json:"path,omitempty"`
