@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -231,4 +232,70 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// commandsProcessed is Redis's total_commands_processed (INFO stats): every
+// command any client ran, the INFO that reads it included.
+func (e *env) commandsProcessed() int64 {
+	e.t.Helper()
+	info, err := e.rdb.Info(context.Background(), "stats").Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n, ok := infoField(info, "total_commands_processed")
+	if !ok {
+		e.t.Fatalf("INFO stats has no total_commands_processed:\n%s", info)
+	}
+	return n
+}
+
+// commandCalls is INFO commandstats: calls by command name ("evalsha"), to
+// say where the commands went when a count is too high.
+func (e *env) commandCalls() map[string]int64 {
+	e.t.Helper()
+	info, err := e.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	calls := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		// cmdstat_evalsha:calls=12,usec=34,usec_per_call=2.83,...
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd {
+			continue
+		}
+		if n, ok := infoField(strings.ReplaceAll(rest, ",", "\n"), "calls"); ok {
+			calls[cmd] = n
+		}
+	}
+	return calls
+}
+
+// callsSince is the growth of each command's calls from before to after,
+// commands that did not grow left out.
+func callsSince(before, after map[string]int64) map[string]int64 {
+	d := map[string]int64{}
+	for k, v := range after {
+		if v > before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+// infoField reads an integer field "name:N" (or "name=N") from INFO text.
+func infoField(info, name string) (int64, bool) {
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		v, ok := strings.CutPrefix(line, name+":")
+		if !ok {
+			v, ok = strings.CutPrefix(line, name+"=")
+		}
+		if ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
