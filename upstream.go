@@ -221,13 +221,19 @@ const (
 	DefaultDeadRetention     = 7 * 24 * time.Hour
 	DefaultPushback          = time.Second
 
-	// DefaultHorizon is the longest pacing wait a worker books ahead.
-	DefaultHorizon = 2 * time.Second
-	// DefaultMaxHold is how long a worker keeps a job its upstream cannot
-	// take within the horizon before handing it back.
+	// DefaultHorizon is the longest pacing wait a worker books ahead: a
+	// job is taken only once its send slot is this close, so a slow or
+	// blocked upstream holds no worker, and fair share is decided late.
+	DefaultHorizon = 250 * time.Millisecond
+	// DefaultMaxHold was how long a worker kept a job it could not send
+	// within the horizon; workers no longer take such jobs. Kept so that
+	// configs that set work.max_hold still load.
 	DefaultMaxHold = 10 * time.Second
-	// DefaultPollInterval is how often an idle upstream's queue is checked.
-	DefaultPollInterval = 10 * time.Millisecond
+	// DefaultPollInterval is the longest a worker leaves an idle upstream
+	// unlooked-at: enqueues wake it at once over pub/sub, and whatever it
+	// knows comes due (a scheduled job, a parked partition) wakes it on
+	// time, so this only bounds the delay after a wake-up that was lost.
+	DefaultPollInterval = 30 * time.Second
 	// DefaultShutdownTimeout bounds a graceful stop of a worker or the API.
 	DefaultShutdownTimeout = 30 * time.Second
 )

@@ -136,18 +136,16 @@ type Work struct {
 	// ShutdownTimeout is how long a stopping worker lets jobs in flight
 	// finish before handing them back to the queue. Default 30s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
-	// Horizon is the longest pacing wait a worker books ahead for a job.
-	// Default 2s.
+	// Horizon is the longest pacing wait a worker books ahead: a job is
+	// taken only once its send slot is this close. Default 250ms.
 	Horizon Duration `yaml:"horizon"`
-	// MaxHold is how long a worker keeps a job its upstream cannot take
-	// within the horizon (paused, blocked after a 429, a very slow limit)
-	// before handing it back to the queue, scheduled for when the upstream
-	// expects it and without spending an attempt. Default 10s.
+	// MaxHold is no longer used (workers take no job they cannot send
+	// within the horizon, so none is held); it is accepted so that older
+	// configs load.
 	MaxHold Duration `yaml:"max_hold"`
-	// PollInterval is how often an idle upstream's queues are checked for
-	// new jobs: the latency of picking up a job on an idle upstream,
-	// against about 300 Redis commands per second per replica and upstream
-	// at the default. Default 10ms.
+	// PollInterval is the longest an idle upstream goes unlooked-at:
+	// enqueues wake workers at once over pub/sub, so this only bounds the
+	// delay after a lost wake-up. Default 30s.
 	PollInterval Duration `yaml:"poll_interval"`
 }
 

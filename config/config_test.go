@@ -129,7 +129,7 @@ upstreams:
 			Admission:       Admission{Capacity: 100, RefillPerSecond: 10, OnRedisError: shaper.FailOpen},
 			ShutdownTimeout: Duration(30 * time.Second),
 		},
-		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(2 * time.Second), MaxHold: Duration(10 * time.Second), PollInterval: Duration(10 * time.Millisecond)},
+		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(250 * time.Millisecond), MaxHold: Duration(10 * time.Second), PollInterval: Duration(30 * time.Second)},
 	}
 	upstream := func(name, base string, conc, workers int, guard time.Duration, l Limit) *Upstream {
 		return &Upstream{
@@ -622,7 +622,7 @@ upstreams:
 	got := c.Summary()
 	want := `redis: redis://:xxxxx@redis.internal:6379/1, keys under shaper
 api: listen :8080, 2 keys (1 admin), admission per key: burst 100 then 10/s, on Redis error allow, bodies up to 1048576 bytes
-work: metrics on :9091, books pacing waits up to 2s, holds blocked jobs up to 10s, shutdown within 30s
+work: metrics on :9091, books pacing waits up to 250ms, shutdown within 30s
 upstream mail: Go handler at 1 requests per 2s (drains at 0.99 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4998/min); 800000 tokens per 1m0s (burst 8000) (drains at 789474/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream relay: https://relay.example.com at 200 requests per 1s (drains at 196.1/s); each partition at 100 requests per 1m0s (drains at 100.0/min); partition "gmail.com" at 1000 requests per 1m0s (drains at 999.7/min); fair share by tenant (b=3, others 1); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s

@@ -35,7 +35,7 @@ func (c *Config) Summary() string {
 	if w.MetricsListen != "" {
 		metrics = "metrics on " + w.MetricsListen
 	}
-	fmt.Fprintf(&b, "work: %s, books pacing waits up to %v, holds blocked jobs up to %v, shutdown within %v\n", metrics, w.Horizon, w.MaxHold, w.ShutdownTimeout)
+	fmt.Fprintf(&b, "work: %s, books pacing waits up to %v, shutdown within %v\n", metrics, w.Horizon, w.ShutdownTimeout)
 
 	for _, name := range c.UpstreamNames() {
 		b.WriteString(c.Upstreams[name].describe(name) + "\n")

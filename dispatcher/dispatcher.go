@@ -44,16 +44,11 @@ type Config struct {
 	// Horizon is the longest pacing wait a worker books ahead; default
 	// shaper.DefaultHorizon.
 	Horizon time.Duration
-	// MaxHold is how long a worker keeps a job whose upstream cannot take
-	// it within the horizon (blocked, paused) before handing it back to the
-	// queue; default shaper.DefaultMaxHold.
-	MaxHold time.Duration
-	// PollInterval is how often an idle upstream's queue is checked for new
-	// jobs (asynq's default is 1s); default shaper.DefaultPollInterval.
+	// PollInterval is the longest an idle upstream goes unlooked-at: an
+	// enqueue wakes its workers at once, and what they know comes due
+	// wakes them on time, so this only bounds a lost wake-up. Default
+	// shaper.DefaultPollInterval.
 	PollInterval time.Duration
-	// ForwardInterval is how often scheduled and handed-back jobs become
-	// due (asynq's default is 5s); default 100ms.
-	ForwardInterval time.Duration
 	// ShutdownTimeout bounds the wait for in-flight requests on shutdown;
 	// jobs still running then go back to their queue. Default
 	// shaper.DefaultShutdownTimeout.
@@ -109,9 +104,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 		return nil, errors.New("dispatcher: no upstreams")
 	}
 	cfg.Horizon = orDefault(cfg.Horizon, shaper.DefaultHorizon)
-	cfg.MaxHold = orDefault(cfg.MaxHold, shaper.DefaultMaxHold)
 	cfg.PollInterval = orDefault(cfg.PollInterval, shaper.DefaultPollInterval)
-	cfg.ForwardInterval = orDefault(cfg.ForwardInterval, 100*time.Millisecond)
 	cfg.ShutdownTimeout = orDefault(cfg.ShutdownTimeout, shaper.DefaultShutdownTimeout)
 	cfg.Prefix = keyspace.Prefix(cfg.Prefix)
 	log := cfg.Logger

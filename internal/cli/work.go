@@ -150,7 +150,6 @@ func workerConfig(cfg *config.Config, ups []shaper.Upstream, log *slog.Logger, m
 	return dispatcher.Config{
 		Upstreams:       ups,
 		Horizon:         time.Duration(cfg.Work.Horizon),
-		MaxHold:         time.Duration(cfg.Work.MaxHold),
 		PollInterval:    time.Duration(cfg.Work.PollInterval),
 		ShutdownTimeout: time.Duration(cfg.Work.ShutdownTimeout),
 		Prefix:          cfg.Redis.Prefix,
