@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -85,12 +86,14 @@ type upstream struct {
 	client  *http.Client
 	handler Handler
 
-	space  sched.Space
-	store  taskstore.Keys
-	taker  *sched.Taker
-	slots  chan struct{} // one per worker; a taken job holds one
-	wake   chan struct{} // buffered 1: look for work now
-	finish *script.Batcher[taskstore.Finished, error]
+	space sched.Space
+	store taskstore.Keys
+	taker *sched.Taker
+	slots chan struct{} // one per worker; a taken job holds one
+	wake  chan struct{} // buffered 1: look for work now
+	// starved is set while the fetch loop waits for a free worker.
+	starved atomic.Bool
+	finish  *script.Batcher[taskstore.Finished, error]
 
 	mu       sync.Mutex
 	inFlight map[string]bool // jobs this replica holds, whose leases it extends

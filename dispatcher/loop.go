@@ -193,11 +193,15 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 	for ctx.Err() == nil {
 		free := cap(u.slots) - len(u.slots)
 		if free == 0 {
-			// Every worker holds a job; one finishing pokes us.
-			select {
-			case <-ctx.Done():
-			case <-u.wake:
+			// Every worker holds a job; the next one to finish pokes us.
+			u.starved.Store(true)
+			if cap(u.slots)-len(u.slots) == 0 {
+				select {
+				case <-ctx.Done():
+				case <-u.wake:
+				}
 			}
+			u.starved.Store(false)
 			continue
 		}
 		tk, err := u.taker.Take(ctx, min(free, maxTake))
@@ -226,7 +230,9 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 				defer func() {
 					u.hold(j.ID, false)
 					<-u.slots
-					u.poke()
+					if u.starved.Load() {
+						u.poke()
+					}
 				}()
 				d.work(sendCtx, u, j)
 			}()

@@ -4,10 +4,12 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -298,4 +300,47 @@ func infoField(info, name string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// monitor counts the commands Redis runs from now until the returned stop
+// is called, telling the ones clients sent (each a round trip, or part of
+// a pipeline) from the ones Lua scripts ran inside an EVALSHA. INFO counts
+// both alike; MONITOR marks the latter "lua". (A raw connection: go-redis
+// v9.23's pool drops a MONITOR connection as having unread data.)
+func (e *env) monitor() (stop func() (client, lua int)) {
+	e.t.Helper()
+	conn, err := net.Dial("tcp", e.rdb.Options().Addr)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("MONITOR\r\n")); err != nil {
+		e.t.Fatal(err)
+	}
+	rd := bufio.NewReader(conn)
+	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+		e.t.Fatalf("MONITOR: %q, %v", line, err)
+	}
+	var client, lua int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.Contains(line, " lua] ") {
+				lua++
+			} else {
+				client++
+			}
+		}
+	}()
+	return func() (int, int) {
+		// Let the lines already sent arrive, then stop reading.
+		time.Sleep(100 * time.Millisecond)
+		conn.Close()
+		<-done
+		return client, lua
+	}
 }

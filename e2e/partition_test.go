@@ -418,20 +418,24 @@ upstreams:
 	time.Sleep(time.Second)
 	const window = 20 * time.Second
 	s0, calls0 := e.commandsProcessed(), e.commandCalls()
+	stopMonitor := e.monitor()
 	from := e.fakeClock(time.Now())
 	time.Sleep(window)
 	to := e.fakeClock(time.Now())
+	clientCmds, luaCmds := stopMonitor()
 	s1, calls1 := e.commandsProcessed(), e.commandCalls()
 	sends := len(between(arrivalsBy(e.fake.Records())["slow"], from, to))
-	cmds := float64(s1-s0-2) - idle*window.Seconds() // less our own two INFOs
-	perSend := cmds / float64(max(sends, 1))
-	t.Logf("idle replica: %.1f commands/s; slow upstream: %d sends in %v, %.0f commands beyond idle, %.1f per send; calls %v",
-		idle, sends, window, cmds, perSend, callsSince(calls0, calls1))
+	all := float64(s1-s0-2) - idle*window.Seconds() // less our own two INFOs
+	// The bound is on commands the workers send (round trips, pipelined
+	// or not); a script's own calls inside Redis are reported beside it.
+	perSend := (float64(clientCmds) - idle*window.Seconds()) / float64(max(sends, 1))
+	t.Logf("idle replica: %.1f commands/s; slow upstream: %d sends in %v: %.1f commands sent per send (%d sent, %d run inside scripts; %.0f in all beyond idle); calls %v",
+		idle, sends, window, perSend, clientCmds, luaCmds, all, callsSince(calls0, calls1))
 	if sends < 3 {
 		t.Errorf("the slow upstream sent %d in %v, want at least 3 at 10/min", sends, window)
 	}
 	if perSend > 5 {
-		t.Errorf("the slow upstream cost %.1f Redis commands per send beyond the idle replica's, want at most 5", perSend)
+		t.Errorf("the slow upstream cost %.1f Redis commands sent per send beyond the idle replica's, want at most 5", perSend)
 	}
 }
 
