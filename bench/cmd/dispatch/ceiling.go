@@ -170,7 +170,7 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 		if contender == shaperHandler {
 			name = "noopgo"
 		}
-		qname = queue.QueueName(name, "default")
+		qname = queue.QueueName(name)
 		q, err := b.newQueue(name)
 		if err != nil {
 			return res, err
