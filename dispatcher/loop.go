@@ -238,7 +238,11 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			}()
 		}
 		if tk.Expired {
-			d.recover(ctx, u)
+			if d.recover(ctx, u) == 0 {
+				// Nothing came of it (another replica was quicker, or a
+				// lease names a job that is not active): do not spin.
+				d.idle(ctx, u, time.Second)
+			}
 			continue
 		}
 		if len(tk.Jobs) == min(free, maxTake) {
@@ -294,20 +298,20 @@ func (u *upstream) held() []string {
 	return out
 }
 
-// recover ends jobs whose worker died holding them.
-func (d *Dispatcher) recover(ctx context.Context, u *upstream) {
+// recover ends jobs whose worker died holding them; it returns how many.
+func (d *Dispatcher) recover(ctx context.Context, u *upstream) int {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	n, err := taskstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), time.Now(), 100)
 	if err != nil {
 		d.m.RedisErrors.WithLabelValues("pacing").Inc()
 		d.log.Warn("could not recover jobs whose worker stopped", "upstream", u.cfg.Name, "err", err)
-		sleep(ctx, time.Second)
-		return
+		return 0
 	}
 	if n > 0 {
 		d.log.Warn("recovered jobs whose worker stopped holding them", "upstream", u.cfg.Name, "jobs", n)
 	}
+	return n
 }
 
 // upkeep extends the leases of the jobs this replica holds and sweeps
@@ -364,7 +368,11 @@ func (d *Dispatcher) work(ctx context.Context, u *upstream, t sched.Taken) {
 	name := u.cfg.Name
 	msg, err := taskstore.Unmarshal(t.Msg)
 	if err != nil {
-		d.log.Error("undecodable task; it stays active until its lease runs out", "upstream", name, "job", t.ID, "err", err)
+		// Nothing of it can be sent; keep it among the dead to be seen.
+		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
+		msg = &taskstore.Message{Type: queue.TaskType, ID: t.ID, Queue: u.store.Queue(), Payload: t.Msg}
+		job := queue.Job{ID: t.ID, Upstream: name}
+		d.end(ctx, u, t, msg, &job, dead("undecodable task message: %v", err), nil)
 		return
 	}
 	var job queue.Job
