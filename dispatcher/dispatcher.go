@@ -91,7 +91,8 @@ type upstream struct {
 	taker *sched.Taker
 	slots chan struct{} // one per worker; a taken job holds one
 	wake  chan struct{} // buffered 1: look for work now
-	// starved is set while the fetch loop waits for a free worker.
+	// starved is set while the fetch loop waits for a free worker or a
+	// concurrency lease: a job finishing then pokes it.
 	starved atomic.Bool
 	finish  *script.Batcher[taskstore.Finished, error]
 

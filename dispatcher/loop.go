@@ -249,11 +249,15 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			continue
 		}
 		wait := d.cfg.PollInterval
+		concurrency := false
 		if tk.Wait > 0 {
 			wait = min(wait, tk.Wait)
 			if tk.Reason == leaky.ReasonConcurrency {
-				// Leases free up as requests finish, not on a schedule.
-				wait = min(wait, 5*time.Millisecond) + rand.N(5*time.Millisecond)
+				// Leases free up as requests finish, not on a schedule:
+				// this replica's own finishing pokes the loop, and another
+				// replica's is seen within the short wait.
+				concurrency = true
+				wait = min(wait, 20*time.Millisecond) + rand.N(10*time.Millisecond)
 			}
 		} else if len(tk.Jobs) > 0 {
 			// Took what there was; look once more before sleeping.
@@ -262,7 +266,9 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 		if tk.Next > 0 {
 			wait = min(wait, tk.Next)
 		}
+		u.starved.Store(concurrency)
 		d.idle(ctx, u, wait)
+		u.starved.Store(false)
 	}
 }
 
