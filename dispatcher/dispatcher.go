@@ -98,7 +98,9 @@ type upstream struct {
 
 	mu       sync.Mutex
 	inFlight map[string]bool // jobs this replica holds, whose leases it extends
-	janitor  bool            // a job finished since the last sweep
+	// sweepAt is when each of asynq's finished-job sets (succeeded,
+	// dead) next has a job past its retention; zero: none known.
+	sweepAt map[taskstore.Zset]time.Time
 }
 
 // New validates the config and prepares a Dispatcher on rdb (which the
@@ -170,7 +172,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	}
 	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name),
 		store: taskstore.For(sched.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
-		wake: make(chan struct{}, 1), inFlight: map[string]bool{}}
+		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[taskstore.Zset]time.Time{}}
 	u.taker, err = sched.NewTaker(d.rdb, u.space, sched.TakerConfig{Upstream: uc, Bucket: bucket,
 		Lookahead: d.cfg.Horizon, Lease: taskLease, ConcurrencyLease: uc.Timeout + d.cfg.Horizon + 10*time.Second})
 	if err != nil {

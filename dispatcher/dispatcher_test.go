@@ -406,3 +406,78 @@ func TestPathsAreSentAsGiven(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencyCapAcrossDispatchers: two dispatchers on separate
+// connections share an upstream capped at 3 in flight whose answers take
+// 100ms; the upstream never sees more than 3 at once, and the backlog
+// still drains at about the cap's pace.
+func TestConcurrencyCapAcrossDispatchers(t *testing.T) {
+	h := newHarness(t, fakeupstream.Config{Latency: 100 * time.Millisecond}, shaper.Upstream{}, 2)
+	cfg := Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}, Concurrency: 3, Workers: 5}}}
+	h.start(cfg, nil)
+	other := &harness{t: t, rdb: srv.Client(t), q: h.q, fake: h.fake, url: h.url}
+	other.start(cfg, nil)
+	var ids []string
+	for range 30 {
+		ids = append(ids, h.enqueue(&queue.Job{Upstream: "api", Path: "/x"}).ID)
+	}
+	start := time.Now()
+	for id, info := range h.waitFor(ids, queue.StateSucceeded, queue.StateDead) {
+		if info.State != queue.StateSucceeded {
+			t.Errorf("job %s: %s (%s)", id, info.State, info.LastError)
+		}
+	}
+	took := time.Since(start)
+	if r := h.fake.Report(); r.MaxInFlight > 3 {
+		t.Errorf("the upstream had %d requests in flight at once, want at most 3", r.MaxInFlight)
+	}
+	// 30 jobs, 3 at a time, 100ms each: 1s at best.
+	if took > 3*time.Second {
+		t.Errorf("30 jobs at 3 in flight of 100ms took %v, want about 1s", took)
+	}
+	t.Logf("30 jobs at 3 in flight of 100ms took %v", took)
+}
+
+// TestFinishedJobsGoAtTheirRetention: a succeeded and a dead job are
+// deleted once their retention passes, though nothing else happens on the
+// upstream after them.
+func TestFinishedJobsGoAtTheirRetention(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a sweep (5s)")
+	}
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 1)
+	srv400 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad" {
+			w.WriteHeader(http.StatusBadRequest)
+		}
+	}))
+	defer srv400.Close()
+	up := shaper.Upstream{Name: "api", BaseURL: srv400.URL, Limits: []leaky.Limit{leaky.PerSecond(100)}, ResultRetention: time.Second, DeadRetention: time.Second}
+	q, err := queue.New(h.rdb, queue.Config{Upstreams: []shaper.Upstream{up}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	h.q = q
+	h.start(Config{Upstreams: []shaper.Upstream{up}}, nil)
+	ok := h.enqueue(&queue.Job{Upstream: "api", Path: "/x"})
+	bad := h.enqueue(&queue.Job{Upstream: "api", Path: "/bad"})
+	h.waitFor([]string{ok.ID, bad.ID}, queue.StateSucceeded, queue.StateDead)
+	deadline := time.Now().Add(15 * time.Second)
+	for _, id := range []string{ok.ID, bad.ID} {
+		for {
+			_, err := q.Get(context.Background(), id, "")
+			if errors.Is(err, queue.ErrNotFound) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("job %s still there 15s after it finished with a retention of 1s (%v)", id, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	c, _ := q.Counts(context.Background(), "api")
+	if c["default"].Succeeded != 0 || c["default"].Dead != 0 {
+		t.Errorf("counts after the sweep %+v, want none succeeded or dead", c["default"])
+	}
+}

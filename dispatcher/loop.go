@@ -25,9 +25,12 @@ const (
 	leaseRenewEvery = 5 * time.Second
 	// maxTake bounds the jobs one take books, so one script call stays short.
 	maxTake = 64
-	// janitorEvery is how often finished jobs past their retention are
-	// swept, on upstreams that finished jobs since the last sweep.
-	janitorEvery = 30 * time.Second
+	// sweepEvery is how often every upstream's finished jobs are swept
+	// for ones past their retention, whatever this replica knows: dead
+	// jobs also come from cancels in the API, which no worker sees. In
+	// between, an upstream is swept when the oldest finished job it knows
+	// of passes its retention.
+	sweepEvery = 15 * time.Minute
 	// outcomeWait bounds how long a worker whose job was answered keeps
 	// trying to record the outcome while Redis is unreachable; the job's
 	// lease, which this replica keeps extending meanwhile, outlives it.
@@ -320,12 +323,12 @@ func (d *Dispatcher) recover(ctx context.Context, u *upstream) int {
 	return n
 }
 
-// upkeep extends the leases of the jobs this replica holds and sweeps
-// finished jobs past their retention on upstreams that finished some.
+// upkeep extends the leases of the jobs this replica holds and deletes
+// finished jobs past their retention.
 func (d *Dispatcher) upkeep(ctx context.Context) {
 	t := time.NewTicker(leaseRenewEvery)
 	defer t.Stop()
-	lastSweep := time.Now()
+	var lastFull time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -346,26 +349,75 @@ func (d *Dispatcher) upkeep(ctx context.Context) {
 			}
 			cancel()
 		}
-		if time.Since(lastSweep) < janitorEvery {
-			continue
+		full := time.Since(lastFull) >= sweepEvery
+		if full {
+			lastFull = time.Now()
 		}
-		lastSweep = time.Now()
 		for _, name := range d.order {
-			u := d.ups[name]
-			u.mu.Lock()
-			due := u.janitor
-			u.janitor = false
-			u.mu.Unlock()
-			if !due {
-				continue
+			for _, z := range []taskstore.Zset{taskstore.Completed, taskstore.Archived} {
+				d.sweep(ctx, d.ups[name], z, full)
 			}
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if _, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), taskstore.Completed, time.Now(), 1000); err != nil {
-				d.log.Warn("could not delete succeeded jobs past their retention", "upstream", name, "err", err)
-			}
-			cancel()
 		}
 	}
+}
+
+// due notes that a finished job of set z passes its retention at t.
+func (u *upstream) due(z taskstore.Zset, t time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if at, ok := u.sweepAt[z]; !ok || t.Before(at) {
+		u.sweepAt[z] = t
+	}
+}
+
+// sweep deletes an upstream's jobs of set z past their retention, if any
+// are due (or always, when full), and learns when the next will be.
+func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, full bool) {
+	now := time.Now()
+	u.mu.Lock()
+	at, known := u.sweepAt[z]
+	u.mu.Unlock()
+	if !full && (!known || at.After(now)) {
+		return
+	}
+	// A succeeded job is scored by when its retention ends, a dead one by
+	// when it died.
+	keep, key := time.Duration(0), u.store.Completed()
+	if z == taskstore.Archived {
+		keep, key = u.cfg.DeadRetention, u.store.Archived()
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	const batch = 1000
+	n, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), z, now.Add(-keep), batch)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("could not delete finished jobs past their retention", "upstream", u.cfg.Name, "set", z, "err", err)
+		}
+		return
+	}
+	if n > 0 {
+		d.log.Info("deleted finished jobs past their retention", "upstream", u.cfg.Name, "set", z, "deleted", n)
+	}
+	next := now // more to delete: again at the next tick
+	if n < batch {
+		first, err := d.rdb.ZRangeWithScores(rctx, key, 0, 0).Result()
+		switch {
+		case err != nil:
+			return
+		case len(first) == 0:
+			next = time.Time{}
+		default:
+			next = taskstore.ScoreTime(first[0].Score).Add(keep)
+		}
+	}
+	u.mu.Lock()
+	if next.IsZero() {
+		delete(u.sweepAt, z)
+	} else {
+		u.sweepAt[z] = next
+	}
+	u.mu.Unlock()
 }
 
 // work runs one taken job: waits for its slot, sends it, records the
@@ -536,10 +588,11 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 			d.forgetSecrets(bg, job)
 		}
 	}
-	if f.Outcome == taskstore.Succeeded {
-		u.mu.Lock()
-		u.janitor = true
-		u.mu.Unlock()
+	switch f.Outcome {
+	case taskstore.Succeeded:
+		u.due(taskstore.Completed, time.Now().Add(f.Retention))
+	case taskstore.Dead:
+		u.due(taskstore.Archived, time.Now().Add(u.cfg.DeadRetention))
 	}
 	if f.Outcome == taskstore.Retry {
 		// This replica knows when it comes due; wake in time for it.

@@ -108,12 +108,6 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 			return err
 		}
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		trimDeadLoop(bgCtx, q, chosen, log)
-	}()
-
 	log.Info("worker starting", "upstreams", len(chosen), "version", Version)
 	err = d.Run(ctx)
 	log.Info("worker stopped")
@@ -214,24 +208,4 @@ func workerMux(reg *prometheus.Registry, rdb redis.UniversalClient) http.Handler
 		w.Write([]byte("ok\n"))
 	})
 	return mux
-}
-
-// trimDeadLoop enforces dead_retention every minute.
-func trimDeadLoop(ctx context.Context, q *queue.Queue, ups []shaper.Upstream, log *slog.Logger) {
-	t := time.NewTicker(time.Minute)
-	defer t.Stop()
-	for {
-		for _, u := range ups {
-			if n, err := q.TrimDead(ctx, u.Name); err != nil && ctx.Err() == nil {
-				log.Warn("could not trim dead jobs", "upstream", u.Name, "err", err)
-			} else if n > 0 {
-				log.Info("trimmed dead jobs past retention", "upstream", u.Name, "deleted", n)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
