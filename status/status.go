@@ -17,7 +17,6 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
 	"github.com/shaperhq/shaper/internal/keyspace"
-	"github.com/shaperhq/shaper/internal/sched"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -77,8 +76,15 @@ const TopPartitions = 10
 
 // Partitions are an upstream's partitions with backlog.
 type Partitions struct {
-	WithBacklog int64                    `json:"with_backlog"`
-	Top         []sched.PartitionBacklog `json:"top"`
+	WithBacklog int64              `json:"with_backlog"`
+	Top         []PartitionBacklog `json:"top"`
+}
+
+// PartitionBacklog is one partition and its jobs not yet finished (waiting,
+// scheduled, retrying or in flight).
+type PartitionBacklog struct {
+	Partition string `json:"partition"`
+	Backlog   int64  `json:"backlog"`
 }
 
 // Reader reads statuses, and pauses and resumes upstreams (Pause, Resume),
@@ -157,12 +163,14 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	if err != nil {
 		return Upstream{}, err
 	}
-	if top == nil {
-		top = []sched.PartitionBacklog{}
+	// The JSON shows an empty list, never null, when no partition waits.
+	shown := make([]PartitionBacklog, 0, len(top))
+	for _, p := range top {
+		shown = append(shown, PartitionBacklog{Partition: p.Partition, Backlog: p.Backlog})
 	}
 	u := Upstream{
 		Name: name, Concurrency: src.Concurrency, DrainRate: rates,
-		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: top},
+		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
 	}
 	guard := b.Config().Guard
 	sustained := 0.0
