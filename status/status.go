@@ -49,10 +49,11 @@ type Upstream struct {
 	Backlog     Backlog     `json:"backlog"`
 	// InFlight counts jobs taken by workers: concurrency leases when the
 	// upstream has a cap, else jobs active in the queue (which includes
-	// jobs waiting for their send slot).
+	// jobs waiting, at most work.horizon, for their send slot).
 	InFlight int64 `json:"in_flight"`
-	// Retrying counts jobs waiting to try again, including jobs handed back
-	// while the upstream was paused.
+	// Retrying counts jobs waiting to try again: after a failure, or after
+	// a pushback that delayed only the job. A pause or block of the whole
+	// upstream puts no job here: its jobs wait queued, untaken.
 	Retrying  int64 `json:"retrying"`
 	Dead      int64 `json:"dead"`
 	Succeeded int64 `json:"succeeded"`
