@@ -52,8 +52,8 @@ type Upstream struct {
 	// jobs waiting, at most work.horizon, for their send slot).
 	InFlight int64 `json:"in_flight"`
 	// Retrying counts jobs waiting to try again: after a failure, or after
-	// a pushback that delayed only the job. A pause or block of the whole
-	// upstream puts no job here: its jobs wait queued, untaken.
+	// a pushback (the job that met it). A pause, or the block a pushback
+	// places, puts no other job here: they wait queued, untaken.
 	Retrying  int64 `json:"retrying"`
 	Dead      int64 `json:"dead"`
 	Succeeded int64 `json:"succeeded"`
