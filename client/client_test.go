@@ -1158,6 +1158,34 @@ func TestUpstreams(t *testing.T) {
 	if got := st.Limits[1].String(); got != "800000 tokens/min" {
 		t.Errorf("got %q, want the description", got)
 	}
+	if st.Partitions.WithBacklog != 0 || len(st.Partitions.Top) != 0 {
+		t.Errorf("got partitions %+v, want none", st.Partitions)
+	}
+}
+
+func TestUpstreamPartitions(t *testing.T) {
+	_, c, _ := setup(t)
+	ctx := context.Background()
+	for p, n := range map[string]int{"a.example": 3, "b.example": 1} {
+		for i := 0; i < n; i++ {
+			if _, err := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe", Path: "/x", Partition: p}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe", Path: "/x"}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Upstream(ctx, "stripe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := client.Partitions{WithBacklog: 2, Top: []client.PartitionBacklog{
+		{Partition: "a.example", Backlog: 3}, {Partition: "b.example", Backlog: 1},
+	}}
+	if !reflect.DeepEqual(st.Partitions, want) {
+		t.Errorf("got partitions %+v, want %+v", st.Partitions, want)
+	}
 }
 
 func TestLimitPerEncodings(t *testing.T) {

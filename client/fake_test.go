@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -597,6 +598,18 @@ func (f *fake) status(name string) map[string]any {
 	up := f.upstreams[name]
 	lanes := map[string]any{}
 	total := 0
+	byPartition := map[string]int{}
+	for _, j := range f.jobs {
+		if p, _ := j.wire["partition"].(string); p != "" && j.wire["upstream"] == name && !isFinal(j.wire["state"].(string)) {
+			byPartition[p]++
+		}
+	}
+	top := []map[string]any{}
+	for _, p := range slices.Sorted(maps.Keys(byPartition)) {
+		top = append(top, map[string]any{"partition": p, "backlog": byPartition[p]})
+	}
+	// Most first; sorted by name before, so ties keep name order.
+	slices.SortStableFunc(top, func(a, b map[string]any) int { return b["backlog"].(int) - a["backlog"].(int) })
 	for _, l := range up.lanes {
 		n := 0
 		for _, j := range f.jobs {
@@ -623,6 +636,7 @@ func (f *fake) status(name string) map[string]any {
 		"paused_until":                   nil,
 		"time_to_drain_seconds":          nil,
 		"time_to_drain_at_limit_seconds": 0.5,
+		"partitions":                     map[string]any{"with_backlog": len(byPartition), "top": top},
 	}
 	if total > 0 {
 		st["time_to_drain_seconds"] = float64(total) / 98.2

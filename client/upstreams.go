@@ -32,6 +32,23 @@ type UpstreamStatus struct {
 	// rate; nil when that cannot be told (a backlog but no recent drain).
 	// TimeToDrain reads it as a duration.
 	TimeToDrainSeconds *float64 `json:"time_to_drain_seconds"`
+	// Partitions counts the upstream's partitions with jobs not yet
+	// finished and lists the busiest of them; zero from a server that
+	// predates partitions.
+	Partitions Partitions `json:"partitions"`
+}
+
+// Partitions are an upstream's partitions with backlog: how many, and the
+// ones with the most jobs, most first (the server lists up to 10).
+type Partitions struct {
+	WithBacklog int64              `json:"with_backlog"`
+	Top         []PartitionBacklog `json:"top"`
+}
+
+// PartitionBacklog is one partition and its jobs not yet finished.
+type PartitionBacklog struct {
+	Partition string `json:"partition"`
+	Backlog   int64  `json:"backlog"`
 }
 
 // TimeToDrain is TimeToDrainSeconds as a duration, and false when the

@@ -17,7 +17,6 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
 	"github.com/shaperhq/shaper/internal/keyspace"
-	"github.com/shaperhq/shaper/internal/sched"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -50,10 +49,11 @@ type Upstream struct {
 	Backlog     Backlog     `json:"backlog"`
 	// InFlight counts jobs taken by workers: concurrency leases when the
 	// upstream has a cap, else jobs active in the queue (which includes
-	// jobs waiting for their send slot).
+	// jobs waiting, at most work.horizon, for their send slot).
 	InFlight int64 `json:"in_flight"`
-	// Retrying counts jobs waiting to try again, including jobs handed back
-	// while the upstream was paused.
+	// Retrying counts jobs waiting to try again: after a failure, or after
+	// a pushback (the job that met it). A pause, or the block a pushback
+	// places, puts no other job here: they wait queued, untaken.
 	Retrying  int64 `json:"retrying"`
 	Dead      int64 `json:"dead"`
 	Succeeded int64 `json:"succeeded"`
@@ -77,8 +77,15 @@ const TopPartitions = 10
 
 // Partitions are an upstream's partitions with backlog.
 type Partitions struct {
-	WithBacklog int64                    `json:"with_backlog"`
-	Top         []sched.PartitionBacklog `json:"top"`
+	WithBacklog int64              `json:"with_backlog"`
+	Top         []PartitionBacklog `json:"top"`
+}
+
+// PartitionBacklog is one partition and its jobs not yet finished (waiting,
+// scheduled, retrying or in flight).
+type PartitionBacklog struct {
+	Partition string `json:"partition"`
+	Backlog   int64  `json:"backlog"`
 }
 
 // Reader reads statuses, and pauses and resumes upstreams (Pause, Resume),
@@ -157,12 +164,14 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	if err != nil {
 		return Upstream{}, err
 	}
-	if top == nil {
-		top = []sched.PartitionBacklog{}
+	// The JSON shows an empty list, never null, when no partition waits.
+	shown := make([]PartitionBacklog, 0, len(top))
+	for _, p := range top {
+		shown = append(shown, PartitionBacklog{Partition: p.Partition, Backlog: p.Backlog})
 	}
 	u := Upstream{
 		Name: name, Concurrency: src.Concurrency, DrainRate: rates,
-		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: top},
+		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
 	}
 	guard := b.Config().Guard
 	sustained := 0.0

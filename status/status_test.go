@@ -2,7 +2,9 @@ package status
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -106,5 +108,89 @@ func TestDrainKeysExpire(t *testing.T) {
 	}
 	if ttl := rdb.TTL(ctx, keys[0]).Val(); ttl <= 0 || ttl > drain.Keep {
 		t.Fatalf("TTL %v, want within %v", ttl, drain.Keep)
+	}
+}
+
+// TestPartitionBacklog: status counts the partitions with jobs not yet
+// finished and lists the busiest TopPartitions of them, most first; a job
+// that finishes (here, cancelled) leaves the count.
+func TestPartitionBacklog(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{
+		{Name: "mail", Limits: []leaky.Limit{leaky.PerSecond(200)}, PartitionLimits: []leaky.Limit{leaky.PerMinute(100)}},
+		{Name: "plain", Limits: []leaky.Limit{leaky.PerSecond(10)}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	r, err := NewReader(rdb, q, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Partition p00 gets 1 job, p01 2, ... p11 12 (78 jobs), and two jobs
+	// have no partition.
+	var first *queue.Info
+	for p := 0; p < TopPartitions+2; p++ {
+		for i := 0; i <= p; i++ {
+			info, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "mail", Tenant: "billing", Partition: fmt.Sprintf("p%02d", p)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p == TopPartitions+1 && first == nil {
+				first = info
+			}
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if _, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "mail", Tenant: "billing"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := r.Upstream(ctx, "mail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Backlog.Total != 80 {
+		t.Fatalf("backlog: got %d, want 80", u.Backlog.Total)
+	}
+	if u.Partitions.WithBacklog != TopPartitions+2 {
+		t.Fatalf("partitions with backlog: got %d, want %d", u.Partitions.WithBacklog, TopPartitions+2)
+	}
+	if len(u.Partitions.Top) != TopPartitions {
+		t.Fatalf("top: got %d entries, want %d: %+v", len(u.Partitions.Top), TopPartitions, u.Partitions.Top)
+	}
+	for i, got := range u.Partitions.Top {
+		p := TopPartitions + 1 - i
+		want := PartitionBacklog{Partition: fmt.Sprintf("p%02d", p), Backlog: int64(p + 1)}
+		if got != want {
+			t.Fatalf("top[%d]: got %+v, want %+v", i, got, want)
+		}
+	}
+	// A cancelled job is finished: p11 drops to 11 jobs, level with p10.
+	if _, err := q.Cancel(ctx, first.ID, "billing"); err != nil {
+		t.Fatal(err)
+	}
+	u, err = r.Upstream(ctx, "mail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := u.Partitions.Top[0]; got.Backlog != 11 {
+		t.Fatalf("after a cancel, top[0]: got %+v, want a backlog of 11", got)
+	}
+
+	// No partitions: zero, and an empty list (not null) in the JSON.
+	u, err = r.Upstream(ctx, "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(u.Partitions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(b), `{"with_backlog":0,"top":[]}`; got != want {
+		t.Fatalf("JSON: got %s, want %s", got, want)
 	}
 }

@@ -210,6 +210,71 @@ func TestStatusJSON(t *testing.T) {
 	}
 }
 
+// TestStatusPartitions: status shows how many partitions have backlog and
+// the busiest ones, in the table and in --json; an upstream without
+// partitions shows no such line.
+func TestStatusPartitions(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	cfg := writeFile(t, "mail.yaml", strings.ReplaceAll(`
+redis: {url: "%REDIS%"}
+upstreams:
+  mail:
+    base_url: https://relay.example.com
+    limits: [{rate: 200, per: 1s}]
+    partition_limits: [{rate: 100, per: 1m}]
+  stripe:
+    base_url: https://api.stripe.com
+    limits: [{rate: 100, per: 1s}]
+`, "%REDIS%", srv.URL()))
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{
+		{Name: "mail", Limits: []leaky.Limit{leaky.PerSecond(200)}, PartitionLimits: []leaky.Limit{leaky.PerMinute(100)}},
+		{Name: "stripe", Limits: []leaky.Limit{leaky.PerSecond(100)}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for p, n := range map[string]int{"a.example": 5, "b.example": 3} {
+		for i := 0; i < n; i++ {
+			if _, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "mail", Tenant: "billing", Partition: p}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "stripe", Tenant: "billing"}); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := run(t, nil, "", "status", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if want := "mail: partitions with backlog: 2 (top: a.example 5, b.example 3)\n"; !strings.Contains(out, want) {
+		t.Fatalf("table lacks %q:\n%s", want, out)
+	}
+	if strings.Contains(out, "stripe: partitions") {
+		t.Fatalf("table shows partitions for stripe, which has none:\n%s", out)
+	}
+	out, errOut, code = run(t, nil, "", "status", "--config", cfg, "--json", "--upstream", "mail")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got struct {
+		Upstreams []struct {
+			Partitions status.Partitions `json:"partitions"`
+		} `json:"upstreams"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.Upstreams) != 1 {
+		t.Fatalf("not the JSON of one upstream (%v):\n%s", err, out)
+	}
+	p := got.Upstreams[0].Partitions
+	want := []status.PartitionBacklog{{Partition: "a.example", Backlog: 5}, {Partition: "b.example", Backlog: 3}}
+	if p.WithBacklog != 2 || len(p.Top) != 2 || p.Top[0] != want[0] || p.Top[1] != want[1] {
+		t.Fatalf("JSON partitions: got %+v, want 2 with backlog, top %+v", p, want)
+	}
+}
+
 func TestEnqueueThroughAPI(t *testing.T) {
 	// A stand-in API that accepts one job and reports it succeeded.
 	var gotAuth, gotBody string

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -35,7 +36,9 @@ func newCmdStatus(f *Factory) *cobra.Command {
 		Long: `Show, per upstream and across all replicas: the configured limits, the rate
 jobs were sent at over the last 10 and 60 seconds, the backlog by lane, jobs
 in flight, retrying and dead, whether the upstream is paused (and until
-when), and how long the backlog takes to drain at the current rate.
+when), and how long the backlog takes to drain at the current rate. Below
+the table, an upstream whose jobs carry partitions gets a line with how many
+partitions have backlog and the busiest of them.
 
 Everything comes from Redis: workers record what they send there, so status
 needs no running worker or API. --json prints the same fields as
@@ -128,7 +131,8 @@ func statusRun(ctx context.Context, f *Factory, opts *statusOptions) error {
 	}
 }
 
-// printStatus renders statuses as a table, one upstream per row.
+// printStatus renders statuses as a table, one upstream per row, then a
+// line per upstream whose partitions have backlog.
 func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "UPSTREAM\tLIMITS\tRATE 10s\tRATE 60s\tBACKLOG\tIN FLIGHT\tRETRYING\tDEAD\tPAUSED\tTIME TO DRAIN")
@@ -173,6 +177,38 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 			perSecond(u.DrainRate.Last10s), perSecond(u.DrainRate.Last60s), backlog, u.InFlight, u.Retrying, u.Dead, paused, drainTime)
 	}
 	tw.Flush()
+	for _, u := range all {
+		if line := partitionsLine(u.Partitions); line != "" {
+			fmt.Fprintf(w, "%s: %s\n", u.Name, line)
+		}
+	}
+}
+
+// partitionsLine reads "partitions with backlog: N (top: a 150, b 3, …)",
+// or "" when no partition has backlog. The table has no column for it: a
+// partition list does not fit one, and most upstreams have none. A
+// partition that could be misread in the list (a space, a comma, a quote)
+// is quoted.
+func partitionsLine(p status.Partitions) string {
+	if p.WithBacklog <= 0 {
+		return ""
+	}
+	line := fmt.Sprintf("partitions with backlog: %d", p.WithBacklog)
+	if len(p.Top) == 0 {
+		return line
+	}
+	top := make([]string, 0, len(p.Top)+1)
+	for _, t := range p.Top {
+		name := t.Partition
+		if strings.ContainsAny(name, " ,\"") {
+			name = strconv.Quote(name)
+		}
+		top = append(top, fmt.Sprintf("%s %d", name, t.Backlog))
+	}
+	if p.WithBacklog > int64(len(p.Top)) {
+		top = append(top, "…")
+	}
+	return line + " (top: " + strings.Join(top, ", ") + ")"
 }
 
 func perSecond(r float64) string {

@@ -3,6 +3,8 @@ package cli
 import (
 	"testing"
 	"time"
+
+	"github.com/shaperhq/shaper/status"
 )
 
 func TestHumanDuration(t *testing.T) {
@@ -22,5 +24,28 @@ func TestHumanDuration(t *testing.T) {
 		if got := humanDuration(tc.d); got != tc.want {
 			t.Errorf("humanDuration(%v): got %q, want %q", tc.d, got, tc.want)
 		}
+	}
+}
+
+func TestPartitionsLine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    status.Partitions
+		want string
+	}{
+		{"none", status.Partitions{Top: []status.PartitionBacklog{}}, ""},
+		{"all shown", status.Partitions{WithBacklog: 2, Top: []status.PartitionBacklog{{Partition: "a.example", Backlog: 150}, {Partition: "b.example", Backlog: 3}}},
+			"partitions with backlog: 2 (top: a.example 150, b.example 3)"},
+		{"more than the top", status.Partitions{WithBacklog: 40, Top: []status.PartitionBacklog{{Partition: "a.example", Backlog: 150}, {Partition: "b.example", Backlog: 3}}},
+			"partitions with backlog: 40 (top: a.example 150, b.example 3, …)"},
+		{"ambiguous names quoted", status.Partitions{WithBacklog: 2, Top: []status.PartitionBacklog{{Partition: "acme, inc", Backlog: 7}, {Partition: "x y", Backlog: 1}}},
+			`partitions with backlog: 2 (top: "acme, inc" 7, "x y" 1)`},
+		{"no top listed", status.Partitions{WithBacklog: 5}, "partitions with backlog: 5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := partitionsLine(tc.p); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
