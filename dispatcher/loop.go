@@ -55,7 +55,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.registerQueues(ctx)
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
-	bg.Add(4)
+	bg.Add(5)
 	go func() {
 		defer bg.Done()
 		d.drain.Run(bgCtx, time.Second)
@@ -78,6 +78,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	go func() {
 		defer bg.Done()
 		d.upkeep(bgCtx)
+	}()
+	go func() {
+		defer bg.Done()
+		d.sweeps(bgCtx)
 	}()
 
 	var workers sync.WaitGroup
@@ -207,7 +211,11 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			u.starved.Store(false)
 			continue
 		}
-		tk, err := u.taker.Take(ctx, min(free, maxTake))
+		// Not cut short by the shutdown: a take that ran in Redis must
+		// reach the workers, which put its jobs back when they see it.
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		tk, err := u.taker.Take(tctx, min(free, maxTake))
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -241,7 +249,7 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			}()
 		}
 		if tk.Expired {
-			if d.recover(ctx, u) == 0 {
+			if d.recover(ctx, u, tk.Now) == 0 {
 				// Nothing came of it (another replica was quicker, or a
 				// lease names a job that is not active): do not spin.
 				d.idle(ctx, u, time.Second)
@@ -308,10 +316,11 @@ func (u *upstream) held() []string {
 }
 
 // recover ends jobs whose worker died holding them; it returns how many.
-func (d *Dispatcher) recover(ctx context.Context, u *upstream) int {
+// now is Redis's clock, which the leases were set by.
+func (d *Dispatcher) recover(ctx context.Context, u *upstream, now time.Time) int {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n, err := taskstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), time.Now(), 100)
+	n, err := taskstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), now, 100)
 	if err != nil {
 		d.m.RedisErrors.WithLabelValues("pacing").Inc()
 		d.log.Warn("could not recover jobs whose worker stopped", "upstream", u.cfg.Name, "err", err)
@@ -323,12 +332,11 @@ func (d *Dispatcher) recover(ctx context.Context, u *upstream) int {
 	return n
 }
 
-// upkeep extends the leases of the jobs this replica holds and deletes
-// finished jobs past their retention.
+// upkeep extends the leases of the jobs this replica holds (apart from
+// sweeps, so that a slow sweep never delays a lease).
 func (d *Dispatcher) upkeep(ctx context.Context) {
 	t := time.NewTicker(leaseRenewEvery)
 	defer t.Stop()
-	var lastFull time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -349,12 +357,32 @@ func (d *Dispatcher) upkeep(ctx context.Context) {
 			}
 			cancel()
 		}
-		full := time.Since(lastFull) >= sweepEvery
+	}
+}
+
+// sweeps deletes finished jobs past their retention: on an upstream when
+// the oldest it knows of is due, and on every upstream every sweepEvery,
+// the first full pass after a random part of it so that replicas started
+// together do not sweep together.
+func (d *Dispatcher) sweeps(ctx context.Context) {
+	t := time.NewTicker(leaseRenewEvery)
+	defer t.Stop()
+	nextFull := time.Now().Add(leaseRenewEvery + rand.N(time.Minute))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		full := time.Now().After(nextFull)
 		if full {
-			lastFull = time.Now()
+			nextFull = time.Now().Add(sweepEvery)
 		}
 		for _, name := range d.order {
 			for _, z := range []taskstore.Zset{taskstore.Completed, taskstore.Archived} {
+				if ctx.Err() != nil {
+					return
+				}
 				d.sweep(ctx, d.ups[name], z, full)
 			}
 		}
@@ -523,13 +551,24 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	name := u.cfg.Name
 	bg := context.WithoutCancel(ctx)
 	if errors.Is(outcome, errRequeue) {
-		rctx, cancel := context.WithTimeout(bg, 2*time.Second)
-		defer cancel()
-		if _, err := u.space.Requeue(rctx, d.rdb, u.bucket.Layout().Leases, t.ID); err != nil {
+		// Held (its lease extended) until Redis takes it back: a job whose
+		// lease ran out would be recovered with an attempt spent, though
+		// it was never sent.
+		deadline := time.Now().Add(outcomeWait)
+		for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+			rctx, cancel := context.WithTimeout(bg, 2*time.Second)
+			_, err := u.space.Requeue(rctx, d.rdb, u.bucket.Layout().Leases, t.ID)
+			cancel()
+			if err == nil {
+				return
+			}
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()
-			d.log.Warn("could not put a job back; it goes back when its lease runs out", "upstream", name, "job", t.ID, "err", err)
+			if !unreachable(err) || time.Now().After(deadline) {
+				d.log.Error("could not put a job back; when its lease runs out it is recovered", "upstream", name, "job", t.ID, "err", err)
+				return
+			}
+			time.Sleep(pause)
 		}
-		return
 	}
 	if t.Slot.Lease != "" {
 		rctx, cancel := context.WithTimeout(bg, 2*time.Second)

@@ -420,7 +420,24 @@ upstreams:
 	s0, calls0 := e.commandsProcessed(), e.commandCalls()
 	stopMonitor := e.monitor()
 	from := e.fakeClock(time.Now())
-	time.Sleep(window)
+	// Meanwhile, how many of the slow upstream's jobs workers hold, every
+	// 50 ms: a job is taken only when its slot is at most the horizon
+	// (250 ms) away, so a worker holds one for that and the request, then
+	// none for the rest of the 6 s between sends.
+	var samples, holding, most int
+	sampleEnd := time.Now().Add(window)
+	for time.Now().Before(sampleEnd) {
+		c, err := e.q.Counts(context.Background(), "slow")
+		if err != nil {
+			t.Fatal(err)
+		}
+		samples++
+		if a := int(c["default"].Active); a > 0 {
+			holding++
+			most = max(most, a)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	to := e.fakeClock(time.Now())
 	clientCmds, luaCmds := stopMonitor()
 	s1, calls1 := e.commandsProcessed(), e.commandCalls()
@@ -433,6 +450,12 @@ upstreams:
 		idle, sends, window, perSend, clientCmds, luaCmds, all, callsSince(calls0, calls1))
 	if sends < 3 {
 		t.Errorf("the slow upstream sent %d in %v, want at least 3 at 10/min", sends, window)
+	}
+	held := time.Duration(holding) * window / time.Duration(max(samples, 1))
+	t.Logf("workers held a slow job in %d of %d samples (about %v of %v), at most %d at once", holding, samples, held, window, most)
+	if most > 1 || held > time.Duration(sends+1)*time.Second {
+		t.Errorf("workers held slow jobs for about %v of %v (at most %d at once) for %d sends, want at most one, for under a second a send",
+			held, window, most, sends)
 	}
 	if perSend > 5 {
 		t.Errorf("the slow upstream cost %.1f Redis commands sent per send beyond the idle replica's, want at most 5", perSend)

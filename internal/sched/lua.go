@@ -112,9 +112,11 @@ return out
 // Which job goes next: the fairness key with the lowest virtual start
 // (start-time fair queuing, each send advancing it by 1/weight), within it
 // the lane with the lowest virtual start (by lane weight), within that the
-// partition that can send earliest, within that the oldest job. A lane
-// whose every partition is parked beyond the lookahead goes on the
-// calendar until its earliest one can send.
+// partition that can send earliest, within that the oldest job. The
+// upstream's own slots are booked up to the lookahead ahead; a partition's
+// job is taken only once its partition can send now, so a partition never
+// holds the upstream idle. A lane whose every partition must wait goes on
+// the calendar until its earliest one can send.
 //
 //	KEYS[1] v  KEYS[2] f  KEYS[3] cal  KEYS[4] counts  KEYS[5] asynq scheduled
 //	KEYS[6] asynq retry  KEYS[7] asynq active  KEYS[8] asynq lease
@@ -134,7 +136,8 @@ return out
 // wait (µs, -1 none) is how long until the upstream itself can send again
 // when it stopped the take (reason 1 a limit, 2 a block, 3 concurrency);
 // next (µs from now, -1 none) is when something else comes due (a
-// scheduled job, a parked lane, a lease); expired is 1 when some active
+// scheduled job, a parked lane, a lease; 0 when the take stopped at a
+// bound on its own work and should be repeated); expired is 1 when some active
 // job's lease has run out; slot_i is the µs from now until job i's slot.
 var takeScript = script.New(gcra.LuaFunctions, `
 local P, G, T, PT = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
@@ -237,6 +240,9 @@ end
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
 local stop = false
+-- cut: the take stopped at a bound on its own work with ready jobs maybe
+-- left; the caller must come back at once rather than sleep.
+local cut = false
 local conc_expiry = 0
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
@@ -266,10 +272,10 @@ while not stop and taken < max_jobs and steps < 2000 do
       break
     end
     local pk, elig = fl[1], tonumber(fl[2])
-    if elig > horizon then
+    if elig > now then
       -- Every partition of this lane is parked: calendar it.
       retire_lane()
-      redis.call('ZADD', K_CAL, elig - la, lane .. '|' .. fk)
+      redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
       break
     end
     local g = lane .. '|' .. fk .. '|' .. pk
@@ -307,10 +313,13 @@ while not stop and taken < max_jobs and steps < 2000 do
       local at = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, costs))
       if at > sp then sp = at end
     end
-    if sp > horizon then
+    if sp > now then
+      -- Not this partition's turn yet. It is taken when its slot comes,
+      -- not booked ahead: booking the upstream at a partition's later
+      -- slot would leave the upstream idle until then.
       redis.call('ZADD', rk, sp, pk)
       parks = parks + 1
-      if parks >= 200 then stop = true end
+      if parks >= 200 then stop, cut = true, true end
       break
     end
     if conc > 0 and redis.call('ZSCORE', KEYS[11], id) == false and redis.call('ZCARD', KEYS[11]) >= conc then
@@ -364,6 +373,9 @@ while not stop and taken < max_jobs and steps < 2000 do
     taken = taken + 1
   until true
 end
+if not stop and taken < max_jobs then
+  cut = true
+end
 
 if changed then
   for i = 1, #up do
@@ -393,8 +405,9 @@ if #lease > 0 then
   local exp = tonumber(lease[2]) * 1000000
   if exp <= now then out[5] = 1 else sooner(exp - now) end
 end
+if cut then next = 0 end
 out[4] = next
-if taken == 0 and out[2] < 0 then
+if taken == 0 and out[2] < 0 and not cut then
   -- Nothing can go now: the next enqueue wakes the workers.
   redis.call('HSET', K_V, 'sleep', 1)
 end

@@ -310,8 +310,12 @@ func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 		return nil, fmt.Errorf("partition_limits: %w", err)
 	}
 	names := make([]string, 0, len(u.PartitionOverrides))
-	for p := range u.PartitionOverrides {
-		names = append(names, p)
+	for p, ls := range u.PartitionOverrides {
+		// An empty override means the partition limits, as
+		// shaper.Upstream.PartitionLimitsFor reads it.
+		if len(ls) > 0 {
+			names = append(names, p)
+		}
 	}
 	sort.Strings(names)
 	f = append(f, len(names))
@@ -363,6 +367,8 @@ type Take struct {
 	Next time.Duration
 	// Expired reports active jobs whose lease ran out: recover them.
 	Expired bool
+	// Now is Redis's clock when the take was decided.
+	Now time.Time
 }
 
 // Take takes up to n ready jobs.
@@ -382,7 +388,7 @@ func (t *Taker) Take(ctx context.Context, n int) (Take, error) {
 	}
 	ints := func(i int) int64 { n, _ := arr[i].(int64); return n }
 	now := ints(0)
-	out := Take{Reason: leaky.Reason(ints(2)), Expired: ints(4) == 1}
+	out := Take{Reason: leaky.Reason(ints(2)), Expired: ints(4) == 1, Now: time.UnixMicro(now)}
 	if w := ints(1); w >= 0 {
 		out.Wait = time.Duration(w) * time.Microsecond
 		if out.Wait == 0 {

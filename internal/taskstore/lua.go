@@ -68,6 +68,12 @@ for b = 3, #ARGV, 10 do
   local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
   local failure, unique = ARGV[b + 8], tonumber(ARGV[b + 9])
   local task = KEYS[11 + i]
+  -- The task's own lane and partition, where shaper's enqueue wrote them,
+  -- over the caller's: a caller that could not decode the job has none.
+  local own = redis.call('HMGET', task, 'sl', 'sp')
+  if own[1] then
+    lane, partition = own[1], own[2] or ''
+  end
   -- ZSCORE first: LREM removes as it checks, so nothing changes unless the
   -- task is in both.
   if not redis.call('ZSCORE', lease, id) or redis.call('LREM', active, 0, id) == 0 then
@@ -135,9 +141,9 @@ return held
 `)
 
 // expiredScript lists tasks whose lease has run out, oldest lease first. A
-// lease naming a task whose hash is gone can never be finished; it is
-// dropped (with its active list entry) so it does not fill every later
-// page.
+// lease naming a task whose hash is gone, or that is not in the active
+// list, can never be finished; it is dropped (with any active list entry)
+// so it does not fill every later page.
 //
 //	KEYS[1] -> lease set
 //	KEYS[2] -> active list
@@ -151,7 +157,7 @@ local out = {}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
   local v = redis.call('HMGET', ARGV[3] .. id, 'msg', 'sl', 'sp')
-  if v[1] then
+  if v[1] and redis.call('LPOS', KEYS[2], id) ~= false then
     out[#out + 1] = {id, v[1], v[2] or '', v[3] or ''}
   else
     redis.call('ZREM', KEYS[1], id)

@@ -275,7 +275,9 @@ func ExpiredLeases(ctx context.Context, rdb redis.Scripter, k Keys, now time.Tim
 		}
 		msg, err := Unmarshal([]byte(s[1]))
 		if err != nil {
-			return nil, fmt.Errorf("expired lease of %s: %w", s[0], err)
+			// Recovered all the same, as dead: a message nobody can read
+			// must not hold the lease set (and its recovery) for ever.
+			msg = &Message{ID: s[0], Queue: k.Queue(), Payload: []byte(s[1]), ErrorMsg: "undecodable task message: " + err.Error()}
 		}
 		out = append(out, Expired{ID: s[0], Msg: msg, Lane: s[2], Partition: s[3]})
 	}
