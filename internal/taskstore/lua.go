@@ -23,12 +23,13 @@ import "github.com/shaperhq/shaper/internal/script"
 //	KEYS[...] -> uniqueness lock keys, as the items name them
 //	ARGV[1] -> score for the archived set: now, Unix seconds (see Score)
 //	ARGV[2] -> when new daily stats keys expire, Unix seconds
-//	then per item, 10 values:
+//	then per item, 11 values:
 //	  id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
 //	  "d" dead), encoded message to store, "1" when a result follows (else
 //	  "0"), result, score in the completed set ("" = delete the task) or in
 //	  the retry set, "1" when a retry is a failure (else "0"), index in KEYS
-//	  of the uniqueness lock to release (0 = none)
+//	  of the uniqueness lock to release (0 = none), and a lease score the
+//	  task's lease must not be later than ("" = any: a recovery's check)
 //
 // Returns one integer per item: 1 finished, 0 not active.
 var finishScript = script.New(`
@@ -62,11 +63,12 @@ end
 local processed, failed = 0, 0
 local out = {}
 local i = 0
-for b = 3, #ARGV, 10 do
+for b = 3, #ARGV, 11 do
   i = i + 1
   local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
   local failure, unique = ARGV[b + 8], tonumber(ARGV[b + 9])
+  local lapsed = ARGV[b + 10]
   local task = KEYS[11 + i]
   -- The task's own lane and partition, where shaper's enqueue wrote them,
   -- over the caller's: a caller that could not decode the job has none.
@@ -76,7 +78,10 @@ for b = 3, #ARGV, 10 do
   end
   -- ZSCORE first: LREM removes as it checks, so nothing changes unless the
   -- task is in both.
-  if not redis.call('ZSCORE', lease, id) or redis.call('LREM', active, 0, id) == 0 then
+  local held = redis.call('ZSCORE', lease, id)
+  if not held or (lapsed ~= '' and tonumber(held) > tonumber(lapsed)) or redis.call('LREM', active, 0, id) == 0 then
+    -- (A recovery names the lease it saw run out: a task taken again
+    -- since, under a new lease, is not the recovery's to end.)
     out[i] = 0
   else
     redis.call('ZREM', lease, id)

@@ -78,6 +78,10 @@ type Finished struct {
 	Retention time.Duration
 	// RetryAt (Retry) is when the task may run again; zero means now.
 	RetryAt time.Time
+	// LeaseLapsedBy, when set, ends the task only if its lease runs out
+	// by then: a recovery's guard against a task that was recovered by
+	// another caller and taken again since, under a fresh lease.
+	LeaseLapsedBy time.Time
 	// ErrMsg (Retry, Dead) becomes the task's last error.
 	ErrMsg string
 	// Failure (Retry) spends an attempt: Retried grows by one and the
@@ -127,7 +131,7 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	for _, it := range items {
 		keys = append(keys, k.Task(it.ID))
 	}
-	args := make([]any, 0, 2+10*len(items))
+	args := make([]any, 0, 2+11*len(items))
 	args = append(args, Score(now), now.Add(statsTTL).Unix())
 	for i := range items {
 		it := &items[i]
@@ -171,8 +175,12 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 		if it.Failure {
 			failure = "1"
 		}
+		lapsed := ""
+		if !it.LeaseLapsedBy.IsZero() {
+			lapsed = Score(it.LeaseLapsedBy)
+		}
 		args = append(args, it.ID, it.Lane, it.Partition, it.Outcome.code(), msg.Marshal(),
-			hasResult, result, score, failure, unique)
+			hasResult, result, score, failure, unique, lapsed)
 	}
 	v, err := script.Run(ctx, rdb, "finish", finishScript, keys, args...)
 	if err != nil {
@@ -313,7 +321,7 @@ func Recover(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog s
 	items := make([]Finished, len(exp))
 	for i, e := range exp {
 		items[i] = Finished{ID: e.ID, Lane: e.Lane, Partition: e.Partition, Msg: e.Msg,
-			Outcome: Retry, Failure: true, RetryAt: now, ErrMsg: LeaseExpiredError}
+			Outcome: Retry, Failure: true, RetryAt: now, ErrMsg: LeaseExpiredError, LeaseLapsedBy: now}
 		if Exhausted(e.Msg) {
 			items[i].Outcome = Dead
 		}
