@@ -48,7 +48,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"upstream", "reason"}),
 		Dispatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_dispatches_total",
-			Help: "Dispatch attempts by upstream and outcome (succeeded, retry, dead, deferred, expired, handed_back).",
+			Help: "Dispatch attempts by upstream and outcome (succeeded, retry, dead, deferred, expired).",
 		}, []string{"upstream", "outcome"}),
 		UpstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_upstream_responses_total",
