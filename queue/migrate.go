@@ -130,7 +130,8 @@ func (q *Queue) MigrateLegacy(ctx context.Context, upstream string) (Migration, 
 	if !ok {
 		return m, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	lanes, err := q.legacyLanes(ctx, u)
+	found, err := q.legacyLanes(ctx, []string{upstream})
+	lanes := found[upstream]
 	if err != nil || len(lanes) == 0 {
 		return m, err
 	}
@@ -149,43 +150,79 @@ func (q *Queue) MigrateLegacy(ctx context.Context, upstream string) (Migration, 
 	return m, nil
 }
 
-// legacyLanes returns the lanes of u that have an old queue to migrate or
-// unlist, sorted: in one pipelined round trip, each configured lane's old
-// queue's sizes, and asynq's set of queues for the others.
-func (q *Queue) legacyLanes(ctx context.Context, u shaper.Upstream) ([]string, error) {
-	pipe := q.rdb.Pipeline()
-	listed := pipe.SMembers(ctx, taskstore.AllQueues)
-	byLane := map[string][]*redis.IntCmd{}
-	for _, lane := range u.LaneNames() {
-		k := taskstore.For(legacyQueueName(u.Name, lane))
-		byLane[lane] = []*redis.IntCmd{
-			pipe.LLen(ctx, k.Pending()), pipe.LLen(ctx, k.Active()),
-			pipe.ZCard(ctx, k.Scheduled()), pipe.ZCard(ctx, k.Retry()),
-			pipe.ZCard(ctx, k.Archived()), pipe.ZCard(ctx, k.Completed()),
+// LegacyUpstreams returns, sorted, the named upstreams (every configured
+// one when none are named) that have anything left in the previous layout:
+// jobs in an old queue of a configured lane, or an old queue still listed
+// in asynq's set of queues. It costs one pipelined round trip, so a
+// deployment that has migrated pays almost nothing to ask at every start.
+func (q *Queue) LegacyUpstreams(ctx context.Context, names ...string) ([]string, error) {
+	if len(names) == 0 {
+		for _, u := range q.Upstreams() {
+			names = append(names, u.Name)
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("look for old queues of %s: %w", u.Name, err)
+	lanes, err := q.legacyLanes(ctx, names)
+	if err != nil {
+		return nil, err
 	}
-	found := map[string]bool{}
-	for lane, cmds := range byLane {
-		for _, c := range cmds {
-			if c.Val() > 0 {
-				found[lane] = true
+	var out []string
+	for _, name := range names {
+		if len(lanes[name]) > 0 {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// legacyLanes returns, for each named upstream, its lanes that have an old
+// queue to migrate or unlist, sorted: in one pipelined round trip, each
+// configured lane's old queue's sizes, and asynq's set of queues for the
+// others.
+func (q *Queue) legacyLanes(ctx context.Context, names []string) (map[string][]string, error) {
+	pipe := q.rdb.Pipeline()
+	listed := pipe.SMembers(ctx, taskstore.AllQueues)
+	type lane struct{ upstream, lane string }
+	sizes := map[lane][]*redis.IntCmd{}
+	for _, name := range names {
+		u, ok := q.ups[name]
+		if !ok {
+			return nil, fmt.Errorf("upstream %q: %w", name, ErrUnknownUpstream)
+		}
+		for _, l := range u.LaneNames() {
+			k := taskstore.For(legacyQueueName(name, l))
+			sizes[lane{name, l}] = []*redis.IntCmd{
+				pipe.LLen(ctx, k.Pending()), pipe.LLen(ctx, k.Active()),
+				pipe.ZCard(ctx, k.Scheduled()), pipe.ZCard(ctx, k.Retry()),
+				pipe.ZCard(ctx, k.Archived()), pipe.ZCard(ctx, k.Completed()),
 			}
 		}
 	}
-	prefix := QueueName(u.Name) + "."
-	for _, name := range listed.Val() {
-		if lane, ok := strings.CutPrefix(name, prefix); ok && ValidName(lane) {
-			found[lane] = true
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("look for queues of the previous layout: %w", err)
+	}
+	found := map[lane]bool{}
+	for l, cmds := range sizes {
+		for _, c := range cmds {
+			if c.Val() > 0 {
+				found[l] = true
+			}
 		}
 	}
-	out := make([]string, 0, len(found))
-	for lane := range found {
-		out = append(out, lane)
+	for _, qn := range listed.Val() {
+		for _, name := range names {
+			if l, ok := strings.CutPrefix(qn, QueueName(name)+"."); ok && ValidName(l) {
+				found[lane{name, l}] = true
+			}
+		}
 	}
-	slices.Sort(out)
+	out := map[string][]string{}
+	for l := range found {
+		out[l.upstream] = append(out[l.upstream], l.lane)
+	}
+	for _, ls := range out {
+		slices.Sort(ls)
+	}
 	return out, nil
 }
 

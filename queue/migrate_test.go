@@ -208,6 +208,9 @@ func TestMigrateLegacy(t *testing.T) {
 
 	// The config has lanes default and bulk; "fast" and "legacy" are old
 	// queues listed in asynq's set only.
+	if ups, err := q.LegacyUpstreams(ctx); err != nil || fmt.Sprint(ups) != "[stripe]" {
+		t.Fatalf("LegacyUpstreams: %v, %v; want [stripe]", ups, err)
+	}
 	m, err := q.MigrateLegacy(ctx, "stripe")
 	if err != nil {
 		t.Fatal(err)
@@ -359,6 +362,15 @@ func TestMigrateLegacy(t *testing.T) {
 	}
 	if members := rdb.SMembers(ctx, taskstore.AllQueues).Val(); fmt.Sprint(members) != "[shaper.stripe]" {
 		t.Errorf("asynq's queues: %v, want only the new one", members)
+	}
+	if ups, err := q.LegacyUpstreams(ctx); err != nil || len(ups) != 0 {
+		t.Errorf("LegacyUpstreams after the migration: %v, %v; want none", ups, err)
+	}
+	if _, err := q.LegacyUpstreams(ctx, "nope"); !errors.Is(err, ErrUnknownUpstream) {
+		t.Errorf("LegacyUpstreams of an unknown upstream: %v, want ErrUnknownUpstream", err)
+	}
+	if _, err := q.MigrateLegacy(ctx, "nope"); !errors.Is(err, ErrUnknownUpstream) {
+		t.Errorf("MigrateLegacy of an unknown upstream: %v, want ErrUnknownUpstream", err)
 	}
 }
 
