@@ -270,6 +270,11 @@ func migrateLegacy(ctx context.Context, q *queue.Queue, names []string, log *slo
 	}
 	var again []string
 	for _, name := range found {
+		if len(names) == 0 {
+			// At startup dispatch waits for this, and a deep old backlog
+			// takes a while (some thousands of jobs a second).
+			log.Info("moving jobs from the previous queue layout", "upstream", name)
+		}
 		m, err := q.MigrateLegacy(ctx, name)
 		if m.Moved() > 0 || m.Existing > 0 || m.Dropped > 0 {
 			log.Info("moved jobs from the previous queue layout", "upstream", name, "moved", m.Moved(),
