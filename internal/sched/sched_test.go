@@ -209,3 +209,58 @@ func TestCancelWaitingJob(t *testing.T) {
 		t.Errorf("partitions %d %v %v, want p1 with 1 (the active one)", n, top, err)
 	}
 }
+
+func TestPlace(t *testing.T) {
+	f := newFixture(t, fast("place"))
+	ctx := context.Background()
+	due := time.Now().Add(300 * time.Millisecond)
+	died := time.UnixMilli(1764500000250)
+	keep := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	for _, tc := range []struct {
+		id     string
+		p      sched.Placement
+		at     time.Time
+		result []byte
+		set    string
+	}{
+		{"r1", sched.PlaceRetry, due, nil, "retry"},
+		{"d1", sched.PlaceDead, died, nil, "archived"},
+		{"s1", sched.PlaceSucceeded, keep, []byte(`{"status":200}`), "completed"},
+	} {
+		e := sched.Entry{ID: tc.id, Lane: "bulk", FairKey: "a", Partition: "p1", Msg: []byte("m-" + tc.id)}
+		created, err := f.space.Place(ctx, f.rdb, e, tc.p, tc.at, tc.result)
+		if err != nil || !created {
+			t.Fatalf("place %s: created %v, %v; want true, nil", tc.id, created, err)
+		}
+		if created, err := f.space.Place(ctx, f.rdb, e, tc.p, tc.at, tc.result); err != nil || created {
+			t.Fatalf("place %s again: created %v, %v; want false, nil", tc.id, created, err)
+		}
+		score, err := f.rdb.ZScore(ctx, "asynq:{"+f.space.Queue+"}:"+tc.set, tc.id).Result()
+		if err != nil || time.UnixMilli(int64(score*1000+0.5)) != tc.at.Truncate(time.Millisecond) {
+			t.Errorf("%s: score %v, %v in %s; want %v", tc.id, score, err, tc.set, tc.at)
+		}
+		h, _ := f.rdb.HGetAll(ctx, f.space.TaskKey(tc.id)).Result()
+		if h["msg"] != "m-"+tc.id || h["sl"] != "bulk" || h["sp"] != "p1" || h["result"] != string(tc.result) {
+			t.Errorf("%s: task hash %v", tc.id, h)
+		}
+	}
+	if _, err := f.space.Place(ctx, f.rdb, sched.Entry{ID: "x"}, sched.Placement(9), time.Now(), nil); err == nil {
+		t.Errorf("an unknown placement was accepted")
+	}
+	c, _ := f.space.ReadCounts(ctx, f.rdb)
+	if got := fmt.Sprint(c["bulk"]); got != "map[dead:1 retry:1 succeeded:1]" {
+		t.Errorf("counts %s, want one each of retry, dead, succeeded", got)
+	}
+	// Only the retrying job is in its partition's backlog.
+	if n, top, _ := f.space.Partitions(ctx, f.rdb, 10); n != 1 || top[0].Backlog != 1 {
+		t.Errorf("partitions %d %v, want p1 with 1", n, top)
+	}
+	tk := f.take(10)
+	if len(tk.Jobs) != 0 || tk.Next <= 0 || tk.Next > 300*time.Millisecond {
+		t.Fatalf("take %+v, want nothing yet and next within 300ms", tk)
+	}
+	time.Sleep(tk.Next)
+	if got := ids(f.take(10)); fmt.Sprint(got) != "[r1]" {
+		t.Errorf("after the wait took %v, want [r1]", got)
+	}
+}
