@@ -1,8 +1,10 @@
-// Package queue keeps shaper's jobs in Redis on asynq: one asynq queue per
-// upstream and lane, whose keys carry the queue's name as a hash tag so each
-// lives in one Redis Cluster slot. It defines the job model, enqueues
-// idempotently, bounds each upstream's backlog, and reads jobs and queue
-// statistics back for the API and `shaper status`.
+// Package queue keeps shaper's jobs in Redis in asynq's layout: one asynq
+// queue per upstream, all its lanes together, whose keys carry the queue's
+// name as a hash tag so each upstream lives in one Redis Cluster slot; the
+// order jobs go in is internal/sched's. It defines the job model, enqueues
+// idempotently, bounds each upstream's backlog, reads jobs and queue
+// statistics back for the API and `shaper status`, and carries jobs of the
+// previous per-lane layout over (MigrateLegacy).
 //
 // The dispatcher package drains these queues; this package only stores.
 package queue
