@@ -134,8 +134,10 @@ return out
 // wait (µs, -1 none) is how long until the upstream itself can send again
 // when it stopped the take (reason 1 a limit, 2 a block, 3 concurrency);
 // next (µs from now, -1 none) is when something else comes due (a
-// scheduled job, a parked lane, a lease); expired is 1 when some active
-// job's lease has run out; slot_i is the µs from now until job i's slot.
+// scheduled job, a parked lane, a lease), 0 when the take stopped at its
+// bound on parks or steps before examining every flow; expired is 1 when
+// some active job's lease has run out; slot_i is the µs from now until
+// job i's slot.
 var takeScript = script.New(gcra.LuaFunctions, `
 local P, G, T, PT = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
@@ -237,6 +239,9 @@ end
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
 local stop = false
+-- more: the take stopped at its park or step bound with the ready
+-- structure not all examined; the caller must come back at once.
+local more = false
 local conc_expiry = 0
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
@@ -310,7 +315,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     if sp > horizon then
       redis.call('ZADD', rk, sp, pk)
       parks = parks + 1
-      if parks >= 200 then stop = true end
+      if parks >= 200 then stop, more = true, true end
       break
     end
     if conc > 0 and redis.call('ZSCORE', KEYS[11], id) == false and redis.call('ZCARD', KEYS[11]) >= conc then
@@ -364,6 +369,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     taken = taken + 1
   until true
 end
+if not stop and taken < max_jobs and steps >= 2000 then more = true end
 
 if changed then
   for i = 1, #up do
@@ -393,8 +399,9 @@ if #lease > 0 then
   local exp = tonumber(lease[2]) * 1000000
   if exp <= now then out[5] = 1 else sooner(exp - now) end
 end
+if more then sooner(0) end
 out[4] = next
-if taken == 0 and out[2] < 0 then
+if taken == 0 and out[2] < 0 and not more then
   -- Nothing can go now: the next enqueue wakes the workers.
   redis.call('HSET', K_V, 'sleep', 1)
 end
