@@ -40,6 +40,12 @@ var rigSeq atomic.Int64
 func newRig(t *testing.T, rdb redis.UniversalClient, u shaper.Upstream, lookahead time.Duration) *rig {
 	t.Helper()
 	u.Name = fmt.Sprintf("%s-%d-%d", u.Name, time.Now().UnixNano()%1e6, rigSeq.Add(1))
+	return newRigNamed(t, rdb, u, lookahead)
+}
+
+// newRigNamed is newRig keeping u.Name as it is.
+func newRigNamed(t *testing.T, rdb redis.UniversalClient, u shaper.Upstream, lookahead time.Duration) *rig {
+	t.Helper()
 	u = u.WithDefaults()
 	b, err := leaky.New(rdb, leaky.Config{}).Bucket(sched.QueueName(u.Name), leaky.BucketConfig{
 		Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
