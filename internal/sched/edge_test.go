@@ -384,3 +384,30 @@ func TestScheduledAndRetryComeDue(t *testing.T) {
 		t.Errorf("counts %v after every job finished without retention, want none", c)
 	}
 }
+
+// A partition's next chance is reckoned with the costs of its next job:
+// a job that carries none of a cost-named partition limit's cost is not
+// held back because the job before it used up the partition's tokens,
+// and a job that needs more than one token is parked until it can go.
+func TestPartitionNextChanceUsesNextJobsCost(t *testing.T) {
+	tokens := leaky.Limit{Rate: 100, Per: time.Hour, Cost: "tokens", Burst: 10}
+	u := fast("nextcost")
+	u.Limits = append(u.Limits, leaky.Limit{Rate: 1_000_000, Per: time.Second, Cost: "tokens", Burst: 1000})
+	u.PartitionLimits = []leaky.Limit{tokens}
+	r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+	r.add(job{id: "c1", tenant: "a", partition: "p1", costs: map[string]int64{"tokens": 10}},
+		job{id: "c2", tenant: "a", partition: "p1"},
+		job{id: "c3", tenant: "a", partition: "p1", costs: map[string]int64{"tokens": 4}})
+	got := r.takeIDs(10)
+	if want := []string{"c1", "c2"}; !slices.Equal(got, want) {
+		t.Fatalf("took %v, want %v: c2 costs no tokens, c3 needs 4 of none left", got, want)
+	}
+	r.finish(taskstore.Succeeded, time.Time{}, got...)
+	r.check("take")
+	tk := r.take(10)
+	interval := time.Duration(tokens.Params(r.u.Guard).Interval) * time.Microsecond
+	if want := 4*interval - 100*time.Millisecond; len(tk.Jobs) != 0 || tk.Next < want-time.Second || tk.Next > want+time.Second {
+		t.Errorf("take: %v, next %v; want nothing until c3's 4 tokens (%v)", ids(tk), tk.Next, want)
+	}
+	r.check("parked")
+}

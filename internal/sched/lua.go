@@ -329,13 +329,10 @@ while not stop and taken < max_jobs and steps < 2000 do
       tat[i] = gcra_take(tat[i], slot, up[i].interval, cost(up[i], costs))
     end
     changed = true
-    local e = now
     for j = 1, #pl do
       local l = pl[j]
-      local nt = gcra_take(ptat[j], slot, l.interval, cost(l, costs))
-      redis.call('SET', PT .. pk .. ':' .. l.id, shaper_int(nt), 'PX', math.ceil((nt - now + l.per) / 1000))
-      local nx = gcra_earliest(nt, now, l.interval, l.capacity, 1)
-      if nx > e then e = nx end
+      ptat[j] = gcra_take(ptat[j], slot, l.interval, cost(l, costs))
+      redis.call('SET', PT .. pk .. ':' .. l.id, shaper_int(ptat[j]), 'PX', math.ceil((ptat[j] - now + l.per) / 1000))
     end
     if conc > 0 then
       local exp = slot + conc_ttl
@@ -344,10 +341,20 @@ while not stop and taken < max_jobs and steps < 2000 do
     end
     -- The job leaves its flow for asynq's active list.
     redis.call('ZREM', G .. g, id)
-    if redis.call('ZCARD', G .. g) == 0 then
+    local nxt = redis.call('ZRANGE', G .. g, 0, 0)
+    if #nxt == 0 then
       redis.call('SREM', K_GROUPS, g)
       redis.call('ZREM', rk, pk)
     else
+      -- The partition can go again when its limits allow its next job's
+      -- costs (a job without a limit's cost is not held by it).
+      local nc = costs_of(redis.call('HGET', T .. nxt[1], 'sc'))
+      local e = now
+      for j = 1, #pl do
+        local l = pl[j]
+        local nx = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, nc))
+        if nx > e then e = nx end
+      end
       redis.call('ZADD', rk, e, pk)
     end
     redis.call('LPUSH', KEYS[7], id)
