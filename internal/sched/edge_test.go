@@ -411,3 +411,69 @@ func TestPartitionNextChanceUsesNextJobsCost(t *testing.T) {
 	}
 	r.check("parked")
 }
+
+// An enqueue publishes a wake-up only when a take found nothing to do
+// since the last one: a busy upstream costs no PUBLISH per job. Requeue
+// and RunNow wake a sleeping upstream too.
+func TestWakeOnlyWhenAsleep(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	r := newRig(t, rdb, fast("wake"), 100*time.Millisecond)
+	sub := rdb.Subscribe(ctx, sched.WakeChannel(""))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ch := sub.Channel()
+	wakes := func() (n int) {
+		t.Helper()
+		// PUBLISH is delivered before the script's reply; a PING round
+		// trip on the subscription flushes anything still in flight.
+		if err := sub.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			select {
+			case m := <-ch:
+				if m.Payload != r.u.Name {
+					continue // another test's upstream
+				}
+				n++
+			case <-time.After(50 * time.Millisecond):
+				return n
+			}
+		}
+	}
+	r.add(job{id: "w1", tenant: "a"})
+	if n := wakes(); n != 0 {
+		t.Errorf("%d wakes for an enqueue before any take slept", n)
+	}
+	if got := r.takeIDs(10); len(got) != 1 {
+		t.Fatalf("took %v", got)
+	}
+	if tk := r.take(10); len(tk.Jobs) != 0 {
+		t.Fatalf("took %v", ids(tk))
+	}
+	r.add(job{id: "w2", tenant: "a"}, job{id: "w3", tenant: "b"})
+	if n := wakes(); n != 1 {
+		t.Errorf("%d wakes for two enqueues after a take slept, want 1", n)
+	}
+	r.takeIDs(10)
+	r.take(10) // sleeps
+	if n, err := r.space.Requeue(ctx, rdb, r.bucket.Layout().Leases, "w2"); err != nil || n != 1 {
+		t.Fatalf("requeue: %d %v", n, err)
+	}
+	if n := wakes(); n != 1 {
+		t.Errorf("%d wakes for a requeue while asleep, want 1", n)
+	}
+	r.takeIDs(10)
+	r.finish(taskstore.Retry, time.Now().Add(time.Hour), "w2")
+	r.take(10) // sleeps
+	if n, err := r.space.RunNow(ctx, rdb, "w2"); err != nil || n != 1 {
+		t.Fatalf("run now: %d %v", n, err)
+	}
+	if n := wakes(); n != 1 {
+		t.Errorf("%d wakes for run now while asleep, want 1", n)
+	}
+	r.check("end")
+}
