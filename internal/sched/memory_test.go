@@ -206,7 +206,11 @@ func TestIdlePartitionsExpire(t *testing.T) {
 					break
 				}
 			}
-			t.Logf("keys left: %d: %v (with a TTL), fixed %v", total, kinds, fixed)
+			var sizes []string
+			for _, k := range fixed {
+				sizes = append(sizes, fmt.Sprintf("%s %d B", k, rdb.MemoryUsage(ctx, k).Val()))
+			}
+			t.Logf("keys left: %d: %v (with a TTL), fixed: %v", total, kinds, sizes)
 			if len(noTTL) > 0 {
 				slices.Sort(noTTL)
 				t.Errorf("%d keys without a TTL after every partition went idle, e.g. %v", len(noTTL), noTTL[:min(10, len(noTTL))])
