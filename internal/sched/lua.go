@@ -136,9 +136,10 @@ return out
 // wait (µs, -1 none) is how long until the upstream itself can send again
 // when it stopped the take (reason 1 a limit, 2 a block, 3 concurrency);
 // next (µs from now, -1 none) is when something else comes due (a
-// scheduled job, a parked lane, a lease; 0 when the take stopped at a
-// bound on its own work and should be repeated); expired is 1 when some active
-// job's lease has run out; slot_i is the µs from now until job i's slot.
+// scheduled job, a parked lane, a lease), 0 when the take stopped at its
+// bound on parks or steps before examining every flow; expired is 1 when
+// some active job's lease has run out; slot_i is the µs from now until
+// job i's slot.
 var takeScript = script.New(gcra.LuaFunctions, `
 local P, G, T, PT = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
@@ -240,9 +241,9 @@ end
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
 local stop = false
--- cut: the take stopped at a bound on its own work with ready jobs maybe
--- left; the caller must come back at once rather than sleep.
-local cut = false
+-- more: the take stopped at its park or step bound with the ready
+-- structure not all examined; the caller must come back at once.
+local more = false
 local conc_expiry = 0
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
@@ -319,7 +320,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- slot would leave the upstream idle until then.
       redis.call('ZADD', rk, sp, pk)
       parks = parks + 1
-      if parks >= 200 then stop, cut = true, true end
+      if parks >= 200 then stop, more = true, true end
       break
     end
     if conc > 0 and redis.call('ZSCORE', KEYS[11], id) == false and redis.call('ZCARD', KEYS[11]) >= conc then
@@ -333,13 +334,10 @@ while not stop and taken < max_jobs and steps < 2000 do
       tat[i] = gcra_take(tat[i], slot, up[i].interval, cost(up[i], costs))
     end
     changed = true
-    local e = now
     for j = 1, #pl do
       local l = pl[j]
-      local nt = gcra_take(ptat[j], slot, l.interval, cost(l, costs))
-      redis.call('SET', PT .. pk .. ':' .. l.id, shaper_int(nt), 'PX', math.ceil((nt - now + l.per) / 1000))
-      local nx = gcra_earliest(nt, now, l.interval, l.capacity, 1)
-      if nx > e then e = nx end
+      ptat[j] = gcra_take(ptat[j], slot, l.interval, cost(l, costs))
+      redis.call('SET', PT .. pk .. ':' .. l.id, shaper_int(ptat[j]), 'PX', math.ceil((ptat[j] - now + l.per) / 1000))
     end
     if conc > 0 then
       local exp = slot + conc_ttl
@@ -348,10 +346,20 @@ while not stop and taken < max_jobs and steps < 2000 do
     end
     -- The job leaves its flow for asynq's active list.
     redis.call('ZREM', G .. g, id)
-    if redis.call('ZCARD', G .. g) == 0 then
+    local nxt = redis.call('ZRANGE', G .. g, 0, 0)
+    if #nxt == 0 then
       redis.call('SREM', K_GROUPS, g)
       redis.call('ZREM', rk, pk)
     else
+      -- The partition can go again when its limits allow its next job's
+      -- costs (a job without a limit's cost is not held by it).
+      local nc = costs_of(redis.call('HGET', T .. nxt[1], 'sc'))
+      local e = now
+      for j = 1, #pl do
+        local l = pl[j]
+        local nx = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, nc))
+        if nx > e then e = nx end
+      end
       redis.call('ZADD', rk, e, pk)
     end
     redis.call('LPUSH', KEYS[7], id)
@@ -373,9 +381,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     taken = taken + 1
   until true
 end
-if not stop and taken < max_jobs then
-  cut = true
-end
+if not stop and taken < max_jobs and steps >= 2000 then more = true end
 
 if changed then
   for i = 1, #up do
@@ -405,9 +411,9 @@ if #lease > 0 then
   local exp = tonumber(lease[2]) * 1000000
   if exp <= now then out[5] = 1 else sooner(exp - now) end
 end
-if cut then next = 0 end
+if more then sooner(0) end
 out[4] = next
-if taken == 0 and out[2] < 0 and not cut then
+if taken == 0 and out[2] < 0 and not more then
   -- Nothing can go now: the next enqueue wakes the workers.
   redis.call('HSET', K_V, 'sleep', 1)
 end

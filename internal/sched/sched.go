@@ -363,7 +363,9 @@ type Take struct {
 	Wait   time.Duration
 	Reason leaky.Reason
 	// Next, when positive, is when something else comes due: a scheduled
-	// or retrying job, a parked partition, an active job's lease.
+	// or retrying job, a parked partition, an active job's lease; or 1µs
+	// when the take stopped at its bound on work per call before looking
+	// at every flow, so the caller takes again at once.
 	Next time.Duration
 	// Expired reports active jobs whose lease ran out: recover them.
 	Expired bool
