@@ -94,14 +94,18 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 		"The asynq HTTP handler decodes the job, sends its request with a plain `http.Client` and reads the answer: what an asynq worker calling an API does without shaper. "+
 		"Ratios are of medians; the targets (issue 8) are the Go handler ≥ 1.0× asynq's no-op drain and `shaper work` ≥ 0.9× asynq + HTTP.\n\n",
 		b.o.ceilingJobs, b.o.rounds, b.o.workers, ceilingRate)
-	fmt.Fprintf(out, "| replicas | %s | %s | × asynq no-op | %s | %s | × asynq HTTP | × asynq no-op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+	fmt.Fprintf(out, "| replicas | %s | %s | × asynq no-op | paired | %s | %s | × asynq HTTP | paired | × asynq no-op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
 		contenderNames[asynqDrain], contenderNames[shaperHandler], contenderNames[asynqHTTP], contenderNames[shaperHTTP])
 	for _, n := range b.o.replicas {
 		med := func(c string) float64 { return stats.Median(rates(results[ceilingKey{c, n}])) }
-		fmt.Fprintf(out, "| %d | %s | %s | %.2f× | %s | %s | %.2f× | %.2f× |\n", n,
+		fmt.Fprintf(out, "| %d | %s | %s | %.2f× | %s | %s | %s | %.2f× | %s | %.2f× |\n", n,
 			spread(results[ceilingKey{asynqDrain, n}]), spread(results[ceilingKey{shaperHandler, n}]), med(shaperHandler)/med(asynqDrain),
-			spread(results[ceilingKey{asynqHTTP, n}]), spread(results[ceilingKey{shaperHTTP, n}]), med(shaperHTTP)/med(asynqHTTP), med(shaperHTTP)/med(asynqDrain))
+			paired(results[ceilingKey{shaperHandler, n}], results[ceilingKey{asynqDrain, n}]),
+			spread(results[ceilingKey{asynqHTTP, n}]), spread(results[ceilingKey{shaperHTTP, n}]), med(shaperHTTP)/med(asynqHTTP),
+			paired(results[ceilingKey{shaperHTTP, n}], results[ceilingKey{asynqHTTP, n}]), med(shaperHTTP)/med(asynqDrain))
 	}
+	fmt.Fprintf(out, "\n\"paired\" is the median (min–max) of each round's shaper rate over the same round's asynq rate: "+
+		"the contenders of a round run one after another within a minute, so load from elsewhere hits a pair more alike than it hits the whole run.\n")
 
 	fmt.Fprintf(out, "\nWhat one job costs, summed over all rounds and divided by the jobs drained. Redis commands count those run inside scripts; "+
 		"\"scripts\" counts script calls (each one round trip). CPU is per job in µs: the Redis server, the contender's processes, "+
@@ -137,6 +141,20 @@ func rates(rs []drainResult) []float64 {
 		out[i] = r.rate
 	}
 	return out
+}
+
+// paired is the median (min–max) of a[i]/b[i], round by round.
+func paired(a, b []drainResult) string {
+	var xs []float64
+	for i := range min(len(a), len(b)) {
+		if b[i].rate > 0 {
+			xs = append(xs, a[i].rate/b[i].rate)
+		}
+	}
+	if len(xs) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f)", stats.Median(xs), slices.Min(xs), slices.Max(xs))
 }
 
 func spread(rs []drainResult) string {

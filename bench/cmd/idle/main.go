@@ -3,9 +3,10 @@
 // each number of configured upstreams and of replicas starts R `shaper
 // work` replicas and one `shaper serve`, waits until every replica listens
 // for wake-ups and every upstream has been looked at and left asleep, lets
-// them settle, and counts the commands Redis serves per second over a whole
-// work.poll_interval (the one look per idle upstream per interval that
-// bounds a lost wake-up), with Redis's CPU, the replicas' CPU and memory,
+// them settle, and counts the commands Redis serves per second over a
+// minute (a whole number of its periodic calls: the one look per idle
+// upstream per work.poll_interval that bounds a lost wake-up, and the
+// dead-job trimmer's one call per upstream a minute), with Redis's CPU, the replicas' CPU and memory,
 // and how long the replicas take to exit after SIGTERM. Beside shaper it
 // runs plain asynq servers, one per queue, in child processes of this
 // executable (one per replica), at asynq's default polling and at the 10 ms

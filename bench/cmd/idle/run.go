@@ -41,6 +41,14 @@ var allContenders = []string{shaperWork, asynqDefault, asynq10ms}
 // it handed asynq as TaskCheckInterval: the asynq-10ms contender.
 const oldShaperPoll = 10 * time.Millisecond
 
+// shaperWindow is the default window for shaper. An idle `shaper work`
+// replica does nothing on a timer but two things: each upstream's fetch
+// loop looks once per work.poll_interval (30 s) in case a wake-up was lost,
+// and the dead-job trimmer calls one script per upstream every minute. A
+// window of a whole minute counts each of them exactly its share; a shorter
+// one can miss the trimmer or catch it whole.
+const shaperWindow = 2 * shaper.DefaultPollInterval
+
 // stopGrace is how long a replica may take to stop after SIGTERM before it
 // is killed; how long each took is reported.
 const stopGrace = 15 * time.Second
@@ -80,7 +88,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&conts, "contenders", strings.Join(allContenders, ","), "what to measure, comma-separated: shaper, asynq-default, asynq-10ms")
 	fs.DurationVar(&o.settle, "settle", 5*time.Second, "wait after every server has registered, before measuring")
 	fs.DurationVar(&o.window, "window", 10*time.Second, "measuring window of the asynq contenders")
-	fs.DurationVar(&o.shaperWin, "shaper-window", shaper.DefaultPollInterval, "measuring window of shaper: a whole work.poll_interval, so that each idle upstream's one look per interval is counted once")
+	fs.DurationVar(&o.shaperWin, "shaper-window", shaperWindow, "measuring window of shaper: a multiple of its periodic work, so that each periodic call is counted its share (see shaperWindow)")
 	fs.DurationVar(&o.cellTimeout, "cell-timeout", 60*time.Second, "longest wait for every process of a measurement to be ready (asynq: every server registered; shaper: every replica subscribed and every upstream asleep); what is not by then is measured as it is, and marked")
 	fs.BoolVar(&o.json, "json", false, "print the measurements as JSON instead of markdown")
 	if err := fs.Parse(args); err != nil {
