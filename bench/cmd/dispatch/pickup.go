@@ -26,6 +26,7 @@ const idleFor = 2 * time.Second
 
 type pickupResult struct {
 	name      string
+	upstreams int
 	replicas  int
 	latencies []time.Duration
 	idle      redisstats.Delta
@@ -35,12 +36,14 @@ type pickupResult struct {
 // pause, and times it from just before the enqueue to its arrival.
 func (b *bench) pickup(ctx context.Context, out io.Writer) error {
 	var results []pickupResult
-	for _, n := range b.o.replicas {
-		r, err := b.pickupShaper(ctx, n)
-		if err != nil {
-			return fmt.Errorf("shaper with %d replicas: %w", n, err)
+	for _, u := range b.o.pickupUps {
+		for _, n := range b.o.replicas {
+			r, err := b.pickupShaper(ctx, u, n)
+			if err != nil {
+				return fmt.Errorf("shaper with %d upstreams and %d replicas: %w", u, n, err)
+			}
+			results = append(results, r)
 		}
-		results = append(results, r)
 	}
 	for _, c := range []struct {
 		interval string
@@ -57,15 +60,15 @@ func (b *bench) pickup(ctx context.Context, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "### Pickup latency on an idle upstream\n\n")
 	fmt.Fprintf(out, "One job at a time, each after a random pause of up to %v, timed from just before the enqueue call to its arrival "+
-		"(shaper: at the fake upstream over HTTP, limit %d/s; asynq: when its no-op handler runs). "+
-		"\"Idle Redis load\" is the commands per second the replicas send with nothing to do, measured over %v. Target: shaper p50 < 20 ms.\n\n",
+		"(shaper: at the fake upstream over HTTP, every upstream limited to %d/s, each job to one of the configured upstreams at random; asynq: when its no-op handler runs). "+
+		"\"Idle Redis load\" is the commands per second Redis serves with nothing queued, measured over %v. Target (issue 8): shaper p50 ≤ 20 ms and p99 ≤ 100 ms with 1,000 upstreams.\n\n",
 		b.o.pickupGap, pickupRate, idleFor)
-	fmt.Fprintf(out, "| drainer | replicas | jobs | p50 | p90 | p99 | max | idle Redis load | idle commands |\n")
-	fmt.Fprintf(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	fmt.Fprintf(out, "| drainer | upstreams | replicas | jobs | p50 | p90 | p99 | max | idle Redis load | idle commands |\n")
+	fmt.Fprintf(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range results {
 		l := r.latencies
 		perSec := idleFor.Seconds()
-		fmt.Fprintf(out, "| %s | %d | %d | %s | %s | %s | %s | %.0f cmds/s | %s |\n", r.name, r.replicas, len(l),
+		fmt.Fprintf(out, "| %s | %d | %d | %d | %s | %s | %s | %s | %.1f cmds/s | %s |\n", r.name, r.upstreams, r.replicas, len(l),
 			ms(fakeupstream.Percentile(l, 50)), ms(fakeupstream.Percentile(l, 90)), ms(fakeupstream.Percentile(l, 99)), ms(fakeupstream.Percentile(l, 100)),
 			float64(r.idle.Total())/perSec, perSecond(r.idle, perSec))
 	}
@@ -84,23 +87,28 @@ func perSecond(d redisstats.Delta, secs float64) string {
 		if i > 0 {
 			s += ", "
 		}
-		s += fmt.Sprintf("%s %.0f", name, float64(d.Calls[name])/secs)
+		s += fmt.Sprintf("%s %.1f", name, float64(d.Calls[name])/secs)
 	}
 	return s
 }
 
-func (b *bench) pickupShaper(ctx context.Context, replicas int) (pickupResult, error) {
-	res := pickupResult{name: "`shaper work`", replicas: replicas}
+func (b *bench) pickupShaper(ctx context.Context, upstreams, replicas int) (pickupResult, error) {
+	res := pickupResult{name: "`shaper work`", upstreams: upstreams, replicas: replicas}
 	if err := b.flush(ctx); err != nil {
 		return res, err
 	}
 	b.up.reset()
-	const name = "idle"
-	cfg, err := b.writeConfig("pickup.yaml", upstreamConfig{name: name, baseURL: b.up.url, rate: pickupRate})
+	names := make([]string, upstreams)
+	ups := make([]upstreamConfig, upstreams)
+	for i := range names {
+		names[i] = fmt.Sprintf("idle%04d", i)
+		ups[i] = upstreamConfig{name: names[i], baseURL: b.up.url, rate: pickupRate}
+	}
+	cfg, err := b.writeConfig("pickup.yaml", ups...)
 	if err != nil {
 		return res, err
 	}
-	q, err := b.newQueue(name)
+	q, err := b.newQueue(names...)
 	if err != nil {
 		return res, err
 	}
@@ -120,8 +128,9 @@ func (b *bench) pickupShaper(ctx context.Context, replicas int) (pickupResult, e
 			<-arrived
 		}
 		i++
+		job := httpJob(names[rand.N(len(names))], i)
 		start := time.Now()
-		if _, _, err := q.Enqueue(ctx, httpJob(name, i)); err != nil {
+		if _, _, err := q.Enqueue(ctx, job); err != nil {
 			return 0, err
 		}
 		select {
@@ -146,14 +155,14 @@ func (b *bench) pickupShaper(ctx context.Context, replicas int) (pickupResult, e
 		}
 		res.latencies = append(res.latencies, d)
 	}
-	fmt.Fprintf(os.Stderr, "pickup shaper × %d: p50 %v\n", replicas, fakeupstream.Percentile(res.latencies, 50))
+	fmt.Fprintf(os.Stderr, "pickup shaper, %d upstreams × %d: p50 %v\n", upstreams, replicas, fakeupstream.Percentile(res.latencies, 50))
 	return res, nil
 }
 
 // pickupAsynq times asynq's own server with TaskCheckInterval interval
 // ("" for its default).
 func (b *bench) pickupAsynq(ctx context.Context, interval string, samples int) (pickupResult, error) {
-	res := pickupResult{name: "asynq, default polling (1s)", replicas: 1}
+	res := pickupResult{name: "asynq, default polling (1s)", upstreams: 1, replicas: 1}
 	if interval != "" {
 		res.name = "asynq, TaskCheckInterval " + interval
 	}

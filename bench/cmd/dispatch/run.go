@@ -38,6 +38,7 @@ type options struct {
 	workers       int
 	pacingWorkers int
 	pickupSamples int
+	pickupUps     []int
 	asynqSamples  int
 	pickupGap     time.Duration
 	enqueuers     int
@@ -47,7 +48,7 @@ type options struct {
 func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("dispatch", flag.ContinueOnError)
 	var o options
-	var sections, rates, replicas string
+	var sections, rates, replicas, pickupUps string
 	fs.StringVar(&sections, "sections", "pacing,ceiling,pickup", "sections to run, comma-separated")
 	fs.StringVar(&rates, "rates", "50,500,2000", "pacing: limits in requests per second, comma-separated")
 	fs.StringVar(&replicas, "replicas", "1,4", "numbers of worker replicas, comma-separated")
@@ -57,6 +58,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.workers, "workers", 10, "ceiling: jobs in flight per replica (shaper workers, asynq Concurrency); 10 is shaper's default")
 	fs.IntVar(&o.pacingWorkers, "pacing-workers", 0, "pacing: workers per replica (0: shaper's default, 10)")
 	fs.IntVar(&o.pickupSamples, "pickup-samples", 200, "pickup: jobs timed per shaper case")
+	fs.StringVar(&pickupUps, "pickup-upstreams", "1,1000", "pickup: numbers of upstreams configured, comma-separated; each job goes to one of them at random")
 	fs.IntVar(&o.asynqSamples, "pickup-asynq-samples", 20, "pickup: jobs timed for asynq at its default 1s polling")
 	fs.DurationVar(&o.pickupGap, "pickup-gap", 100*time.Millisecond, "pickup: most idle time before each job (uniformly random)")
 	fs.IntVar(&o.enqueuers, "enqueuers", 16, "goroutines filling the backlog")
@@ -76,6 +78,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.replicas, err = stats.Counts(replicas); err != nil {
 		return o, fmt.Errorf("-replicas: %w", err)
+	}
+	if o.pickupUps, err = stats.Counts(pickupUps); err != nil {
+		return o, fmt.Errorf("-pickup-upstreams: %w", err)
 	}
 	if o.window <= 0 || o.ceilingJobs < 100 || o.rounds < 1 || o.workers < 1 || o.pickupSamples < 1 || o.asynqSamples < 0 || o.enqueuers < 1 {
 		return o, errors.New("-window, -rounds, -workers, -pickup-samples and -enqueuers must be positive, -ceiling-jobs at least 100")
@@ -163,21 +168,17 @@ type upstreamConfig struct {
 }
 
 // writeConfig writes a shaper config as a user would and returns its path.
-func (b *bench) writeConfig(file string, u upstreamConfig) (string, error) {
-	workers := ""
-	if u.workers > 0 {
-		workers = fmt.Sprintf("\n    workers: %d", u.workers)
+func (b *bench) writeConfig(file string, ups ...upstreamConfig) (string, error) {
+	var y strings.Builder
+	fmt.Fprintf(&y, "redis: {url: \"redis://%s/0\"}\nwork: {metrics_listen: \"\", shutdown_timeout: 10s}\nupstreams:\n", b.redis.Addr)
+	for _, u := range ups {
+		fmt.Fprintf(&y, "  %s:\n    base_url: \"%s\"\n    limits: [{rate: %d, per: 1s}]\n    max_pending: 100000000\n", u.name, u.baseURL, u.rate)
+		if u.workers > 0 {
+			fmt.Fprintf(&y, "    workers: %d\n", u.workers)
+		}
 	}
-	yaml := fmt.Sprintf(`redis: {url: "redis://%s/0"}
-work: {metrics_listen: "", shutdown_timeout: 10s}
-upstreams:
-  %s:
-    base_url: "%s"
-    limits: [{rate: %d, per: 1s}]
-    max_pending: 100000000%s
-`, b.redis.Addr, u.name, u.baseURL, u.rate, workers)
 	path := filepath.Join(b.dir, file)
-	return path, os.WriteFile(path, []byte(yaml), 0o600)
+	return path, os.WriteFile(path, []byte(y.String()), 0o600)
 }
 
 // startWorkers starts n `shaper work` replicas on a config. With metrics,

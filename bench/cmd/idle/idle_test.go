@@ -56,8 +56,9 @@ func TestOwnCallsLeftOut(t *testing.T) {
 }
 
 // TestSmallGrid runs the command on two upstreams and one replica of
-// shaper and of asynq at 10 ms: every server must register, and polling
-// must show up as commands.
+// shaper and of asynq at 10 ms: everything must be ready, asynq's polling
+// must show up as commands, shaper's idle replica must send next to
+// nothing (it sleeps until woken), and both must stop on SIGTERM.
 func TestSmallGrid(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds shaper and starts redis-server and worker processes")
@@ -69,7 +70,7 @@ func TestSmallGrid(t *testing.T) {
 	defer cancel()
 	var out strings.Builder
 	results, err := run(ctx, []string{"-upstreams", "2", "-replicas", "1", "-contenders", "shaper,asynq-10ms",
-		"-settle", "500ms", "-window", "2s", "-cell-timeout", "20s"}, &out)
+		"-settle", "500ms", "-window", "2s", "-shaper-window", "3s", "-cell-timeout", "20s"}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,13 +79,29 @@ func TestSmallGrid(t *testing.T) {
 		t.Fatalf("got %d measurements, want 2", len(results))
 	}
 	for _, r := range results {
-		if r.Servers != 2 || r.Expected != 2 {
-			t.Errorf("%s: %d of %d servers registered, want 2 of 2", r.Contender, r.Servers, r.Expected)
+		// shaper: 1 replica subscribed + 2 upstreams asleep; asynq: 2 servers.
+		want := int64(2)
+		if r.Contender == shaperWork {
+			want = 3
 		}
-		// Two queues polled every 10 ms is hundreds a second; any
-		// polling at all is well above 10.
-		if r.CommandsPerSec < 10 {
-			t.Errorf("%s: got %.1f commands/s, want the polling to show", r.Contender, r.CommandsPerSec)
+		if r.Servers != want || r.Expected != want {
+			t.Errorf("%s: %d of %d ready, want %d of %d", r.Contender, r.Servers, r.Expected, want, want)
+		}
+		if r.Killed != 0 || r.StopMax <= 0 || r.StopMax >= stopGrace {
+			t.Errorf("%s: stop took %v with %d killed, want a clean stop within %v", r.Contender, r.StopMax, r.Killed, stopGrace)
+		}
+		switch r.Contender {
+		case asynq10ms:
+			// Two queues polled every 10 ms is hundreds a second.
+			if r.CommandsPerSec < 100 {
+				t.Errorf("%s: got %.1f commands/s, want the polling to show (≥ 100)", r.Contender, r.CommandsPerSec)
+			}
+		case shaperWork:
+			// Idle, a replica only pings its two subscriptions now and
+			// then; polling, even at asynq's 1 s default, would be more.
+			if r.CommandsPerSec > 5 {
+				t.Errorf("%s: got %.1f commands/s (%v), want an idle replica to send almost nothing (≤ 5)", r.Contender, r.CommandsPerSec, r.Top)
+			}
 		}
 	}
 	if !strings.Contains(out.String(), "| 2 | 1 |") {

@@ -1,17 +1,19 @@
-// Command idle measures what an idle fleet costs Redis: nothing is queued,
-// yet every `shaper work` replica runs one asynq server per upstream (and
-// lane), each polling its queue every work.poll_interval (10 ms). It starts
-// its own redis-server, builds shaper from this tree, and for each number
-// of configured upstreams and of replicas starts the replicas, lets them
-// settle, and counts the commands Redis serves per second over a window,
-// with Redis's CPU and the replicas' CPU and memory. Beside shaper it runs
-// plain asynq servers, one per queue, in child processes of this executable
-// (one per replica), at asynq's default polling and at shaper's 10 ms, so
-// that the figure can be read against what asynq alone costs.
+// Command idle measures what an idle fleet costs Redis: nothing is queued.
+// It starts its own redis-server, builds shaper from this tree, and for
+// each number of configured upstreams and of replicas starts R `shaper
+// work` replicas and one `shaper serve`, waits until every replica listens
+// for wake-ups and every upstream has been looked at and left asleep, lets
+// them settle, and counts the commands Redis serves per second over a
+// minute (a whole number of its periodic calls: the one look per idle
+// upstream per work.poll_interval that bounds a lost wake-up, and the
+// dead-job trimmer's one call per upstream a minute), with Redis's CPU, the replicas' CPU and memory,
+// and how long the replicas take to exit after SIGTERM. Beside shaper it
+// runs plain asynq servers, one per queue, in child processes of this
+// executable (one per replica), at asynq's default polling and at the 10 ms
+// shaper used before issue 8, so that the figure can be read against what
+// asynq alone costs.
 //
-// This is the "before" figure of issue 8 (idle must cost nothing per
-// upstream); it prints a markdown table, the machine it ran on and the
-// exact command.
+// It prints a markdown table, the machine it ran on and the exact command.
 package main
 
 import (

@@ -15,8 +15,8 @@ func report(out io.Writer, o options, results []result) {
 	for _, r := range results {
 		byKey[fmt.Sprintf("%s/%d/%d", r.Contender, r.Upstreams, r.Replicas)] = r
 	}
-	fmt.Fprintf(out, "### Idle Redis load: nothing queued, %v window after %v settling\n\n", o.window, o.settle)
-	fmt.Fprintf(out, "Redis commands per second (total_commands_processed, the benchmark's own INFO calls left out) and Redis CPU (share of one core). † marks a figure taken with Redis (one core) or Redis and the replicas together (all cores) saturated, so demand was higher than what was served; * one taken while the shared machine was busy with other work too (pollers may have been held back); § one whose servers each sent under 75%% of what the same contender's servers sent in its smallest cell, so they could not poll at their interval and the demand is higher (notes below); ‡ one taken before every server had registered.\n\n")
+	fmt.Fprintf(out, "### Idle Redis load: nothing queued, %v settling, then a window of %v (shaper) or %v (asynq)\n\n", o.settle, o.shaperWin, o.window)
+	fmt.Fprintf(out, "Redis commands per second (total_commands_processed, the benchmark's own INFO calls left out) and Redis CPU (share of one core). shaper is R `shaper work` replicas plus one `shaper serve`. † marks a figure taken with Redis (one core) or Redis and the replicas together (all cores) saturated, so demand was higher than what was served; * one taken while the shared machine was busy with other work too (pollers may have been held back); § one whose servers each sent under 75%% of what the same contender's servers sent in its smallest cell, so they could not poll at their interval and the demand is higher (notes below); ‡ one taken before everything was ready (asynq: every server registered; shaper: every replica subscribed and every upstream asleep).\n\n")
 	head := "| upstreams | replicas |"
 	rule := "| ---: | ---: |"
 	for _, c := range o.contenders {
@@ -34,27 +34,35 @@ func report(out io.Writer, o options, results []result) {
 					row += " — | — |"
 					continue
 				}
-				row += fmt.Sprintf(" %s%s | %.0f%% |", thousands(r.CommandsPerSec), marks(r), 100*r.RedisCPU)
+				row += fmt.Sprintf(" %s%s | %.0f%% |", rate(r.CommandsPerSec), marks(r), 100*r.RedisCPU)
 			}
 			fmt.Fprintln(out, row)
 		}
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintf(out, "| contender | upstreams × replicas | servers up | start | commands/s | per server per s | Redis CPU | replicas' CPU | RSS per replica | machine busy | top commands/s |\n")
-	fmt.Fprintf(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	fmt.Fprintf(out, "| contender | upstreams × replicas | ready | start | commands/s | per upstream per replica per s | Redis CPU | replicas' CPU | serve CPU | RSS per replica | machine busy | stop after SIGTERM | top commands/s |\n")
+	fmt.Fprintf(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range results {
 		var top []string
 		for _, t := range r.Top {
-			top = append(top, fmt.Sprintf("%s %s", t.Name, thousands(t.PerSec)))
+			top = append(top, fmt.Sprintf("%s %s", t.Name, rate(t.PerSec)))
 		}
-		per := 0.0
-		if r.Expected > 0 {
-			per = r.CommandsPerSec / float64(r.Expected)
+		per := "–"
+		if cells := r.Upstreams * r.Replicas; cells > 0 {
+			per = fmt.Sprintf("%.2f", r.CommandsPerSec/float64(cells))
 		}
-		fmt.Fprintf(out, "| %s | %d × %d | %d / %d | %.1f s | %s%s | %.1f | %.0f%% | %.0f%% | %.0f MB | %.0f%% | %s |\n",
+		serve := "–"
+		if r.Contender == shaperWork {
+			serve = fmt.Sprintf("%.1f%%", 100*r.ServeCPU)
+		}
+		stop := fmt.Sprintf("%.2f s", r.StopMax.Seconds())
+		if r.Killed > 0 {
+			stop = fmt.Sprintf("**%d killed** after %.0f s", r.Killed, stopGrace.Seconds())
+		}
+		fmt.Fprintf(out, "| %s | %d × %d | %d / %d | %.1f s | %s%s | %s | %.1f%% | %.1f%% | %s | %.0f MB | %.0f%% | %s | %s |\n",
 			r.Contender, r.Upstreams, r.Replicas, r.Servers, r.Expected, r.StartTime.Seconds(),
-			thousands(r.CommandsPerSec), marks(r), per, 100*r.RedisCPU, 100*r.WorkersCPU, r.WorkerRSSMB,
-			100*r.MachineBusy, strings.Join(top, ", "))
+			rate(r.CommandsPerSec), marks(r), per, 100*r.RedisCPU, 100*r.WorkersCPU, serve, r.WorkerRSSMB,
+			100*r.MachineBusy, stop, strings.Join(top, ", "))
 	}
 	fmt.Fprintln(out)
 	for _, r := range results {
@@ -80,6 +88,15 @@ func marks(r result) string {
 		m += "‡"
 	}
 	return m
+}
+
+// rate renders a rate per second: with one decimal below 100 (an idle
+// shaper fleet sends a few commands a second), else as thousands.
+func rate(x float64) string {
+	if x < 100 {
+		return fmt.Sprintf("%.1f", x)
+	}
+	return thousands(x)
 }
 
 // thousands renders x rounded, with commas: 61608 → "61,608".

@@ -7,19 +7,25 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
 	"github.com/shaperhq/shaper/bench/internal/stats"
+	"github.com/shaperhq/shaper/internal/sched"
 )
 
 // The contenders, in the order each cell runs them.
@@ -31,9 +37,25 @@ const (
 
 var allContenders = []string{shaperWork, asynqDefault, asynq10ms}
 
-// shaperPoll is shaper's work.poll_interval default, which it hands asynq
-// as TaskCheckInterval.
-const shaperPoll = 10 * time.Millisecond
+// oldShaperPoll is the work.poll_interval shaper had before issue 8, which
+// it handed asynq as TaskCheckInterval: the asynq-10ms contender.
+const oldShaperPoll = 10 * time.Millisecond
+
+// shaperWindow is the default window for shaper. An idle `shaper work`
+// replica does nothing on a timer but two things: each upstream's fetch
+// loop looks once per work.poll_interval (30 s) in case a wake-up was lost,
+// and the dead-job trimmer calls one script per upstream every minute. A
+// window of a whole minute counts each of them exactly its share; a shorter
+// one can miss the trimmer or catch it whole.
+const shaperWindow = 2 * shaper.DefaultPollInterval
+
+// stopGrace is how long a replica may take to stop after SIGTERM before it
+// is killed; how long each took is reported.
+const stopGrace = 15 * time.Second
+
+// apiKey is the key of the one API key the serve process is configured
+// with; nothing calls the API.
+const apiKey = "idle-bench-key"
 
 // Above these, a figure says more about the machine than about the code:
 // Redis (single-threaded) is busy all the time, or the measured processes
@@ -52,6 +74,7 @@ type options struct {
 	contenders  []string
 	settle      time.Duration
 	window      time.Duration
+	shaperWin   time.Duration
 	cellTimeout time.Duration
 	json        bool
 }
@@ -64,8 +87,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&reps, "replicas", "1,4", "numbers of worker processes, comma-separated")
 	fs.StringVar(&conts, "contenders", strings.Join(allContenders, ","), "what to measure, comma-separated: shaper, asynq-default, asynq-10ms")
 	fs.DurationVar(&o.settle, "settle", 5*time.Second, "wait after every server has registered, before measuring")
-	fs.DurationVar(&o.window, "window", 10*time.Second, "measuring window")
-	fs.DurationVar(&o.cellTimeout, "cell-timeout", 60*time.Second, "longest wait for every asynq server of a measurement to register; what has not by then is measured as it is, and marked")
+	fs.DurationVar(&o.window, "window", 10*time.Second, "measuring window of the asynq contenders")
+	fs.DurationVar(&o.shaperWin, "shaper-window", shaperWindow, "measuring window of shaper: a multiple of its periodic work, so that each periodic call is counted its share (see shaperWindow)")
+	fs.DurationVar(&o.cellTimeout, "cell-timeout", 60*time.Second, "longest wait for every process of a measurement to be ready (asynq: every server registered; shaper: every replica subscribed and every upstream asleep); what is not by then is measured as it is, and marked")
 	fs.BoolVar(&o.json, "json", false, "print the measurements as JSON instead of markdown")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -83,8 +107,8 @@ func parseFlags(args []string) (options, error) {
 		}
 		o.contenders = append(o.contenders, c)
 	}
-	if o.settle < 0 || o.window <= 0 || o.cellTimeout <= 0 {
-		return o, errors.New("-window and -cell-timeout must be positive, -settle not negative")
+	if o.settle < 0 || o.window <= 0 || o.shaperWin <= 0 || o.cellTimeout <= 0 {
+		return o, errors.New("-window, -shaper-window and -cell-timeout must be positive, -settle not negative")
 	}
 	return o, nil
 }
@@ -95,10 +119,15 @@ type result struct {
 	Contender string `json:"contender"`
 	Upstreams int    `json:"upstreams"`
 	Replicas  int    `json:"replicas"`
-	// Servers is how many asynq servers had registered (asynq:servers)
-	// when the window opened, of Expected (upstreams × replicas).
+	// Servers is what was ready when the window opened, of Expected.
+	// asynq: servers registered in asynq:servers, of upstreams × replicas.
+	// shaper: replicas subscribed to the wake-up channel plus upstreams
+	// whose ready structure says a worker sleeps on them, of replicas +
+	// upstreams (nothing registers per upstream any more).
 	Servers  int64 `json:"servers"`
 	Expected int64 `json:"expected"`
+	// Window is how long the counts were taken over.
+	Window time.Duration `json:"window_ns"`
 	// CommandsPerSec is total_commands_processed over the window, per
 	// second, the benchmark's own INFO calls left out.
 	CommandsPerSec float64 `json:"commands_per_sec"`
@@ -112,6 +141,13 @@ type result struct {
 	WorkersCPU float64 `json:"workers_cpu"`
 	// WorkerRSSMB is the mean resident memory of one replica, in MB.
 	WorkerRSSMB float64 `json:"worker_rss_mb"`
+	// ServeCPU is the CPU of shaper's one serve process, in cores.
+	ServeCPU float64 `json:"serve_cpu,omitempty"`
+	// StopMax is the longest any replica took to exit after SIGTERM (all
+	// are sent it at once); Killed counts those still running after
+	// stopGrace, which were killed.
+	StopMax time.Duration `json:"stop_max_ns"`
+	Killed  int           `json:"killed"`
 	// MachineBusy is the share of all the machine's cores busy over the
 	// window (/proc/stat), whoever used them.
 	MachineBusy float64 `json:"machine_busy"`
@@ -203,12 +239,14 @@ func run(ctx context.Context, args []string, out io.Writer) ([]result, error) {
 	return results, nil
 }
 
-// writeConfig writes a shaper config with n HTTP upstreams, as a user
-// would. Their base URL is a loopback port nothing listens on: nothing is
+// writeConfig writes a shaper config with n HTTP upstreams and one API
+// key, as a user would, with shaper's defaults otherwise (work.poll_interval
+// 30s). Their base URL is a loopback port nothing listens on: nothing is
 // queued, so nothing is ever sent.
 func writeConfig(dir, redisAddr string, n int) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "redis: {url: \"redis://%s/0\"}\n", redisAddr)
+	b.WriteString("api: {keys: [{name: idle, tenant: idle, key_env: SHAPER_KEY_IDLE}]}\n")
 	b.WriteString("work: {metrics_listen: \"\", shutdown_timeout: 5s}\n")
 	b.WriteString("upstreams:\n")
 	for i := range n {
@@ -218,19 +256,35 @@ func writeConfig(dir, redisAddr string, n int) (string, error) {
 	return path, os.WriteFile(path, []byte(b.String()), 0o600)
 }
 
-// measure starts r replicas of contender c with n upstreams, waits for
-// their servers to register and settle, counts Redis's work over the
-// window, and stops them.
+// measure starts r replicas of contender c with n upstreams (shaper: and
+// one serve process), waits for them to be ready and settle, counts
+// Redis's work over the window, and stops them, timing the stop.
 func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.Client, sh *fleet.Shaper, cfg, c string, n, r int) (result, error) {
-	res := result{Contender: c, Upstreams: n, Replicas: r, Expected: int64(n) * int64(r)}
+	res := result{Contender: c, Upstreams: n, Replicas: r, Expected: int64(n) * int64(r), Window: o.window}
+	if c == shaperWork {
+		res.Expected, res.Window = int64(n+r), o.shaperWin
+	}
 	var procs []*fleet.Proc
+	var serve *fleet.Proc
+	stopped := false
 	defer func() {
-		// A replica that needs SIGKILL to stop is no fault of the figure.
-		if err := fleet.StopAll(15*time.Second, procs...); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping %s %d×%d: %v\n", c, n, r, err)
+		if !stopped {
+			fleet.StopAll(stopGrace, append(procs, serve)...)
 		}
 	}()
 	began := time.Now()
+	serveAddr := ""
+	if c == shaperWork {
+		port, err := freePort()
+		if err != nil {
+			return res, err
+		}
+		serveAddr = "127.0.0.1:" + strconv.Itoa(port)
+		if serve, err = sh.Start(fmt.Sprintf("serve-%dx%d", n, r), []string{"SHAPER_KEY_IDLE=" + apiKey},
+			"serve", "--config", cfg, "--listen", serveAddr, "--log-level", "warn"); err != nil {
+			return res, err
+		}
+	}
 	for i := range r {
 		name := fmt.Sprintf("%s-%dx%d-%d", c, n, r, i+1)
 		var p *fleet.Proc
@@ -241,24 +295,22 @@ func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.C
 		case asynqDefault:
 			p, err = startAsynq(name, srv.Addr, n, 0)
 		case asynq10ms:
-			p, err = startAsynq(name, srv.Addr, n, shaperPoll)
+			p, err = startAsynq(name, srv.Addr, n, oldShaperPoll)
 		}
 		if err != nil {
 			return res, err
 		}
 		procs = append(procs, p)
 	}
-	// Every asynq server writes its first heartbeat to asynq:servers as
-	// it starts; all of them there means all are polling.
 	deadline := began.Add(o.cellTimeout)
 	for {
-		for _, p := range procs {
-			if p.Exited() {
+		for _, p := range append(procs, serve) {
+			if p != nil && p.Exited() {
 				return res, fmt.Errorf("%s exited while starting; log:\n%s", p.Name, p.Log())
 			}
 		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		got, err := rdb.ZCard(cctx, "asynq:servers").Result()
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		got, err := readiness(cctx, rdb, c, n, serveAddr)
 		cancel()
 		if err == nil {
 			res.Servers = got
@@ -269,7 +321,7 @@ func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.C
 		}
 		if time.Now().After(deadline) {
 			res.StartTime = time.Since(began)
-			res.Notes = append(res.Notes, fmt.Sprintf("only %d of %d servers registered within %v", res.Servers, res.Expected, o.cellTimeout))
+			res.Notes = append(res.Notes, fmt.Sprintf("only %d of %d ready within %v", res.Servers, res.Expected, o.cellTimeout))
 			break
 		}
 		if err := sleep(ctx, 200*time.Millisecond); err != nil {
@@ -284,19 +336,27 @@ func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.C
 	if err != nil {
 		return res, err
 	}
-	if err := sleep(ctx, o.window); err != nil {
+	var serveBefore time.Duration
+	if serve != nil {
+		serveBefore, _ = serve.CPU()
+	}
+	if err := sleep(ctx, res.Window); err != nil {
 		return res, err
 	}
 	after, err := take(srv, procs)
 	if err != nil {
 		return res, err
 	}
-	for _, p := range procs {
-		if p.Exited() {
+	for _, p := range append(procs, serve) {
+		if p != nil && p.Exited() {
 			return res, fmt.Errorf("%s exited while measured; log:\n%s", p.Name, p.Log())
 		}
 	}
 	res.fill(before, after)
+	if serve != nil {
+		serveAfter, _ := serve.CPU()
+		res.ServeCPU = (serveAfter - serveBefore).Seconds() / after.at.Sub(before.at).Seconds()
+	}
 	if res.RedisCPU >= redisSaturated {
 		res.Notes = append(res.Notes, fmt.Sprintf("Redis saturated (%.0f%% of a core): demand exceeds what it served", 100*res.RedisCPU))
 	}
@@ -305,7 +365,100 @@ func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.C
 	} else if res.MachineBusy >= machineSaturated {
 		res.Notes = append(res.Notes, fmt.Sprintf("machine busy (%.0f%% of all cores, other work included): the pollers may have been held back", 100*res.MachineBusy))
 	}
+
+	// The replicas get SIGTERM together, as in a rolling stop of the
+	// fleet; each one's time to exit is timed.
+	stopped = true
+	res.StopMax, res.Killed = stopTimed(procs)
+	if serve != nil {
+		if err := serve.Stop(stopGrace); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping serve of %d×%d: %v\n", n, r, err)
+		}
+	}
+	if res.Killed > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d of %d replicas still ran %v after SIGTERM and were killed", res.Killed, r, stopGrace))
+	}
 	return res, nil
+}
+
+// stopTimed sends SIGTERM to every process at once and reports the longest
+// time one took to exit, and how many had to be killed after stopGrace.
+func stopTimed(procs []*fleet.Proc) (longest time.Duration, killed int) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		wg.Go(func() {
+			t0 := time.Now()
+			err := p.Stop(stopGrace)
+			d := time.Since(t0)
+			mu.Lock()
+			defer mu.Unlock()
+			longest = max(longest, d)
+			if d >= stopGrace {
+				killed++
+			}
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "stopping %s: %v\n", p.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	return longest, killed
+}
+
+// readiness counts what of a cell is ready. asynq: servers registered in
+// asynq:servers (each writes its first heartbeat as it starts polling).
+// shaper: replicas subscribed to the wake-up channel, plus upstreams whose
+// ready structure has the "a worker sleeps" flag that an empty take sets
+// (so some replica has looked at it and gone to sleep), and nothing if the
+// serve process does not answer /healthz yet.
+func readiness(ctx context.Context, rdb *redis.Client, c string, n int, serveAddr string) (int64, error) {
+	if c != shaperWork {
+		return rdb.ZCard(ctx, "asynq:servers").Result()
+	}
+	resp, err := http.Get("http://" + serveAddr + "/healthz")
+	if err != nil {
+		return 0, nil
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, nil
+	}
+	subs, err := rdb.PubSubNumSub(ctx, sched.WakeChannel("")).Result()
+	if err != nil {
+		return 0, err
+	}
+	ready := subs[sched.WakeChannel("")]
+	pipe := rdb.Pipeline()
+	flags := make([]*redis.BoolCmd, n)
+	for i := range n {
+		flags[i] = pipe.HExists(ctx, sleepKey(queueName(i)), "sleep")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	for _, f := range flags {
+		if f.Val() {
+			ready++
+		}
+	}
+	return ready, nil
+}
+
+// sleepKey is the hash of an upstream's ready structure that holds the
+// "sleep" flag (P:s:{Q}:v in internal/sched's layout, beside its counts).
+func sleepKey(upstream string) string {
+	return strings.TrimSuffix(sched.For("", upstream).CountsKey(), "c") + "v"
+}
+
+// freePort is a loopback port free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // heldBack is the share of its smallest cell's rate per server below
@@ -321,14 +474,18 @@ const heldBack = 0.75
 func markHeldBack(results []result) {
 	base := map[string]result{}
 	for _, r := range results {
+		if r.Contender == shaperWork {
+			// Nothing polls: a replica's cost is not per upstream.
+			continue
+		}
 		if b, ok := base[r.Contender]; !ok || r.Expected < b.Expected {
 			base[r.Contender] = r
 		}
 	}
 	for i := range results {
 		r := &results[i]
-		b := base[r.Contender]
-		if r.Expected == b.Expected || b.CommandsPerSec <= 0 {
+		b, ok := base[r.Contender]
+		if !ok || r.Expected == b.Expected || b.CommandsPerSec <= 0 {
 			continue
 		}
 		per, bper := r.CommandsPerSec/float64(r.Expected), b.CommandsPerSec/float64(b.Expected)
