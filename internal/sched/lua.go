@@ -245,20 +245,23 @@ local stop = false
 -- structure not all examined; the caller must come back at once.
 local more = false
 local conc_expiry = 0
+-- What the take changed, written once after the loop.
+local went, went_lane, lane_time, v1 = {}, {}, {}, nil
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
-    local top = redis.call('ZRANGE', K_F, 0, 0)
+    local top = redis.call('ZRANGE', K_F, 0, 0, 'WITHSCORES')
     if #top == 0 then stop = true break end
-    local fk = top[1]
+    local fk, s1 = top[1], tonumber(top[2])
     local lk = P .. 'l:' .. fk
-    local lt = redis.call('ZRANGE', lk, 0, 0)
+    local lt = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
     if #lt == 0 then
       redis.call('ZREM', K_F, fk)
       redis.call('HDEL', K_V, 'v:' .. fk)
+      lane_time[fk] = nil
       break
     end
-    local lane = lt[1]
+    local lane, s2 = lt[1], tonumber(lt[2])
     local rk = P .. 'r:' .. lane .. '|' .. fk
     local fl = redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')
     local function retire_lane()
@@ -266,6 +269,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       if redis.call('ZCARD', lk) == 0 then
         redis.call('ZREM', K_F, fk)
         redis.call('HDEL', K_V, 'v:' .. fk)
+        lane_time[fk] = nil
       end
     end
     if #fl == 0 then
@@ -353,27 +357,28 @@ while not stop and taken < max_jobs and steps < 2000 do
     else
       -- The partition can go again when its limits allow its next job's
       -- costs (a job without a limit's cost is not held by it).
-      local nc = costs_of(redis.call('HGET', T .. nxt[1], 'sc'))
       local e = now
-      for j = 1, #pl do
-        local l = pl[j]
-        local nx = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, nc))
-        if nx > e then e = nx end
+      if #pl > 0 then
+        local nc = costs_of(redis.call('HGET', T .. nxt[1], 'sc'))
+        for j = 1, #pl do
+          local l = pl[j]
+          local nx = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, nc))
+          if nx > e then e = nx end
+        end
       end
       redis.call('ZADD', rk, e, pk)
     end
-    redis.call('LPUSH', KEYS[7], id)
-    redis.call('ZADD', KEYS[8], math.floor(now_s) + lease_s, id)
+    -- To asynq's active state; the list, the leases and the counters are
+    -- written once for the whole take, below.
     redis.call('HSET', tk, 'state', 'active')
     redis.call('HDEL', tk, 'group')
-    count(KEYS[4], 'pending:' .. lane, -1)
-    count(KEYS[4], 'active:' .. lane, 1)
-    -- Fair share: the key and the lane each move on by 1/weight.
-    local s1 = tonumber(redis.call('ZSCORE', K_F, fk))
-    redis.call('HSET', K_V, 'v', s1)
+    went[#went + 1] = id
+    went_lane[lane] = (went_lane[lane] or 0) + 1
+    -- Fair share: the key and the lane each move on by 1/weight; the
+    -- virtual times are written once, below.
+    v1 = s1
     redis.call('ZADD', K_F, s1 + 1 / (weights[fk] or 1), fk)
-    local s2 = tonumber(redis.call('ZSCORE', lk, lane))
-    redis.call('HSET', K_V, 'v:' .. fk, s2)
+    lane_time[fk] = s2
     redis.call('ZADD', lk, s2 + 1 / (lweights[lane] or 1), lane)
     out[#out + 1] = id
     out[#out + 1] = redis.call('HGET', tk, 'msg')
@@ -382,6 +387,26 @@ while not stop and taken < max_jobs and steps < 2000 do
   until true
 end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
+if #went > 0 then
+  redis.call('LPUSH', KEYS[7], unpack(went))
+  local lease_at = math.floor(now_s) + lease_s
+  local z = {}
+  for _, id in ipairs(went) do
+    z[#z + 1] = lease_at
+    z[#z + 1] = id
+  end
+  redis.call('ZADD', KEYS[8], unpack(z))
+  for lane, n in pairs(went_lane) do
+    count(KEYS[4], 'pending:' .. lane, -n)
+    count(KEYS[4], 'active:' .. lane, n)
+  end
+  local hv = {'v', v1}
+  for fk, t in pairs(lane_time) do
+    hv[#hv + 1] = 'v:' .. fk
+    hv[#hv + 1] = t
+  end
+  redis.call('HSET', K_V, unpack(hv))
+end
 
 if changed then
   for i = 1, #up do
