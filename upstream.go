@@ -233,7 +233,7 @@ const (
 	// unlooked-at: enqueues wake it at once over pub/sub, and whatever it
 	// knows comes due (a scheduled job, a parked partition) wakes it on
 	// time, so this only bounds the delay after a wake-up that was lost.
-	DefaultPollInterval = 30 * time.Second
+	DefaultPollInterval = 2 * time.Minute
 	// DefaultShutdownTimeout bounds a graceful stop of a worker or the API.
 	DefaultShutdownTimeout = 30 * time.Second
 )

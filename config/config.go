@@ -145,7 +145,7 @@ type Work struct {
 	MaxHold Duration `yaml:"max_hold"`
 	// PollInterval is the longest an idle upstream goes unlooked-at:
 	// enqueues wake workers at once over pub/sub, so this only bounds the
-	// delay after a lost wake-up. Default 30s.
+	// delay after a lost wake-up. Default 2m.
 	PollInterval Duration `yaml:"poll_interval"`
 }
 

@@ -129,7 +129,7 @@ upstreams:
 			Admission:       Admission{Capacity: 100, RefillPerSecond: 10, OnRedisError: shaper.FailOpen},
 			ShutdownTimeout: Duration(30 * time.Second),
 		},
-		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(250 * time.Millisecond), MaxHold: Duration(10 * time.Second), PollInterval: Duration(30 * time.Second)},
+		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(250 * time.Millisecond), MaxHold: Duration(10 * time.Second), PollInterval: Duration(2 * time.Minute)},
 	}
 	upstream := func(name, base string, conc, workers int, guard time.Duration, l Limit) *Upstream {
 		return &Upstream{

@@ -241,7 +241,10 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 				defer func() {
 					u.hold(j.ID, false)
 					<-u.slots
-					if u.starved.Load() {
+					// A starved loop is woken once a quarter of the
+					// workers are free, so that a take carries several
+					// jobs rather than one each time a worker frees.
+					if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/4) {
 						u.poke()
 					}
 				}()
@@ -259,7 +262,9 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 		if len(tk.Jobs) == min(free, maxTake) {
 			continue
 		}
-		wait := d.cfg.PollInterval
+		// The backstop look, jittered so a replica's upstreams do not all
+		// look at once.
+		wait := d.cfg.PollInterval*9/10 + rand.N(d.cfg.PollInterval/5+1)
 		concurrency := false
 		if tk.Wait > 0 {
 			wait = min(wait, tk.Wait)
