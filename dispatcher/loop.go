@@ -241,10 +241,10 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 				defer func() {
 					u.hold(j.ID, false)
 					<-u.slots
-					// A starved loop is woken once a quarter of the
-					// workers are free, so that a take carries several
-					// jobs rather than one each time a worker frees.
-					if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/4) {
+					// A starved loop is woken once half the workers are
+					// free, so that a take carries several jobs rather
+					// than one each time a worker frees.
+					if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/2) {
 						u.poke()
 					}
 				}()

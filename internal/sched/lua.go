@@ -284,7 +284,8 @@ while not stop and taken < max_jobs and steps < 2000 do
       break
     end
     local g = lane .. '|' .. fk .. '|' .. pk
-    local head = redis.call('ZRANGE', G .. g, 0, 0)
+    -- The job and the one after it, which the flow's next chance needs.
+    local head = redis.call('ZRANGE', G .. g, 0, 1)
     if #head == 0 then
       redis.call('ZREM', rk, pk)
       redis.call('SREM', K_GROUPS, g)
@@ -292,7 +293,17 @@ while not stop and taken < max_jobs and steps < 2000 do
     end
     local id = head[1]
     local tk = T .. id
-    local costs = costs_of(redis.call('HGET', tk, 'sc'))
+    -- Where nothing but the upstream can hold the job back (no partition
+    -- limits), it is all but certainly taken: read its message now too.
+    local limited = pk ~= '' and (overrides[pk] ~= nil or #plimits > 0)
+    local f, msg
+    if limited then
+      f = {redis.call('HGET', tk, 'sc')}
+    else
+      f = redis.call('HMGET', tk, 'sc', 'msg')
+      msg = f[2]
+    end
+    local costs = costs_of(f[1])
     -- The upstream's own slot for this job.
     local su, why = now, 0
     if blocked > su then su, why = blocked, 2 end
@@ -350,8 +361,8 @@ while not stop and taken < max_jobs and steps < 2000 do
     end
     -- The job leaves its flow for asynq's active list.
     redis.call('ZREM', G .. g, id)
-    local nxt = redis.call('ZRANGE', G .. g, 0, 0)
-    if #nxt == 0 then
+    local nxt = {head[2]}
+    if #head < 2 then
       redis.call('SREM', K_GROUPS, g)
       redis.call('ZREM', rk, pk)
     else
@@ -381,7 +392,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     lane_time[fk] = s2
     redis.call('ZADD', lk, s2 + 1 / (lweights[lane] or 1), lane)
     out[#out + 1] = id
-    out[#out + 1] = redis.call('HGET', tk, 'msg')
+    out[#out + 1] = msg or redis.call('HGET', tk, 'msg')
     out[#out + 1] = slot - now
     taken = taken + 1
   until true
