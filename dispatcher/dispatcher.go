@@ -183,7 +183,8 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 		for i, c := range calls {
 			items[i] = c.Req
 		}
-		errs, err := taskstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items)
+		errs, err := taskstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items,
+			taskstore.WakeOnRetry(u.space.SleepKey(), sched.WakeChannel(d.cfg.Prefix), uc.Name))
 		for i, c := range calls {
 			switch {
 			case err != nil:

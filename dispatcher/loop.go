@@ -203,10 +203,9 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			// Every worker holds a job; the next one to finish pokes us.
 			u.starved.Store(true)
 			if cap(u.slots)-len(u.slots) == 0 {
-				select {
-				case <-ctx.Done():
-				case <-u.wake:
-				}
+				// Woken by finishing workers, or after a horizon: a free
+				// worker waits no longer than that for a job.
+				d.idle(ctx, u, d.cfg.Horizon)
 			}
 			u.starved.Store(false)
 			continue
@@ -241,10 +240,11 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 				defer func() {
 					u.hold(j.ID, false)
 					<-u.slots
-					// A starved loop is woken once half the workers are
-					// free, so that a take carries several jobs rather
-					// than one each time a worker frees.
-					if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/2) {
+					// A starved loop is woken once a quarter of the
+					// workers are free (or by its timer), so that a take
+					// carries several jobs rather than one each time a
+					// worker frees.
+					if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/4) {
 						u.poke()
 					}
 				}()
@@ -421,19 +421,28 @@ func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, f
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	const batch = 1000
-	n, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), z, now.Add(-keep), batch)
-	if err != nil {
-		if ctx.Err() == nil {
-			d.log.Warn("could not delete finished jobs past their retention", "upstream", u.cfg.Name, "set", z, "err", err)
+	// Up to 50 batches a tick: an upstream finishing jobs fast must not
+	// finish them faster than they are deleted.
+	const batch, batches = 1000, 50
+	n := 0
+	for range batches {
+		m, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), z, now.Add(-keep), batch)
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Warn("could not delete finished jobs past their retention", "upstream", u.cfg.Name, "set", z, "err", err)
+			}
+			return
 		}
-		return
+		n += m
+		if m < batch {
+			break
+		}
 	}
 	if n > 0 {
 		d.log.Info("deleted finished jobs past their retention", "upstream", u.cfg.Name, "set", z, "deleted", n)
 	}
 	next := now // more to delete: again at the next tick
-	if n < batch {
+	if n%batch != 0 || n == 0 {
 		first, err := d.rdb.ZRangeWithScores(rctx, key, 0, 0).Result()
 		switch {
 		case err != nil:

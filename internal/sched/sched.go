@@ -57,9 +57,14 @@ func For(prefix, upstream string) Space {
 }
 
 // Keys of the space.
-func (s Space) vKey() string       { return s.our + "v" }
-func (s Space) fKey() string       { return s.our + "f" }
-func (s Space) calKey() string     { return s.our + "cal" }
+func (s Space) vKey() string   { return s.our + "v" }
+func (s Space) fKey() string   { return s.our + "f" }
+func (s Space) calKey() string { return s.our + "cal" }
+
+// SleepKey is the hash whose field "sleep" says a worker sleeps, waiting
+// for a wake-up on WakeChannel.
+func (s Space) SleepKey() string { return s.vKey() }
+
 func (s Space) CountsKey() string  { return s.our + "c" }
 func (s Space) BacklogKey() string { return s.our + "pb" }
 func (s Space) TaskKey(id string) string {

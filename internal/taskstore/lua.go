@@ -23,6 +23,9 @@ import "github.com/shaperhq/shaper/internal/script"
 //	KEYS[...] -> uniqueness lock keys, as the items name them
 //	ARGV[1] -> score for the archived set: now, Unix seconds (see Score)
 //	ARGV[2] -> when new daily stats keys expire, Unix seconds
+//	ARGV[3..5] -> with a retry among the items: a hash whose field "sleep"
+//	  says workers sleep ("" = none; in the queue's slot), and the channel
+//	  and message that wake them
 //	then per item, 11 values:
 //	  id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
 //	  "d" dead), encoded message to store, "1" when a result follows (else
@@ -63,7 +66,8 @@ end
 local processed, failed = 0, 0
 local out = {}
 local i = 0
-for b = 3, #ARGV, 11 do
+local retried = false
+for b = 6, #ARGV, 11 do
   i = i + 1
   local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
@@ -79,9 +83,16 @@ for b = 3, #ARGV, 11 do
   -- ZSCORE first: LREM removes as it checks, so nothing changes unless the
   -- task is in both.
   local held = redis.call('ZSCORE', lease, id)
-  if not held or (lapsed ~= '' and tonumber(held) > tonumber(lapsed)) or redis.call('LREM', active, 0, id) == 0 then
+  if not held or (lapsed ~= '' and tonumber(held) > tonumber(lapsed)) then
     -- (A recovery names the lease it saw run out: a task taken again
     -- since, under a new lease, is not the recovery's to end.)
+    out[i] = 0
+  elseif redis.call('LREM', active, 0, id) == 0 then
+    -- Leased but not active: nothing can end it. A recovery drops the
+    -- stray lease, which would otherwise be listed as lapsed for ever.
+    if lapsed ~= '' then
+      redis.call('ZREM', lease, id)
+    end
     out[i] = 0
   else
     redis.call('ZREM', lease, id)
@@ -106,6 +117,7 @@ for b = 3, #ARGV, 11 do
       redis.call('ZADD', retry, score, id)
       redis.call('HSET', task, 'msg', msg, 'state', 'retry')
       count('retry:' .. lane, 1)
+      retried = true
       if failure == '1' then
         processed = processed + 1
         failed = failed + 1
@@ -123,6 +135,11 @@ for b = 3, #ARGV, 11 do
 end
 bump(KEYS[6], KEYS[7], processed)
 bump(KEYS[8], KEYS[9], failed)
+-- A retry's time is known to this caller only: workers that sleep learn
+-- of it from a wake-up (see WakeOnRetry).
+if retried and ARGV[3] ~= '' and redis.call('HDEL', ARGV[3], 'sleep') == 1 then
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
 return out
 `)
 
@@ -146,9 +163,10 @@ return held
 `)
 
 // expiredScript lists tasks whose lease has run out, oldest lease first. A
-// lease naming a task whose hash is gone, or that is not in the active
-// list, can never be finished; it is dropped (with any active list entry)
-// so it does not fill every later page.
+// lease naming a task whose hash is gone can never be finished; it is
+// dropped (with its active list entry) so it does not fill every later
+// page. (One whose task is not in the active list is dropped by the
+// recovery's Finish.)
 //
 //	KEYS[1] -> lease set
 //	KEYS[2] -> active list
@@ -162,7 +180,7 @@ local out = {}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
   local v = redis.call('HMGET', ARGV[3] .. id, 'msg', 'sl', 'sp')
-  if v[1] and redis.call('LPOS', KEYS[2], id) ~= false then
+  if v[1] then
     out[#out + 1] = {id, v[1], v[2] or '', v[3] or ''}
   else
     redis.call('ZREM', KEYS[1], id)

@@ -116,11 +116,29 @@ type Finished struct {
 // The time written (the archived score, LastFailedAt, CompletedAt, the
 // completed score and the day of the stats) comes from this process's
 // clock, as asynq's does; lease and retry times are the caller's.
-func Finish(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog string, items []Finished) ([]error, error) {
-	return finishAt(ctx, rdb, k, counts, pbacklog, items, time.Now())
+func Finish(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog string, items []Finished, opts ...FinishOption) ([]error, error) {
+	return finishAt(ctx, rdb, k, counts, pbacklog, items, time.Now(), opts...)
 }
 
-func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog string, items []Finished, now time.Time) ([]error, error) {
+// FinishOption adjusts a Finish.
+type FinishOption func(*finishOpts)
+
+type finishOpts struct{ sleepKey, channel, message string }
+
+// WakeOnRetry makes a Finish that sends a task to retry also clear the
+// field "sleep" of the hash sleepKey (which must carry the queue's hash
+// tag) and, if it was set, publish message on channel: workers that went
+// to sleep knowing of no retry learn of it. (shaper's ready structure
+// keeps that flag; see internal/sched.)
+func WakeOnRetry(sleepKey, channel, message string) FinishOption {
+	return func(o *finishOpts) { o.sleepKey, o.channel, o.message = sleepKey, channel, message }
+}
+
+func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog string, items []Finished, now time.Time, opts ...FinishOption) ([]error, error) {
+	var o finishOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -131,8 +149,8 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	for _, it := range items {
 		keys = append(keys, k.Task(it.ID))
 	}
-	args := make([]any, 0, 2+11*len(items))
-	args = append(args, Score(now), now.Add(statsTTL).Unix())
+	args := make([]any, 0, 5+11*len(items))
+	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message)
 	for i := range items {
 		it := &items[i]
 		if err := it.check(k); err != nil {
