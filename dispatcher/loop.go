@@ -366,13 +366,13 @@ func (d *Dispatcher) upkeep(ctx context.Context) {
 }
 
 // sweeps deletes finished jobs past their retention: on an upstream when
-// the oldest it knows of is due, and on every upstream every sweepEvery,
-// the first full pass after a random part of it so that replicas started
-// together do not sweep together.
+// the oldest it knows of is due, and on every upstream about every
+// sweepEvery (jittered, so that replicas started together do not sweep
+// together).
 func (d *Dispatcher) sweeps(ctx context.Context) {
 	t := time.NewTicker(leaseRenewEvery)
 	defer t.Stop()
-	nextFull := time.Now().Add(leaseRenewEvery + rand.N(time.Minute))
+	nextFull := time.Now().Add(sweepEvery*9/10 + rand.N(sweepEvery/5))
 	for {
 		select {
 		case <-ctx.Done():
