@@ -247,36 +247,60 @@ local more = false
 local conc_expiry = 0
 -- What the take changed, written once after the loop.
 local went, went_lane, lane_time, v1 = {}, {}, {}, nil
+-- pend: new scores of sole members of a sorted set, written after the loop.
+local pends = {}
+local function pend(key, member, score)
+  if not pends[key] then pends[key] = {} end
+  pends[key][member] = score
+end
+local function pending(key, member)
+  return pends[key] and pends[key][member]
+end
+local function unpend(key, member)
+  if pends[key] then pends[key][member] = nil end
+end
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
-    local top = redis.call('ZRANGE', K_F, 0, 0, 'WITHSCORES')
+    -- Each lookup reads the first two members: a sole member's new score
+    -- need not be written until the end of the take, since nothing joins
+    -- these sets during the loop (pend).
+    local top = redis.call('ZRANGE', K_F, 0, 1, 'WITHSCORES')
     if #top == 0 then stop = true break end
-    local fk, s1 = top[1], tonumber(top[2])
+    local fk = top[1]
+    local s1 = pending(K_F, fk) or tonumber(top[2])
+    local f_sole = #top == 2
     local lk = P .. 'l:' .. fk
-    local lt = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
+    local lt = redis.call('ZRANGE', lk, 0, 1, 'WITHSCORES')
     if #lt == 0 then
       redis.call('ZREM', K_F, fk)
       redis.call('HDEL', K_V, 'v:' .. fk)
       lane_time[fk] = nil
+      unpend(K_F, fk)
       break
     end
-    local lane, s2 = lt[1], tonumber(lt[2])
+    local lane = lt[1]
+    local s2 = pending(lk, lane) or tonumber(lt[2])
+    local l_sole = #lt == 2
     local rk = P .. 'r:' .. lane .. '|' .. fk
-    local fl = redis.call('ZRANGE', rk, 0, 0, 'WITHSCORES')
+    local fl = redis.call('ZRANGE', rk, 0, 1, 'WITHSCORES')
+    local r_sole = #fl == 2
     local function retire_lane()
       redis.call('ZREM', lk, lane)
+      unpend(lk, lane)
       if redis.call('ZCARD', lk) == 0 then
         redis.call('ZREM', K_F, fk)
         redis.call('HDEL', K_V, 'v:' .. fk)
         lane_time[fk] = nil
+        unpend(K_F, fk)
       end
     end
     if #fl == 0 then
       retire_lane()
       break
     end
-    local pk, elig = fl[1], tonumber(fl[2])
+    local pk = fl[1]
+    local elig = pending(rk, pk) or tonumber(fl[2])
     if elig > now then
       -- Every partition of this lane is parked: calendar it.
       retire_lane()
@@ -333,6 +357,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- Not this partition's turn yet. It is taken when its slot comes,
       -- not booked ahead: booking the upstream at a partition's later
       -- slot would leave the upstream idle until then.
+      unpend(rk, pk)
       redis.call('ZADD', rk, sp, pk)
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
@@ -365,6 +390,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     if #head < 2 then
       redis.call('SREM', K_GROUPS, g)
       redis.call('ZREM', rk, pk)
+      unpend(rk, pk)
     else
       -- The partition can go again when its limits allow its next job's
       -- costs (a job without a limit's cost is not held by it).
@@ -377,7 +403,12 @@ while not stop and taken < max_jobs and steps < 2000 do
           if nx > e then e = nx end
         end
       end
-      redis.call('ZADD', rk, e, pk)
+      if r_sole and e <= now then
+        pend(rk, pk, e)
+      else
+        unpend(rk, pk)
+        redis.call('ZADD', rk, e, pk)
+      end
     end
     -- To asynq's active state; the list, the leases and the counters are
     -- written once for the whole take, below.
@@ -388,9 +419,17 @@ while not stop and taken < max_jobs and steps < 2000 do
     -- Fair share: the key and the lane each move on by 1/weight; the
     -- virtual times are written once, below.
     v1 = s1
-    redis.call('ZADD', K_F, s1 + 1 / (weights[fk] or 1), fk)
+    if f_sole then
+      pend(K_F, fk, s1 + 1 / (weights[fk] or 1))
+    else
+      redis.call('ZADD', K_F, s1 + 1 / (weights[fk] or 1), fk)
+    end
     lane_time[fk] = s2
-    redis.call('ZADD', lk, s2 + 1 / (lweights[lane] or 1), lane)
+    if l_sole then
+      pend(lk, lane, s2 + 1 / (lweights[lane] or 1))
+    else
+      redis.call('ZADD', lk, s2 + 1 / (lweights[lane] or 1), lane)
+    end
     out[#out + 1] = id
     out[#out + 1] = msg or redis.call('HGET', tk, 'msg')
     out[#out + 1] = slot - now
@@ -398,6 +437,11 @@ while not stop and taken < max_jobs and steps < 2000 do
   until true
 end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
+for key, members in pairs(pends) do
+  for member, score in pairs(members) do
+    redis.call('ZADD', key, 'XX', score, member)
+  end
+end
 if #went > 0 then
   redis.call('LPUSH', KEYS[7], unpack(went))
   local lease_at = math.floor(now_s) + lease_s
