@@ -481,3 +481,32 @@ func TestFinishedJobsGoAtTheirRetention(t *testing.T) {
 		t.Errorf("counts after the sweep %+v, want none succeeded or dead", c["default"])
 	}
 }
+
+// TestLeaseRenewedWhileSending: a job whose send outlasts a renewal keeps
+// its lease moving ahead, so no other replica recovers it mid-send.
+func TestLeaseRenewedWhileSending(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a lease renewal (5s)")
+	}
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{Name: "mail"}, 1)
+	started, release := make(chan string, 1), make(chan struct{})
+	h.start(Config{Upstreams: []shaper.Upstream{{Name: "mail", Limits: []leaky.Limit{leaky.PerSecond(100)}, Timeout: time.Minute}}},
+		map[string]Handler{"mail": func(ctx context.Context, job *queue.Job) (*queue.Response, error) {
+			started <- job.ID
+			<-release
+			return nil, nil
+		}})
+	info := h.enqueue(&queue.Job{Upstream: "mail", Task: "long"})
+	id := <-started
+	leaseKey := "asynq:{" + queue.QueueName("mail") + "}:lease"
+	first := h.rdb.ZScore(context.Background(), leaseKey, id).Val()
+	time.Sleep(leaseRenewEvery + time.Second)
+	later := h.rdb.ZScore(context.Background(), leaseKey, id).Val()
+	close(release)
+	if later <= first {
+		t.Errorf("lease of a job in flight for %v: %.3f, then %.3f; want it renewed ahead", leaseRenewEvery+time.Second, first, later)
+	}
+	if got := h.waitFor([]string{info.ID}, queue.StateSucceeded, queue.StateDead)[info.ID]; got.State != queue.StateSucceeded {
+		t.Errorf("job %s, want succeeded", got.State)
+	}
+}

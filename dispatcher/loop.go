@@ -23,6 +23,8 @@ import (
 const (
 	taskLease       = 30 * time.Second
 	leaseRenewEvery = 5 * time.Second
+	// leaseRenewers bounds the upstreams whose leases are renewed at once.
+	leaseRenewers = 16
 	// maxTake bounds the jobs one take books, so one script call stays short.
 	maxTake = 64
 	// sweepEvery is how often every upstream's finished jobs are swept
@@ -349,19 +351,33 @@ func (d *Dispatcher) upkeep(ctx context.Context) {
 		case <-t.C:
 		}
 		until := time.Now().Add(taskLease)
+		// Upstreams at once (a few at a time), so that one whose Redis
+		// master is slow or gone cannot hold back the others' renewals
+		// past their leases.
+		var wg sync.WaitGroup
+		gate := make(chan struct{}, leaseRenewers)
 		for _, name := range d.order {
 			u := d.ups[name]
 			ids := u.held()
 			if len(ids) == 0 {
 				continue
 			}
-			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := taskstore.ExtendLeases(rctx, d.rdb, u.store, ids, until); err != nil {
-				d.m.RedisErrors.WithLabelValues("pacing").Inc()
-				d.log.Warn("could not extend the leases of jobs in flight", "upstream", name, "err", err)
-			}
-			cancel()
+			wg.Add(1)
+			gate <- struct{}{}
+			go func() {
+				defer func() {
+					<-gate
+					wg.Done()
+				}()
+				rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				if err := taskstore.ExtendLeases(rctx, d.rdb, u.store, ids, until); err != nil {
+					d.m.RedisErrors.WithLabelValues("pacing").Inc()
+					d.log.Warn("could not extend the leases of jobs in flight", "upstream", name, "err", err)
+				}
+			}()
 		}
+		wg.Wait()
 	}
 }
 
