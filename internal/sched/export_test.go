@@ -53,9 +53,8 @@ func (s Space) Check(ctx context.Context, rdb redis.Cmdable, ids []string) error
 		}
 		return true
 	}
-	q := s.Queue
-	schedK, retryK, activeK, leaseK := asynqKey(q, "scheduled"), asynqKey(q, "retry"), asynqKey(q, "active"), asynqKey(q, "lease")
-	archK, compK, groupsK := asynqKey(q, "archived"), asynqKey(q, "completed"), asynqKey(q, "groups")
+	schedK, retryK, activeK, leaseK := s.a.Scheduled(), s.a.Retry(), s.a.Active(), s.a.Lease()
+	archK, compK, groupsK := s.a.Archived(), s.a.Completed(), s.a.Groups()
 
 	active, err := rdb.LRange(ctx, activeK, 0, -1).Result()
 	if err != nil {

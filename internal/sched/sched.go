@@ -26,6 +26,7 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -37,9 +38,6 @@ func QueueName(upstream string) string { return "shaper." + upstream }
 // message is the upstream's name.
 func WakeChannel(prefix string) string { return keyspace.Prefix(prefix) + ":wake" }
 
-// asynqKey is asynq's key for part of queue q (see its internal/base).
-func asynqKey(q, part string) string { return "asynq:{" + q + "}:" + part }
-
 // Space is one upstream's keys. It is a value; build it with For.
 type Space struct {
 	Upstream string
@@ -47,13 +45,14 @@ type Space struct {
 	prefix   string
 	wake     string
 	our      string // P:s:{Q}:
+	a        taskstore.Keys
 }
 
 // For returns the space of an upstream under a key prefix ("" = default).
 func For(prefix, upstream string) Space {
 	p := keyspace.Prefix(prefix)
 	q := QueueName(upstream)
-	return Space{Upstream: upstream, Queue: q, prefix: p, wake: WakeChannel(p), our: p + ":s:{" + q + "}:"}
+	return Space{Upstream: upstream, Queue: q, prefix: p, wake: WakeChannel(p), our: p + ":s:{" + q + "}:", a: taskstore.For(q)}
 }
 
 // Keys of the space.
@@ -68,10 +67,10 @@ func (s Space) SleepKey() string { return s.vKey() }
 func (s Space) CountsKey() string  { return s.our + "c" }
 func (s Space) BacklogKey() string { return s.our + "pb" }
 func (s Space) TaskKey(id string) string {
-	return asynqKey(s.Queue, "t:") + id
+	return s.a.Task(id)
 }
-func (s Space) taskPrefix() string  { return asynqKey(s.Queue, "t:") }
-func (s Space) groupPrefix() string { return asynqKey(s.Queue, "g:") }
+func (s Space) taskPrefix() string  { return s.a.TaskPrefix() }
+func (s Space) groupPrefix() string { return s.a.Group("") }
 
 // Entry is a job as the ready structure sees it.
 type Entry struct {
@@ -136,7 +135,7 @@ func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (create
 		at = unixSeconds(e.ProcessAt)
 	}
 	keys := []string{s.TaskKey(e.ID), s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.BacklogKey(),
-		asynqKey(s.Queue, "scheduled"), asynqKey(s.Queue, "groups")}
+		s.a.Scheduled(), s.a.Groups()}
 	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys,
 		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
 		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream)
@@ -154,8 +153,8 @@ func (s Space) Requeue(ctx context.Context, rdb redis.Scripter, concLeases strin
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	keys := []string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), asynqKey(s.Queue, "active"),
-		asynqKey(s.Queue, "lease"), asynqKey(s.Queue, "groups"), concLeases}
+	keys := []string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.a.Active(),
+		s.a.Lease(), s.a.Groups(), concLeases}
 	args := []any{s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream}
 	for _, id := range ids {
 		args = append(args, id)
@@ -176,8 +175,8 @@ var ErrNotWaiting = errors.New("job is not waiting")
 // archive, out of every structure that would dispatch it. It returns
 // redis.Nil if there is no such job.
 func (s Space) Cancel(ctx context.Context, rdb redis.Scripter, id string) error {
-	keys := []string{s.TaskKey(id), s.CountsKey(), s.BacklogKey(), asynqKey(s.Queue, "scheduled"),
-		asynqKey(s.Queue, "retry"), asynqKey(s.Queue, "archived"), asynqKey(s.Queue, "groups")}
+	keys := []string{s.TaskKey(id), s.CountsKey(), s.BacklogKey(), s.a.Scheduled(),
+		s.a.Retry(), s.a.Archived(), s.a.Groups()}
 	v, err := script.Run(ctx, rdb, "sched.cancel", cancelScript, keys, "", s.groupPrefix(), id)
 	if err != nil {
 		return err
@@ -199,7 +198,7 @@ func (s Space) RunNow(ctx context.Context, rdb redis.Scripter, ids ...string) (i
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	keys := []string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), asynqKey(s.Queue, "retry"), asynqKey(s.Queue, "groups")}
+	keys := []string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.a.Retry(), s.a.Groups()}
 	v, err := script.Run(ctx, rdb, "sched.run_now", runNowScript, keys, args...)
 	if err != nil {
 		return 0, err
@@ -290,8 +289,8 @@ func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 	t := &Taker{s: s, rdb: rdb, bucket: cfg.Bucket, leaseS: int64(cfg.Lease / time.Second),
 		lookUs: cfg.Lookahead.Microseconds(), conc: u.Concurrency > 0}
 	t.keys = append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
-		asynqKey(s.Queue, "scheduled"), asynqKey(s.Queue, "retry"), asynqKey(s.Queue, "active"),
-		asynqKey(s.Queue, "lease"), asynqKey(s.Queue, "groups"), lay.Block, lay.Leases}, lay.TATs...)
+		s.a.Scheduled(), s.a.Retry(), s.a.Active(),
+		s.a.Lease(), s.a.Groups(), lay.Block, lay.Leases}, lay.TATs...)
 	f := []any{t.leaseS, u.Concurrency, cfg.ConcurrencyLease.Microseconds(), s.our, s.groupPrefix(), s.taskPrefix(), lay.PartitionPrefix}
 	f = append(f, len(u.Limits))
 	for i, l := range u.Limits {
@@ -456,11 +455,11 @@ func (s Space) Place(ctx context.Context, rdb redis.Scripter, e Entry, p Placeme
 	var set, state string
 	switch p {
 	case PlaceRetry:
-		set, state = "retry", "retry"
+		set, state = s.a.Retry(), "retry"
 	case PlaceDead:
-		set, state = "archived", "archived"
+		set, state = s.a.Archived(), "archived"
 	case PlaceSucceeded:
-		set, state = "completed", "completed"
+		set, state = s.a.Completed(), "completed"
 	default:
 		return false, fmt.Errorf("place %s: unknown placement %v", e.ID, p)
 	}
@@ -468,7 +467,7 @@ func (s Space) Place(ctx context.Context, rdb redis.Scripter, e Entry, p Placeme
 	if result != nil && p == PlaceSucceeded {
 		hasResult = "1"
 	}
-	keys := []string{s.TaskKey(e.ID), s.vKey(), s.CountsKey(), s.BacklogKey(), asynqKey(s.Queue, set)}
+	keys := []string{s.TaskKey(e.ID), s.vKey(), s.CountsKey(), s.BacklogKey(), set}
 	v, err := script.Run(ctx, rdb, "sched.place", placeScript, keys,
 		e.ID, e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), state, p.String(),
 		unixSeconds(at), hasResult, result, s.wake, s.Upstream)
