@@ -74,11 +74,14 @@ for b = 6, #ARGV, 11 do
   local failure, unique = ARGV[b + 8], tonumber(ARGV[b + 9])
   local lapsed = ARGV[b + 10]
   local task = KEYS[11 + i]
-  -- The task's own lane and partition, where shaper's enqueue wrote them,
-  -- over the caller's: a caller that could not decode the job has none.
-  local own = redis.call('HMGET', task, 'sl', 'sp')
-  if own[1] then
-    lane, partition = own[1], own[2] or ''
+  -- A caller that could not decode the job knows no lane: the task's
+  -- own, where shaper's enqueue wrote them. (Read only then: this runs
+  -- once per finished job.)
+  if lane == '' then
+    local own = redis.call('HMGET', task, 'sl', 'sp')
+    if own[1] then
+      lane, partition = own[1], own[2] or ''
+    end
   end
   -- ZSCORE first: LREM removes as it checks, so nothing changes unless the
   -- task is in both.
