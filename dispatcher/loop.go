@@ -584,21 +584,14 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		// Held (its lease extended) until Redis takes it back: a job whose
 		// lease ran out would be recovered with an attempt spent, though
 		// it was never sent.
-		deadline := time.Now().Add(outcomeWait)
-		for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-			rctx, cancel := context.WithTimeout(bg, 2*time.Second)
-			_, err := u.space.Requeue(rctx, d.rdb, u.bucket.Layout().Leases, t.ID)
-			cancel()
-			if err == nil {
-				return
-			}
-			d.m.RedisErrors.WithLabelValues("pacing").Inc()
-			if !unreachable(err) || time.Now().After(deadline) {
-				d.log.Error("could not put a job back; when its lease runs out it is recovered", "upstream", name, "job", t.ID, "err", err)
-				return
-			}
-			time.Sleep(pause)
+		err := d.untilStored(bg, "pacing", "put a job back", u, t.ID, func(ctx context.Context) error {
+			_, err := u.space.Requeue(ctx, d.rdb, u.bucket.Layout().Leases, t.ID)
+			return err
+		})
+		if err != nil {
+			d.log.Error("could not put a job back; when its lease runs out it is recovered", "upstream", name, "job", t.ID, "err", err)
 		}
+		return
 	}
 	if t.Slot.Lease != "" {
 		rctx, cancel := context.WithTimeout(bg, 2*time.Second)
@@ -628,26 +621,16 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	default:
 		f.Outcome, f.RetryAt, f.ErrMsg, f.Failure = taskstore.Retry, time.Now().Add(time.Second), outcome.Error(), true
 	}
-	deadline := time.Now().Add(outcomeWait)
-	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		rctx, cancel := context.WithTimeout(bg, 2*time.Second)
-		itemErr, err := u.finish.Do(rctx, f)
-		cancel()
-		if err == nil {
-			if itemErr != nil {
-				d.log.Warn("a job's outcome came after its lease ran out; recovery already gave it back", "upstream", name, "job", t.ID)
-			}
-			break
+	err := d.untilStored(bg, "results", "record a job's outcome", u, t.ID, func(ctx context.Context) error {
+		itemErr, err := u.finish.Do(ctx, f)
+		if err == nil && itemErr != nil {
+			d.log.Warn("a job's outcome came after its lease ran out; recovery already gave it back", "upstream", name, "job", t.ID)
 		}
-		d.m.RedisErrors.WithLabelValues("results").Inc()
-		if !unreachable(err) || time.Now().After(deadline) {
-			d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", t.ID, "err", err)
-			return
-		}
-		if pause == 50*time.Millisecond {
-			d.log.Warn("cannot record a job's outcome; holding it until Redis answers", "upstream", name, "job", t.ID, "for_at_most", outcomeWait, "err", err)
-		}
-		time.Sleep(pause)
+		return err
+	})
+	if err != nil {
+		d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", t.ID, "err", err)
+		return
 	}
 	if job.Secrets != "" {
 		switch f.Outcome {
@@ -666,6 +649,29 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	if f.Outcome == taskstore.Retry {
 		// This replica knows when it comes due; wake in time for it.
 		u.poke()
+	}
+}
+
+// untilStored runs write until Redis takes it: while Redis is unreachable
+// it tries again, backing off, for up to outcomeWait (the job, still held,
+// keeps its lease meanwhile). It returns the last error, nil once written.
+func (d *Dispatcher) untilStored(ctx context.Context, metric, what string, u *upstream, id string, write func(context.Context) error) error {
+	deadline := time.Now().Add(outcomeWait)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := write(wctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		d.m.RedisErrors.WithLabelValues(metric).Inc()
+		if !unreachable(err) || time.Now().After(deadline) {
+			return err
+		}
+		if pause == 50*time.Millisecond {
+			d.log.Warn("cannot "+what+"; holding the job until Redis answers", "upstream", u.cfg.Name, "job", id, "for_at_most", outcomeWait, "err", err)
+		}
+		time.Sleep(pause)
 	}
 }
 
