@@ -17,6 +17,7 @@ import (
 
 	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/childproc"
+	"github.com/shaperhq/shaper/internal/stall"
 )
 
 // runChild is the body of a child process: a pacer replica that takes slots
@@ -144,6 +145,7 @@ func TestPacingAcrossProcesses(t *testing.T) {
 				err error
 			}
 			results := make([]result, procs)
+			host := stall.Start()
 			var wg sync.WaitGroup
 			for i := 0; i < procs; i++ {
 				cmd := childproc.Command(t, "pacer",
@@ -169,6 +171,7 @@ func TestPacingAcrossProcesses(t *testing.T) {
 				}()
 			}
 			wg.Wait()
+			stalled, longest, stalls := host.Stop()
 			var sends []time.Duration
 			for i, r := range results {
 				if r.err != nil {
@@ -190,8 +193,13 @@ func TestPacingAcrossProcesses(t *testing.T) {
 			if most > int(tc.rate) {
 				t.Errorf("got %d sends in one window of %v, want at most %d", most, per, tc.rate)
 			}
-			if min := 0.97 * float64(tc.rate); achieved < min {
-				t.Errorf("got %.1f sends/s, want at least 97%% of %d (%.1f)", achieved, tc.rate, min)
+			// The machine itself stopping (a virtual machine descheduled by
+			// its host) stops every replica: the 97% is owed for the time the
+			// machine ran, not for the time it stood still.
+			ran := max(0, duration-stalled+time.Duration(stalls)*stall.Threshold)
+			t.Logf("host stalls: %d, %v in all, longest %v; owed 97%% of %d/s over %v", stalls, stalled, longest, tc.rate, ran)
+			if min := 0.97 * float64(tc.rate) * ran.Seconds() / duration.Seconds(); achieved < min {
+				t.Errorf("got %.1f sends/s, want at least 97%% of %d over the %v the host ran (%.1f)", achieved, tc.rate, ran, min)
 			}
 		})
 	}

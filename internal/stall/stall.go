@@ -1,0 +1,68 @@
+// Package stall measures how long this machine stopped running a process
+// that only wanted to wake every millisecond: virtual machines on a shared
+// host are sometimes descheduled for tens of milliseconds, and no replica
+// can send while that lasts. Throughput tests use it to tell "shaper left
+// slots unused" apart from "nothing on this machine ran".
+package stall
+
+import (
+	"sync"
+	"time"
+)
+
+// Monitor sleeps in 1ms steps on its own goroutine and adds up every
+// overshoot beyond Threshold.
+type Monitor struct {
+	threshold time.Duration
+	stop      chan struct{}
+	done      chan struct{}
+
+	mu      sync.Mutex
+	stalled time.Duration
+	longest time.Duration
+	count   int
+}
+
+// Threshold is the overshoot of a 1ms sleep that counts as a stall: well
+// above the timer slack of an idle Linux host (tens of µs to ~1ms).
+const Threshold = 5 * time.Millisecond
+
+// Start begins measuring. Call Stop to end it.
+func Start() *Monitor {
+	m := &Monitor{threshold: Threshold, stop: make(chan struct{}), done: make(chan struct{})}
+	go m.run()
+	return m
+}
+
+func (m *Monitor) run() {
+	defer close(m.done)
+	const step = time.Millisecond
+	last := time.Now()
+	for {
+		select {
+		case <-m.stop:
+			return
+		default:
+		}
+		time.Sleep(step)
+		now := time.Now()
+		if over := now.Sub(last) - step; over > m.threshold {
+			m.mu.Lock()
+			m.stalled += over
+			m.longest = max(m.longest, over)
+			m.count++
+			m.mu.Unlock()
+		}
+		last = now
+	}
+}
+
+// Stop ends measuring and returns the total time lost to stalls, the
+// longest one and how many there were.
+func (m *Monitor) Stop() (total, longest time.Duration, count int) {
+	close(m.stop)
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stalled, m.longest, m.count
+}
