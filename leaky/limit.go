@@ -28,6 +28,11 @@ type Limit struct {
 	// window of length Per; it lowers the sustained rate instead (see
 	// Params).
 	Burst int64
+	// Adaptive makes Rate a ceiling rather than a known limit: the fleet
+	// lowers the rate it paces at when the upstream pushes back and probes
+	// back up while it does not (see Bucket.Feedback). The current rate is
+	// kept in Redis, so every replica paces at the same one.
+	Adaptive bool
 }
 
 // PerSecond is a limit of n requests per second with strictly even spacing.
