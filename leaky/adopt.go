@@ -23,6 +23,12 @@ type Layout struct {
 	// PartitionPrefix starts the TAT key of a partition's limit:
 	// PartitionPrefix + partition + ":" + LimitID(limit).
 	PartitionPrefix string
+	// Dyn is the hash of dynamic limits (see DynLua), DynFields the field
+	// of each limit in it ("" for a fixed limit), and Stated the TAT keys
+	// of the limits the upstream stated, MaxStated of them.
+	Dyn       string
+	DynFields []string
+	Stated    []string
 }
 
 // Layout reports where the bucket keeps its state.
@@ -32,6 +38,9 @@ func (b *Bucket) Layout() Layout {
 		TATs:            append([]string(nil), b.keys[2:]...),
 		Params:          append([]gcra.Params(nil), b.params...),
 		PartitionPrefix: b.p.key(b.name, "p:"),
+		Dyn:             b.dynKey(),
+		DynFields:       b.dynFields(),
+		Stated:          b.dynKeys()[1:],
 	}
 }
 

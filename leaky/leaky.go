@@ -348,10 +348,10 @@ type reserveRes struct {
 // runReserve books a batch of reservations in one script call.
 func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq, reserveRes]) {
 	n := len(b.params)
-	args := make([]any, 0, 4+3*n+len(calls)*(2+n))
+	args := make([]any, 0, 4+4*n+len(calls)*(2+n))
 	args = append(args, script.NowArg(b.p.now), b.cfg.LeaseTTL.Microseconds(), b.cfg.Concurrency, n)
 	for i, l := range b.cfg.Limits {
-		args = append(args, b.params[i].Interval, b.params[i].Capacity, l.Per.Microseconds())
+		args = append(args, b.params[i].Interval, b.params[i].Capacity, l.Per.Microseconds(), dynField(l))
 	}
 	for _, c := range calls {
 		args = append(args, c.Req.maxWait, c.Req.lease)
@@ -365,7 +365,7 @@ func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq
 		}
 	}
 	issued := time.Now()
-	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, b.keys, args...)
+	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, append(b.keys, b.dynKeys()...), args...)
 	if err != nil {
 		fail(err)
 		return
@@ -529,16 +529,20 @@ type State struct {
 	// Booked is, per limit, how far ahead of now slots are booked: the
 	// bucket's level expressed as time.
 	Booked []time.Duration
+	// Limits is every limit as paced now: the configured ones in order
+	// (an adaptive one at its current rate), then those the upstream
+	// stated (see Learn).
+	Limits []LimitState
 }
 
 // State reads the bucket without changing it.
 func (b *Bucket) State(ctx context.Context) (State, error) {
-	v, err := script.Run(ctx, b.p.rdb, "leaky.state", stateScript, b.keys, script.NowArg(b.p.now))
+	v, err := script.Run(ctx, b.p.rdb, "leaky.state", stateScript, append(b.keys, b.dynKey()), script.NowArg(b.p.now))
 	if err != nil {
 		return State{}, fmt.Errorf("state of %s: %w", b.name, err)
 	}
 	arr, ok := v.([]any)
-	if !ok || len(arr) != 4+len(b.params) {
+	if !ok || len(arr) != 5+len(b.params) {
 		return State{}, fmt.Errorf("state of %s: malformed reply %v", b.name, v)
 	}
 	ints := func(i int) int64 { n, _ := arr[i].(int64); return n }
@@ -548,8 +552,17 @@ func (b *Bucket) State(ctx context.Context) (State, error) {
 		st.BlockedUntil = time.UnixMicro(u)
 		st.BlockReason, _ = arr[2].(string)
 	}
+	fields := map[string]string{}
+	if flat, ok := arr[4].([]any); ok {
+		for i := 0; i+1 < len(flat); i += 2 {
+			k, _ := flat[i].(string)
+			val, _ := flat[i+1].(string)
+			fields[k] = val
+		}
+	}
+	st.Limits = b.limitStates(fields, now)
 	for i := range b.params {
-		st.Booked = append(st.Booked, time.Duration(max(0, ints(4+i)-now))*time.Microsecond)
+		st.Booked = append(st.Booked, time.Duration(max(0, ints(5+i)-now))*time.Microsecond)
 	}
 	return st, nil
 }

@@ -21,13 +21,17 @@ const (
 //
 //	KEYS[1] -> block hash {until=µs, reason=text}
 //	KEYS[2] -> in-flight leases, a sorted set of lease id -> expiry µs
-//	KEYS[3..] -> one TAT string per limit
+//	KEYS[3..2+n] -> one TAT string per limit
+//	KEYS[3+n] -> the dyn hash (see DynLua), then MaxStated stated-limit TATs
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
 //	ARGV[2] -> lease lifetime µs, counted from the slot
 //	ARGV[3] -> concurrency limit
 //	ARGV[4] -> n, the number of limits
-//	ARGV[5+3i .. 7+3i] -> limit i: interval µs, capacity, per µs
+//	ARGV[5+4i .. 8+4i] -> limit i: interval µs, capacity, per µs, dyn field ("" fixed)
 //	then per reservation: max wait µs, lease id ("" = none), cost of each limit
+//
+// Stated limits count one per reservation; their TATs are booked like the
+// others' but not reported, so Cancel leaves them booked.
 //
 // Returns one reply per reservation: {ok, wait, reason, limit, now, prev_1,
 // next_1, ..., prev_n, next_n}. ok is 1 when booked; wait is the delay until
@@ -36,25 +40,42 @@ const (
 // concurrency); limit is the 1-based limit that bound the slot; prev_i and
 // next_i are the TATs before and after (prev 0 when there was none), for
 // giving the slot back.
-var reserveScript = script.New(gcra.LuaFunctions, `
+var reserveScript = script.New(gcra.LuaFunctions, DynLua, `
 local now = shaper_now(ARGV[1])
 local lease_ttl = tonumber(ARGV[2])
 local concurrency = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local interval, capacity, per, tat, changed = {}, {}, {}, {}, {}
+local interval, capacity, per, tat, changed, key = {}, {}, {}, {}, {}, {}
+local dyn = shaper_dyn_read(KEYS[3 + n])
 for i = 1, n do
-  local b = 5 + 3 * (i - 1)
-  interval[i] = tonumber(ARGV[b])
+  local b = 5 + 4 * (i - 1)
+  interval[i] = shaper_dyn_interval(dyn, ARGV[b + 3], tonumber(ARGV[b]), now)
   capacity[i] = tonumber(ARGV[b + 1])
   per[i] = tonumber(ARGV[b + 2])
-  tat[i] = tonumber(redis.call('GET', KEYS[i + 2]) or '0')
+  key[i] = KEYS[i + 2]
+  tat[i] = tonumber(redis.call('GET', key[i]) or '0')
+end
+-- The limits the upstream stated, after the configured ones.
+local all = n
+for s = 1, #KEYS - 3 - n do
+  local iv, cap, pr = shaper_stated(dyn, s)
+  if iv then
+    all = all + 1
+    interval[all], capacity[all], per[all] = iv, cap, pr
+    key[all] = KEYS[3 + n + s]
+    tat[all] = tonumber(redis.call('GET', key[all]) or '0')
+  end
+end
+local function unit_cost(base, i)
+  if i > n then return 1 end
+  return tonumber(ARGV[base + 1 + i])
 end
 local blocked = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
 local pruned = false
 local last_expiry = 0
 
 local replies = {}
-local start = 5 + 3 * n
+local start = 5 + 4 * n
 local stride = 2 + n
 for base = start, #ARGV, stride do
   local max_wait = tonumber(ARGV[base])
@@ -63,8 +84,8 @@ for base = start, #ARGV, stride do
   if blocked > slot then
     slot, reason = blocked, 2
   end
-  for i = 1, n do
-    local at = gcra_earliest(tat[i], now, interval[i], capacity[i], tonumber(ARGV[base + 1 + i]))
+  for i = 1, all do
+    local at = gcra_earliest(tat[i], now, interval[i], capacity[i], unit_cost(base, i))
     if at > slot then
       slot, reason, binding = at, 1, i
     end
@@ -89,10 +110,12 @@ for base = start, #ARGV, stride do
     end
   end
   if ok then
-    for i = 1, n do
-      local nxt = gcra_take(tat[i], slot, interval[i], tonumber(ARGV[base + 1 + i]))
-      out[#out + 1] = tat[i]
-      out[#out + 1] = nxt
+    for i = 1, all do
+      local nxt = gcra_take(tat[i], slot, interval[i], unit_cost(base, i))
+      if i <= n then
+        out[#out + 1] = tat[i]
+        out[#out + 1] = nxt
+      end
       tat[i] = nxt
       changed[i] = true
     end
@@ -101,9 +124,9 @@ for base = start, #ARGV, stride do
   replies[#replies + 1] = out
 end
 
-for i = 1, n do
+for i = 1, all do
   if changed[i] then
-    redis.call('SET', KEYS[i + 2], shaper_int(tat[i]), 'PX', math.ceil((tat[i] - now + per[i]) / 1000))
+    redis.call('SET', key[i], shaper_int(tat[i]), 'PX', math.ceil((tat[i] - now + per[i]) / 1000))
   end
 end
 if last_expiry > 0 then
@@ -231,17 +254,19 @@ return 1
 //
 //	KEYS[1] -> block hash
 //	KEYS[2] -> in-flight leases sorted set
-//	KEYS[3..] -> one TAT string per limit
+//	KEYS[3..] -> one TAT string per limit, then the dyn hash
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
 //
-// Returns {now, blocked until (0 none), block reason, leases in flight, tat_1, ..., tat_n}.
+// Returns {now, blocked until (0 none), block reason, leases in flight,
+// dyn hash fields as a flat list, tat_1, ..., tat_n}.
 var stateScript = script.New(`
 local now = shaper_now(ARGV[1])
 local out = {now}
 out[2] = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
 out[3] = redis.call('HGET', KEYS[1], 'reason') or ''
 out[4] = redis.call('ZCOUNT', KEYS[2], '(' .. shaper_int(now), '+inf')
-for i = 3, #KEYS do
+out[5] = redis.call('HGETALL', KEYS[#KEYS])
+for i = 3, #KEYS - 1 do
   out[#out + 1] = tonumber(redis.call('GET', KEYS[i]) or '0')
 end
 return out

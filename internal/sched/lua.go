@@ -3,6 +3,7 @@ package sched
 import (
 	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/leaky"
 )
 
 // The ready structure of one upstream. Every key shares the hash tag of the
@@ -121,13 +122,14 @@ return out
 //	KEYS[1] v  KEYS[2] f  KEYS[3] cal  KEYS[4] counts  KEYS[5] asynq scheduled
 //	KEYS[6] asynq retry  KEYS[7] asynq active  KEYS[8] asynq lease
 //	KEYS[9] asynq groups set  KEYS[10] leaky block hash
-//	KEYS[11] leaky concurrency leases  KEYS[12..] one TAT per upstream limit
+//	KEYS[11] leaky concurrency leases  KEYS[12..11+n] one TAT per upstream limit
+//	KEYS[12+n] the bucket's dyn hash, then the stated limits' TATs (leaky.Layout)
 //	ARGV[1] now override  ARGV[2] max jobs  ARGV[3] lookahead µs
 //	ARGV[4] asynq lease seconds  ARGV[5] concurrency (0 none)
 //	ARGV[6] concurrency lease µs after the slot  ARGV[7] our prefix
 //	ARGV[8] asynq group prefix  ARGV[9] asynq task prefix
 //	ARGV[10] partition TAT prefix ("P:leaky:{Q}:p:")
-//	ARGV[11] n, then n × (interval, capacity, per µs, cost name) for the upstream
+//	ARGV[11] n, then n × (interval, capacity, per µs, cost name, dyn field) for the upstream
 //	then m, m × (id, interval, capacity, per µs, cost name): partition limits
 //	then o, o × (partition, k, k × (id, interval, capacity, per µs, cost)):
 //	overrides; then w, w × (fairness key, weight); then x, x × (lane, weight)
@@ -140,7 +142,7 @@ return out
 // bound on parks or steps before examining every flow; expired is 1 when
 // some active job's lease has run out; slot_i is the µs from now until
 // job i's slot.
-var takeScript = script.New(gcra.LuaFunctions, `
+var takeScript = script.New(gcra.LuaFunctions, leaky.DynLua, `
 local P, G, T, PT = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
 `+flowLua+`
@@ -159,7 +161,7 @@ local function arg()
   a = a + 1
   return v
 end
-local function limits(with_id)
+local function limits(with_id, upstream)
   local out = {}
   local cnt = tonumber(arg())
   for i = 1, cnt do
@@ -169,11 +171,26 @@ local function limits(with_id)
     l.capacity = tonumber(arg())
     l.per = tonumber(arg())
     l.cost = arg()
+    if upstream then l.dyn = arg() end
     out[i] = l
   end
   return out
 end
-local up = limits(false)
+local up = limits(false, true)
+-- The upstream's limits as paced now: adaptive ones at their current
+-- rate, and those the upstream stated after the configured ones.
+local n_up = #up
+local dyn = shaper_dyn_read(KEYS[12 + n_up])
+for i = 1, n_up do
+  up[i].interval = shaper_dyn_interval(dyn, up[i].dyn, up[i].interval, now)
+  up[i].key = KEYS[11 + i]
+end
+for s = 1, #KEYS - 12 - n_up do
+  local iv, cap, pr = shaper_stated(dyn, s)
+  if iv then
+    up[#up + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = KEYS[12 + n_up + s]}
+  end
+end
 local plimits = limits(true)
 local overrides = {}
 local no = tonumber(arg())
@@ -232,7 +249,7 @@ end
 local blocked = tonumber(redis.call('HGET', KEYS[10], 'until') or '0')
 local tat, changed = {}, false
 for i = 1, #up do
-  tat[i] = tonumber(redis.call('GET', KEYS[11 + i]) or '0')
+  tat[i] = tonumber(redis.call('GET', up[i].key) or '0')
 end
 if conc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now)
@@ -465,7 +482,7 @@ end
 
 if changed then
   for i = 1, #up do
-    redis.call('SET', KEYS[11 + i], shaper_int(tat[i]), 'PX', math.ceil((tat[i] - now + up[i].per) / 1000))
+    redis.call('SET', up[i].key, shaper_int(tat[i]), 'PX', math.ceil((tat[i] - now + up[i].per) / 1000))
   end
 end
 if conc_expiry > 0 then

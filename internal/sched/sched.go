@@ -291,10 +291,11 @@ func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 	t.keys = append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
 		s.a.Scheduled(), s.a.Retry(), s.a.Active(),
 		s.a.Lease(), s.a.Groups(), lay.Block, lay.Leases}, lay.TATs...)
+	t.keys = append(append(t.keys, lay.Dyn), lay.Stated...)
 	f := []any{t.leaseS, u.Concurrency, cfg.ConcurrencyLease.Microseconds(), s.our, s.groupPrefix(), s.taskPrefix(), lay.PartitionPrefix}
 	f = append(f, len(u.Limits))
 	for i, l := range u.Limits {
-		f = append(f, lay.Params[i].Interval, lay.Params[i].Capacity, l.Per.Microseconds(), l.Cost)
+		f = append(f, lay.Params[i].Interval, lay.Params[i].Capacity, l.Per.Microseconds(), l.Cost, lay.DynFields[i])
 	}
 	plimits := func(ls []leaky.Limit) error {
 		f = append(f, len(ls))
