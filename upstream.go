@@ -95,6 +95,11 @@ type Upstream struct {
 	// Fairness says how the upstream's send slots are shared among jobs
 	// waiting for them. Default {By: FairByTenant}, every weight 1.
 	Fairness Fairness
+	// Settle says, per cost ("tokens"), where the upstream's answer gives
+	// the amount a job really used. The job's cost is reserved as an
+	// estimate and settled to that amount once the answer arrives. Each key
+	// is a cost some limit or partition limit counts.
+	Settle map[string]Settle
 }
 
 // Fairness is how an upstream's send slots are shared when it is the
