@@ -8,11 +8,11 @@ import (
 	"math"
 	"mime"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/internal/wire"
 )
 
@@ -140,7 +140,7 @@ func (e *Error) Is(target error) bool {
 
 // RateLimit is an admission allowance as the server's rate-limit headers
 // describe it (draft-ietf-httpapi-ratelimit-headers, with the older
-// X-RateLimit-* trio as a fallback).
+// X-RateLimit-* trio and the other common spellings as a fallback).
 type RateLimit struct {
 	// Policy names the limit, e.g. "enqueue".
 	Policy string
@@ -198,7 +198,7 @@ func newError(resp *http.Response, raw []byte, now time.Time) *Error {
 	if d, ok := wire.ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
 		e.RetryAfter, e.retryAfterKnown = d, true
 	}
-	e.RateLimit = parseRateLimit(resp.Header)
+	e.RateLimit = parseRateLimit(resp.Header, now)
 	return e
 }
 
@@ -274,97 +274,42 @@ func textOf(raw []byte) string {
 	return s
 }
 
-// parseRateLimit reads the structured RateLimit and RateLimit-Policy
-// headers, falling back to X-RateLimit-* for what they do not say.
-func parseRateLimit(h http.Header) *RateLimit {
+// parseRateLimit reads the allowance from the response's rate-limit headers,
+// in any form internal/ratelimit reads: the first quota the answer reports
+// (the structured RateLimit field before the X-RateLimit-* trio), with the
+// window and, if the quota lacks one, the limit of the policy of the same
+// name. An answer that only states a policy gives that policy. nil when it
+// gives neither.
+func parseRateLimit(h http.Header, now time.Time) *RateLimit {
+	r := ratelimit.Read(h, now)
 	var rl RateLimit
-	found := false
-	if name, params, ok := firstSFItem(h.Get("RateLimit-Policy")); ok {
-		found = true
-		rl.Policy = name
-		if q, ok := params["q"]; ok {
-			rl.Limit, _ = strconv.ParseInt(q, 10, 64)
-		}
-		if w, ok := params["w"]; ok {
-			if n, err := strconv.ParseInt(w, 10, 64); err == nil {
-				rl.Window = time.Duration(n) * time.Second
-			}
-		}
-	}
-	haveRemaining, haveReset := false, false
-	if name, params, ok := firstSFItem(h.Get("RateLimit")); ok {
-		found = true
-		if rl.Policy == "" {
-			rl.Policy = name
-		}
-		if r, err := strconv.ParseInt(params["r"], 10, 64); err == nil {
-			rl.Remaining, haveRemaining = r, true
-		}
-		if t, err := strconv.ParseInt(params["t"], 10, 64); err == nil {
-			rl.Reset, haveReset = time.Duration(t)*time.Second, true
-		}
-	}
-	if v, err := strconv.ParseInt(h.Get("X-RateLimit-Limit"), 10, 64); err == nil {
-		found = true
-		if rl.Limit == 0 {
-			rl.Limit = v
-		}
-	}
-	if v, err := strconv.ParseInt(h.Get("X-RateLimit-Remaining"), 10, 64); err == nil {
-		found = true
-		if !haveRemaining {
-			rl.Remaining = v
-		}
-	}
-	if v, err := strconv.ParseInt(h.Get("X-RateLimit-Reset"), 10, 64); err == nil {
-		found = true
-		if !haveReset {
-			rl.Reset = time.Duration(v) * time.Second
-		}
-	}
-	if !found {
+	switch {
+	case len(r.Quotas) > 0:
+		q := r.Quotas[0]
+		rl = RateLimit{Policy: q.Name, Limit: q.Limit, Remaining: q.Remaining, Reset: q.Reset}
+	case len(r.Policies) > 0:
+		rl.Policy = r.Policies[0].Name
+	default:
 		return nil
 	}
-	return &rl
-}
-
-// firstSFItem reads the first member of a structured-field list (RFC 8941):
-// a bare item (string or token) and its parameters. It is lenient, since
-// the values only inform; anything unreadable reports ok false.
-func firstSFItem(v string) (name string, params map[string]string, ok bool) {
-	s := strings.TrimSpace(v)
-	if s == "" {
-		return "", nil, false
-	}
-	if s[0] == '"' {
-		var b strings.Builder
-		i := 1
-		for ; i < len(s) && s[i] != '"'; i++ {
-			if s[i] == '\\' && i+1 < len(s) {
-				i++
+	for _, p := range r.Policies {
+		if p.Name == rl.Policy {
+			rl.Window = p.Window
+			if rl.Limit == 0 {
+				rl.Limit = p.Quota
 			}
-			b.WriteByte(s[i])
-		}
-		if i >= len(s) {
-			return "", nil, false
-		}
-		name, s = b.String(), s[i+1:]
-	} else {
-		end := strings.IndexAny(s, ";,")
-		if end < 0 {
-			end = len(s)
-		}
-		name, s = strings.TrimSpace(s[:end]), s[end:]
-	}
-	if end := strings.IndexByte(s, ','); end >= 0 {
-		s = s[:end]
-	}
-	params = map[string]string{}
-	for _, p := range strings.Split(s, ";") {
-		k, val, _ := strings.Cut(strings.TrimSpace(p), "=")
-		if k != "" {
-			params[k] = strings.Trim(val, `"`)
+			break
 		}
 	}
-	return name, params, true
+	// A server that names its policy only in RateLimit may still give the
+	// limit in an unnamed form, X-RateLimit-Limit say.
+	for _, q := range r.Quotas {
+		if rl.Limit != 0 {
+			break
+		}
+		if q.Name == "" || q.Name == rl.Policy {
+			rl.Limit = q.Limit
+		}
+	}
+	return &rl
 }

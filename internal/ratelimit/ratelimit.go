@@ -25,10 +25,10 @@
 //     quota: `10, 10;w=1, 1000;w=3600`.
 //   - X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset,
 //     X-RateLimit-Used and X-RateLimit-Resource as GitHub's REST API sends them
-//     (the resource names the quota), also X-RateLimit-Reset-After (Discord's
-//     delta seconds, preferred to the reset when both are given) and the
-//     X-Rate-Limit-* spelling. The reset is a Unix time in seconds when it is
-//     larger than 1e9 (in milliseconds when larger than 1e12), else delta seconds.
+//     (reset a Unix time; the resource names the quota; limit minus used stands
+//     in for a missing remaining), also X-RateLimit-Reset-After (Discord's delta
+//     seconds, preferred to the reset when both are given) and the
+//     X-Rate-Limit-* spelling.
 //   - OpenAI's x-ratelimit-limit-NAME, x-ratelimit-remaining-NAME and
 //     x-ratelimit-reset-NAME for NAME "requests", "tokens" or any other, the
 //     reset in Go's duration syntax ("6m0s", "12ms", "1m30.5s") or seconds.
@@ -36,9 +36,16 @@
 //     3339 time), NAME being "requests", "tokens", "input-tokens" or
 //     "output-tokens".
 //
+// A reset header outside the structured fields may be any of these: a
+// number of seconds, read as a Unix time when larger than 1e9 (in
+// milliseconds when larger than 1e12) and as a delay otherwise; a Go
+// duration; an RFC 3339 time; an HTTP date. A reset in the past is 0.
+//
 // A quota is reported only when its remaining amount is given. A negative
 // remaining means unknown (Azure OpenAI sends -1) unless a positive limit
-// comes with it, when it means overdrawn and reads as 0.
+// comes with it, when it means overdrawn and reads as 0. A structured field
+// that does not parse is ignored as a whole, as RFC 9651 says; within one
+// that does, an item of the wrong shape is skipped.
 package ratelimit
 
 import (
