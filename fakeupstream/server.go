@@ -83,7 +83,12 @@ type Record struct {
 	Method, Path   string
 	Key            string // API key; "" when none was sent
 	IdempotencyKey string
-	Cost           int64
+	// Cost is what the request declared it might use of the cost limit's
+	// unit: the estimate a client reserves before it knows.
+	Cost int64
+	// Usage is what the request really used: the UsageHeader's value when
+	// sent, else Cost. The cost limit charges Usage, not Cost.
+	Usage int64
 	// Admitted reports that the limits let the request through.
 	Admitted bool
 	// Status is the answer's status code: 0 while in flight,
@@ -189,14 +194,14 @@ type decision struct {
 	seq, gen uint64
 	reason   reason
 	err      *requestError // for badRequest
-	// requests is the request limit to report (the endpoint limit when it
-	// was the one that refused), cost the cost limit; nil when not set.
-	requests, cost *verdict
-	tooLarge       bool
-	costOf         int64
-	retryAfter     time.Duration // 0 when retrying is not known to help
-	fail           int           // status to fail with after the latency, or 0
-	delay          time.Duration
+	// Each configured limit's verdict; nil for a limit not set.
+	request, endpoint, cost *verdict
+	tooLarge                bool
+	charge                  int64         // what the cost limit was asked for: Record.Usage
+	endpointName            string        // "POST /v1/things", with an endpoint limit
+	retryAfter              time.Duration // 0 when retrying is not known to help
+	fail                    int           // status to fail with after the latency, or 0
+	delay                   time.Duration
 }
 
 // ServeHTTP plays the upstream.
@@ -208,6 +213,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key := apiKey(r)
 	cost, costErr := s.requestCost(r)
+	usage, usageErr := requestUsage(r, cost)
+	if costErr == nil {
+		costErr = usageErr
+	}
 	rec := Record{
 		At:             arrived.Sub(s.start),
 		Method:         r.Method,
@@ -215,6 +224,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Key:            key,
 		IdempotencyKey: r.Header.Get(s.cfg.IdempotencyHeader),
 		Cost:           cost,
+		Usage:          usage,
 	}
 	d := s.admit(&rec, costErr)
 	if d.reason != admitted {
@@ -241,7 +251,7 @@ func (s *Server) admit(rec *Record, costErr *requestError) decision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ids++
-	d := decision{id: "req_" + strconv.FormatUint(s.ids, 10), seq: s.arrivals, gen: s.gen, costOf: rec.Cost}
+	d := decision{id: "req_" + strconv.FormatUint(s.ids, 10), seq: s.arrivals, gen: s.gen, charge: rec.Usage}
 	rec.Seq = s.arrivals
 	at, key := rec.At, rec.Key
 
@@ -249,16 +259,21 @@ func (s *Server) admit(rec *Record, costErr *requestError) decision {
 	var endpointKey string
 	if s.request != nil {
 		req = s.request.check(key, at, 1)
-		d.requests = &req
+		d.request = &req
 	}
 	if s.endpoint != nil {
 		// Stripe counts an endpoint per operation; without route templates
 		// the closest is the method and exact path.
-		endpointKey = key + "\x00" + rec.Method + " " + rec.Path
+		d.endpointName = rec.Method + " " + rec.Path
+		endpointKey = key + "\x00" + d.endpointName
 		ep = s.endpoint.check(endpointKey, at, 1)
+		d.endpoint = &ep
 	}
 	if s.cost != nil {
-		cost = s.cost.check(key, at, rec.Cost)
+		// The charge is the real use when the request reports it: OpenAI
+		// bills what a completion used, and charging it at once keeps the
+		// fake's books simple (a real upstream settles after answering).
+		cost = s.cost.check(key, at, d.charge)
 		d.cost = &cost
 	}
 	switch {
@@ -276,10 +291,10 @@ func (s *Server) admit(rec *Record, costErr *requestError) decision {
 			req = s.request.take(key, at, 1)
 		}
 		if s.endpoint != nil {
-			s.endpoint.take(endpointKey, at, 1)
+			ep = s.endpoint.take(endpointKey, at, 1)
 		}
 		if s.cost != nil {
-			cost = s.cost.take(key, at, rec.Cost)
+			cost = s.cost.take(key, at, d.charge)
 		}
 		s.inFlight[key]++
 		s.flying++
@@ -316,9 +331,6 @@ func (s *Server) refusal(d *decision, req, ep, cost verdict) reason {
 	consider(req, overRate)
 	consider(ep, overEndpoint)
 	consider(cost, overCost)
-	if r == overEndpoint {
-		d.requests = &ep
-	}
 	return r
 }
 
@@ -449,6 +461,20 @@ func (s *Server) requestCost(r *http.Request) (int64, *requestError) {
 	n, err := strconv.ParseInt(v.MaxTokens.String(), 10, 64)
 	if err != nil || n < 0 {
 		return 0, &requestError{http.StatusBadRequest, fmt.Sprintf("max_tokens %s: must be a whole number, not negative", v.MaxTokens)}
+	}
+	return n, nil
+}
+
+// requestUsage reads what the request really used from the UsageHeader;
+// without one it used what it declared.
+func requestUsage(r *http.Request, declared int64) (int64, *requestError) {
+	v := r.Header.Get(UsageHeader)
+	if v == "" {
+		return declared, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 {
+		return 0, &requestError{http.StatusBadRequest, fmt.Sprintf("header %s: %q is not a whole number, not negative", UsageHeader, v)}
 	}
 	return n, nil
 }
