@@ -69,6 +69,7 @@ type Server struct {
 	records     []Record // ring of the last MaxRecords arrivals, by Seq
 	arrivals    uint64   // arrivals since reset: the next Seq
 	byStatus    map[int]int64
+	rejectedBy  map[string]int64 // 429s by rejectionName
 	maxInFlight int
 }
 
@@ -144,6 +145,7 @@ func (s *Server) clear() {
 	s.records = nil
 	s.arrivals = 0
 	s.byStatus = map[int]int64{}
+	s.rejectedBy = map[string]int64{}
 	s.maxInFlight = s.flying
 }
 
@@ -186,6 +188,21 @@ const (
 	overEndpoint // the per-key-and-endpoint request limit
 	overCost     // the cost limit
 )
+
+// rejectionName is the Report.RejectedBy key of a refusal.
+func (d decision) rejectionName() string {
+	switch {
+	case d.tooLarge:
+		return "too_large"
+	case d.reason == overEndpoint:
+		return "endpoint"
+	case d.reason == overCost:
+		return "cost"
+	case d.reason == overConcurrency:
+		return "concurrency"
+	}
+	return "requests"
+}
 
 // decision is what the server decided for one request, with what the
 // answer needs to describe the limits.
@@ -396,6 +413,9 @@ func (s *Server) finish(d decision, key string, wasAdmitted bool, status int) {
 		return
 	}
 	s.byStatus[status]++
+	if status == http.StatusTooManyRequests {
+		s.rejectedBy[d.rejectionName()]++
+	}
 	if s.arrivals-d.seq <= uint64(len(s.records)) {
 		s.records[d.seq%uint64(s.cfg.MaxRecords)].Status = status
 	}
