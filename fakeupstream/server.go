@@ -1,10 +1,19 @@
 // Package fakeupstream is a fake rate-limited third-party API for shaper's
 // demos, tests and benchmarks: an http.Handler that plays the upstream
-// (Stripe, OpenAI or a plain API), enforces a limit per API key the way such
-// an upstream does, answers 429 in that upstream's style, and records the
-// arrival of every request so a test can check afterwards whether the
-// client kept to the limit: how many requests it sent in any window, how
-// evenly spaced they were, whether an idempotency key was ever repeated.
+// (Stripe, OpenAI, one that speaks the IETF RateLimit draft, a plain API or
+// one that hides its limit), enforces a limit per API key the way such an
+// upstream does, answers in that upstream's style, and records the arrival
+// of every request so a test can check afterwards whether the client kept
+// to the limit: how many requests it sent in any window, how evenly spaced
+// they were, whether an idempotency key was ever repeated.
+//
+// The Style decides what the answers say about the limits: StylePlain a
+// Retry-After on 429; StyleStripe Stripe's reason header and error;
+// StyleOpenAI x-ratelimit-* on every answer and usage.total_tokens in
+// successes; StyleIETF the draft-10 RateLimit-Policy and RateLimit fields
+// on every answer; StyleBare nothing at all. A request that sends
+// UsageHeader (X-Fake-Usage: N) is charged N by the cost limit instead of
+// its declared cost, as an upstream that bills real use would.
 //
 // It is one process with its state in memory, which is exactly what an
 // upstream looks like from the outside. `shaper dev` serves it in-process as
