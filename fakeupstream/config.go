@@ -60,9 +60,12 @@ func Styles() []Style {
 // UsageHeader is the request header in which a client tells the fake what
 // the request really used of the cost limit's unit, the way a completion
 // uses fewer tokens than its max_tokens. The cost limit then charges that
-// amount, at once, instead of the declared cost; the answer reports it in
-// the same header and, in the OpenAI style, as usage.total_tokens. A job
-// sent through shaper says `headers: {X-Fake-Usage: "40"}`.
+// amount instead of the declared cost, and at once, when the request
+// arrives: a real upstream learns the use only as it answers, but the
+// limit comes out the same for the next request. A success reports the
+// amount in the OpenAI style's usage.total_tokens and, when a cost limit
+// is set, in this same header, in every style. A job sent through shaper
+// says `headers: {X-Fake-Usage: "40"}`.
 const UsageHeader = "X-Fake-Usage"
 
 // Defaults for the zero values of Config.

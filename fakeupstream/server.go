@@ -239,7 +239,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key := apiKey(r)
 	cost, costErr := s.requestCost(r)
-	usage, usageErr := requestUsage(r, cost)
+	usage, usageErr := s.requestUsage(r, cost)
 	if costErr == nil {
 		costErr = usageErr
 	}
@@ -496,14 +496,18 @@ func (s *Server) requestCost(r *http.Request) (int64, *requestError) {
 
 // requestUsage reads what the request really used from the UsageHeader;
 // without one it used what it declared.
-func requestUsage(r *http.Request, declared int64) (int64, *requestError) {
+func (s *Server) requestUsage(r *http.Request, declared int64) (int64, *requestError) {
 	v := r.Header.Get(UsageHeader)
 	if v == "" {
 		return declared, nil
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	if err != nil || n < 0 {
-		return 0, &requestError{http.StatusBadRequest, fmt.Sprintf("header %s: %q is not a whole number, not negative", UsageHeader, v)}
+		unit := "units"
+		if s.cfg.CostLimit != nil {
+			unit = s.cfg.CostLimit.Name
+		}
+		return 0, &requestError{http.StatusBadRequest, fmt.Sprintf("header %s: %q is not a whole number of %s used", UsageHeader, v, unit)}
 	}
 	return n, nil
 }

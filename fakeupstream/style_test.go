@@ -141,7 +141,7 @@ func TestIETFStyle(t *testing.T) {
 		}, "request too large: costs more than the limit of 2000 tokens per 1s allows at once\n"},
 		{"malformed usage", httpReq{key: "k", headers: map[string]string{UsageHeader: "lots"}}, 400, map[string]string{
 			"RateLimit": `"default";r=3;t=0, "tokens";r=2000;t=0`,
-		}, `header X-Fake-Usage: "lots" is not a whole number, not negative` + "\n"},
+		}, `header X-Fake-Usage: "lots" is not a whole number of tokens used` + "\n"},
 	}
 	s, _, do := serve(t, Config{Rate: 3, CostLimit: &CostLimit{Rate: 2000, Per: time.Second}, Style: StyleIETF})
 	for _, st := range steps {
@@ -359,7 +359,7 @@ func TestUsageSettlesTheCharge(t *testing.T) {
 		{"1500", 200, map[string]string{"X-Ratelimit-Remaining-Tokens": "460", UsageHeader: "1500"},
 			`{"id":"req_2","object":"echo","method":"POST","path":"/v1/things","idempotency_key":"","cost":400,"usage":{"prompt_tokens":375,"completion_tokens":1125,"total_tokens":1500}}` + "\n"},
 		{"-3", 400, map[string]string{UsageHeader: absent},
-			`{"error":{"message":"header X-Fake-Usage: \"-3\" is not a whole number, not negative","type":"invalid_request_error","param":null,"code":null}}` + "\n"},
+			`{"error":{"message":"header X-Fake-Usage: \"-3\" is not a whole number of tokens used","type":"invalid_request_error","param":null,"code":null}}` + "\n"},
 		{"2001", 429, map[string]string{"Retry-After": absent, "X-Ratelimit-Remaining-Tokens": "460"},
 			`{"error":{"message":"Request too large for tokens per 1s: Limit 2000, Requested 2001. Send a smaller request.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}` + "\n"},
 		// Nothing used costs nothing, even with the limit nearly spent.
