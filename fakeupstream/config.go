@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -40,7 +41,32 @@ const (
 	// headers on every answer, retry-after on 429, and a rate_limit_exceeded
 	// error whose type names the exhausted quota.
 	StyleOpenAI Style = "openai"
+	// StyleIETF states its limits in the structured RateLimit-Policy and
+	// RateLimit fields of draft-ietf-httpapi-ratelimit-headers-10 on every
+	// answer (`"default";q=40;w=1` and `"default";r=12;t=1`), adds
+	// Retry-After to a 429, and otherwise answers like StylePlain.
+	StyleIETF Style = "ietf"
+	// StyleBare keeps its limit to itself: no rate-limit header on any
+	// answer, and a 429 with no Retry-After and a body of "Too Many
+	// Requests". A client must find the limit by being refused.
+	StyleBare Style = "bare"
 )
+
+// Styles lists every style, in the order the command's help names them.
+func Styles() []Style {
+	return []Style{StylePlain, StyleStripe, StyleOpenAI, StyleIETF, StyleBare}
+}
+
+// UsageHeader is the request header in which a client tells the fake what
+// the request really used of the cost limit's unit, the way a completion
+// uses fewer tokens than its max_tokens. The cost limit then charges that
+// amount instead of the declared cost, and at once, when the request
+// arrives: a real upstream learns the use only as it answers, but the
+// limit comes out the same for the next request. A success reports the
+// amount in the OpenAI style's usage.total_tokens and, when a cost limit
+// is set, in this same header, in every style. A job sent through shaper
+// says `headers: {X-Fake-Usage: "40"}`.
+const UsageHeader = "X-Fake-Usage"
 
 // Defaults for the zero values of Config.
 const (
@@ -241,10 +267,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Style == "" {
 		c.Style = StylePlain
 	}
-	switch c.Style {
-	case StylePlain, StyleStripe, StyleOpenAI:
-	default:
-		return c, fmt.Errorf("style %q: want %s, %s or %s", c.Style, StylePlain, StyleStripe, StyleOpenAI)
+	if !slices.Contains(Styles(), c.Style) {
+		return c, fmt.Errorf("style %q: want %s, %s, %s, %s or %s", c.Style, StylePlain, StyleStripe, StyleOpenAI, StyleIETF, StyleBare)
+	}
+	if cl := c.CostLimit; cl != nil && c.Style == StyleIETF && (cl.Name == ietfRequestPolicy || cl.Name == ietfEndpointPolicy) {
+		return c, fmt.Errorf("cost limit: name %q: the %s style names a request limit so; pick another", cl.Name, StyleIETF)
 	}
 	switch {
 	case c.Latency < 0:

@@ -62,3 +62,51 @@ func ExampleMaxInWindow() {
 	// 4
 	// 300ms
 }
+
+// An upstream that states its limits in the IETF draft's structured
+// fields: 3 requests and 2,000 tokens per second per API key. The second
+// request declares 400 tokens but says it used 40, and is charged 40.
+func Example_ietf() {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	upstream, err := fakeupstream.New(fakeupstream.Config{
+		Rate:      3,
+		CostLimit: &fakeupstream.CostLimit{Rate: 2000, Per: time.Second},
+		Style:     fakeupstream.StyleIETF,
+		Now:       func() time.Time { return now },
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv := httptest.NewServer(upstream)
+	defer srv.Close()
+
+	for i, used := range []string{"", "40", "", ""} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", nil)
+		req.Header.Set("Authorization", "Bearer sk_test_123")
+		req.Header.Set("X-Cost-Tokens", "400")
+		if used != "" {
+			req.Header.Set(fakeupstream.UsageHeader, used)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		resp.Body.Close()
+		if i == 0 {
+			fmt.Println("RateLimit-Policy:", resp.Header.Get("RateLimit-Policy"))
+		}
+		line := fmt.Sprint(resp.StatusCode, " RateLimit: ", resp.Header.Get("RateLimit"))
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			line += " Retry-After: " + ra
+		}
+		fmt.Println(line)
+	}
+	// Output:
+	// RateLimit-Policy: "default";q=3;w=1, "tokens";q=2000;w=1;qu="tokens"
+	// 200 RateLimit: "default";r=2;t=1, "tokens";r=1600;t=1
+	// 200 RateLimit: "default";r=1;t=1, "tokens";r=1560;t=1
+	// 200 RateLimit: "default";r=0;t=1, "tokens";r=1160;t=1
+	// 429 RateLimit: "default";r=0;t=1, "tokens";r=1160;t=1 Retry-After: 1
+}

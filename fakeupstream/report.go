@@ -19,6 +19,8 @@ type Report struct {
 	Limit string `json:"limit"`
 	// Window is the request limit's Per: the window MaxInWindow uses.
 	Window time.Duration `json:"window_ns"`
+	// Style is whose answers the server imitates.
+	Style Style `json:"style"`
 	// Since is when the server started or was last reset.
 	Since time.Time `json:"since"`
 
@@ -30,6 +32,12 @@ type Report struct {
 	// Rejected counts 429s: requests over the limits, each one a violation
 	// by the client of the limit this upstream enforces.
 	Rejected int64 `json:"rejected"`
+	// RejectedBy splits Rejected by the limit that refused: "requests"
+	// (the per-key request limit), "endpoint", "cost", "concurrency", and
+	// "too_large" for a cost that no wait would let through. It counts the
+	// same in every style, the bare one included, whatever the answer told
+	// the client.
+	RejectedBy map[string]int64 `json:"rejected_by"`
 	// InFlight is how many admitted requests are still being answered.
 	InFlight int `json:"in_flight"`
 	// MaxInFlight is the most admitted requests answered at once, all keys
@@ -52,6 +60,11 @@ type Report struct {
 	MaxAdmittedInWindow int `json:"max_admitted_in_window"`
 	// Gaps summarises the intervals between consecutive arrivals.
 	Gaps GapStats `json:"gaps"`
+	// CostDeclared sums the admitted requests' declared costs (Record.Cost),
+	// CostCharged what the cost limit charged them (Record.Usage): the
+	// difference is what estimates overstated.
+	CostDeclared int64 `json:"cost_declared"`
+	CostCharged  int64 `json:"cost_charged"`
 
 	// IdempotencyKeys counts distinct idempotency keys (per API key) seen.
 	IdempotencyKeys int `json:"idempotency_keys"`
@@ -90,6 +103,21 @@ func (r Report) String() string {
 	if r.Dropped > 0 {
 		fmt.Fprintf(&b, "; figures over the last %d records (%d dropped)", r.Records, r.Dropped)
 	}
+	var by []string
+	for _, name := range []string{"requests", "endpoint", "cost", "concurrency", "too_large"} {
+		if n := r.RejectedBy[name]; n > 0 {
+			by = append(by, fmt.Sprintf("%s %d", name, n))
+		}
+	}
+	if len(by) > 0 {
+		fmt.Fprintf(&b, "; 429s by limit: %s", strings.Join(by, ", "))
+	}
+	if r.CostCharged != r.CostDeclared {
+		fmt.Fprintf(&b, "; cost declared %d, charged %d", r.CostDeclared, r.CostCharged)
+	}
+	if r.Style != "" {
+		fmt.Fprintf(&b, "; %s style", r.Style)
+	}
 	return b.String()
 }
 
@@ -100,6 +128,8 @@ func (s *Server) Report() Report {
 	recs := s.recordsLocked()
 	r := Report{
 		Limit:       s.cfg.describe(),
+		Style:       s.cfg.Style,
+		RejectedBy:  make(map[string]int64, len(s.rejectedBy)),
 		Window:      s.cfg.Per,
 		Since:       s.since,
 		Total:       int64(s.arrivals),
@@ -112,6 +142,9 @@ func (s *Server) Report() Report {
 	}
 	for code, n := range s.byStatus {
 		r.ByStatus[code] = n
+	}
+	for name, n := range s.rejectedBy {
+		r.RejectedBy[name] = n
 	}
 	s.mu.Unlock()
 
@@ -126,6 +159,8 @@ func (s *Server) Report() Report {
 		all = append(all, rec.At)
 		if rec.Admitted {
 			admittedTimes = append(admittedTimes, rec.At)
+			r.CostDeclared += rec.Cost
+			r.CostCharged += rec.Usage
 		}
 		perKey[rec.Key] = append(perKey[rec.Key], rec.At)
 		k := r.Keys[rec.Key]

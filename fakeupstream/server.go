@@ -1,10 +1,19 @@
 // Package fakeupstream is a fake rate-limited third-party API for shaper's
 // demos, tests and benchmarks: an http.Handler that plays the upstream
-// (Stripe, OpenAI or a plain API), enforces a limit per API key the way such
-// an upstream does, answers 429 in that upstream's style, and records the
-// arrival of every request so a test can check afterwards whether the
-// client kept to the limit: how many requests it sent in any window, how
-// evenly spaced they were, whether an idempotency key was ever repeated.
+// (Stripe, OpenAI, one that speaks the IETF RateLimit draft, a plain API or
+// one that hides its limit), enforces a limit per API key the way such an
+// upstream does, answers in that upstream's style, and records the arrival
+// of every request so a test can check afterwards whether the client kept
+// to the limit: how many requests it sent in any window, how evenly spaced
+// they were, whether an idempotency key was ever repeated.
+//
+// The Style decides what the answers say about the limits: StylePlain a
+// Retry-After on 429; StyleStripe Stripe's reason header and error;
+// StyleOpenAI x-ratelimit-* on every answer and usage.total_tokens in
+// successes; StyleIETF the draft-10 RateLimit-Policy and RateLimit fields
+// on every answer; StyleBare nothing at all. A request that sends
+// UsageHeader (X-Fake-Usage: N) is charged N by the cost limit instead of
+// its declared cost, as an upstream that bills real use would.
 //
 // It is one process with its state in memory, which is exactly what an
 // upstream looks like from the outside. `shaper dev` serves it in-process as
@@ -69,6 +78,7 @@ type Server struct {
 	records     []Record // ring of the last MaxRecords arrivals, by Seq
 	arrivals    uint64   // arrivals since reset: the next Seq
 	byStatus    map[int]int64
+	rejectedBy  map[string]int64 // 429s by rejectionName
 	maxInFlight int
 }
 
@@ -83,7 +93,12 @@ type Record struct {
 	Method, Path   string
 	Key            string // API key; "" when none was sent
 	IdempotencyKey string
-	Cost           int64
+	// Cost is what the request declared it might use of the cost limit's
+	// unit: the estimate a client reserves before it knows.
+	Cost int64
+	// Usage is what the request really used: the UsageHeader's value when
+	// sent, else Cost. The cost limit charges Usage, not Cost.
+	Usage int64
 	// Admitted reports that the limits let the request through.
 	Admitted bool
 	// Status is the answer's status code: 0 while in flight,
@@ -139,6 +154,7 @@ func (s *Server) clear() {
 	s.records = nil
 	s.arrivals = 0
 	s.byStatus = map[int]int64{}
+	s.rejectedBy = map[string]int64{}
 	s.maxInFlight = s.flying
 }
 
@@ -182,6 +198,21 @@ const (
 	overCost     // the cost limit
 )
 
+// rejectionName is the Report.RejectedBy key of a refusal.
+func (d decision) rejectionName() string {
+	switch {
+	case d.tooLarge:
+		return "too_large"
+	case d.reason == overEndpoint:
+		return "endpoint"
+	case d.reason == overCost:
+		return "cost"
+	case d.reason == overConcurrency:
+		return "concurrency"
+	}
+	return "requests"
+}
+
 // decision is what the server decided for one request, with what the
 // answer needs to describe the limits.
 type decision struct {
@@ -189,14 +220,14 @@ type decision struct {
 	seq, gen uint64
 	reason   reason
 	err      *requestError // for badRequest
-	// requests is the request limit to report (the endpoint limit when it
-	// was the one that refused), cost the cost limit; nil when not set.
-	requests, cost *verdict
-	tooLarge       bool
-	costOf         int64
-	retryAfter     time.Duration // 0 when retrying is not known to help
-	fail           int           // status to fail with after the latency, or 0
-	delay          time.Duration
+	// Each configured limit's verdict; nil for a limit not set.
+	request, endpoint, cost *verdict
+	tooLarge                bool
+	charge                  int64         // what the cost limit was asked for: Record.Usage
+	endpointName            string        // "POST /v1/things", with an endpoint limit
+	retryAfter              time.Duration // 0 when retrying is not known to help
+	fail                    int           // status to fail with after the latency, or 0
+	delay                   time.Duration
 }
 
 // ServeHTTP plays the upstream.
@@ -208,6 +239,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key := apiKey(r)
 	cost, costErr := s.requestCost(r)
+	usage, usageErr := s.requestUsage(r, cost)
+	if costErr == nil {
+		costErr = usageErr
+	}
 	rec := Record{
 		At:             arrived.Sub(s.start),
 		Method:         r.Method,
@@ -215,6 +250,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Key:            key,
 		IdempotencyKey: r.Header.Get(s.cfg.IdempotencyHeader),
 		Cost:           cost,
+		Usage:          usage,
 	}
 	d := s.admit(&rec, costErr)
 	if d.reason != admitted {
@@ -241,7 +277,7 @@ func (s *Server) admit(rec *Record, costErr *requestError) decision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ids++
-	d := decision{id: "req_" + strconv.FormatUint(s.ids, 10), seq: s.arrivals, gen: s.gen, costOf: rec.Cost}
+	d := decision{id: "req_" + strconv.FormatUint(s.ids, 10), seq: s.arrivals, gen: s.gen, charge: rec.Usage}
 	rec.Seq = s.arrivals
 	at, key := rec.At, rec.Key
 
@@ -249,16 +285,21 @@ func (s *Server) admit(rec *Record, costErr *requestError) decision {
 	var endpointKey string
 	if s.request != nil {
 		req = s.request.check(key, at, 1)
-		d.requests = &req
+		d.request = &req
 	}
 	if s.endpoint != nil {
 		// Stripe counts an endpoint per operation; without route templates
 		// the closest is the method and exact path.
-		endpointKey = key + "\x00" + rec.Method + " " + rec.Path
+		d.endpointName = rec.Method + " " + rec.Path
+		endpointKey = key + "\x00" + d.endpointName
 		ep = s.endpoint.check(endpointKey, at, 1)
+		d.endpoint = &ep
 	}
 	if s.cost != nil {
-		cost = s.cost.check(key, at, rec.Cost)
+		// The charge is the real use when the request reports it: OpenAI
+		// bills what a completion used, and charging it at once keeps the
+		// fake's books simple (a real upstream settles after answering).
+		cost = s.cost.check(key, at, d.charge)
 		d.cost = &cost
 	}
 	switch {
@@ -276,10 +317,10 @@ func (s *Server) admit(rec *Record, costErr *requestError) decision {
 			req = s.request.take(key, at, 1)
 		}
 		if s.endpoint != nil {
-			s.endpoint.take(endpointKey, at, 1)
+			ep = s.endpoint.take(endpointKey, at, 1)
 		}
 		if s.cost != nil {
-			cost = s.cost.take(key, at, rec.Cost)
+			cost = s.cost.take(key, at, d.charge)
 		}
 		s.inFlight[key]++
 		s.flying++
@@ -316,9 +357,6 @@ func (s *Server) refusal(d *decision, req, ep, cost verdict) reason {
 	consider(req, overRate)
 	consider(ep, overEndpoint)
 	consider(cost, overCost)
-	if r == overEndpoint {
-		d.requests = &ep
-	}
 	return r
 }
 
@@ -384,6 +422,9 @@ func (s *Server) finish(d decision, key string, wasAdmitted bool, status int) {
 		return
 	}
 	s.byStatus[status]++
+	if status == http.StatusTooManyRequests {
+		s.rejectedBy[d.rejectionName()]++
+	}
 	if s.arrivals-d.seq <= uint64(len(s.records)) {
 		s.records[d.seq%uint64(s.cfg.MaxRecords)].Status = status
 	}
@@ -449,6 +490,24 @@ func (s *Server) requestCost(r *http.Request) (int64, *requestError) {
 	n, err := strconv.ParseInt(v.MaxTokens.String(), 10, 64)
 	if err != nil || n < 0 {
 		return 0, &requestError{http.StatusBadRequest, fmt.Sprintf("max_tokens %s: must be a whole number, not negative", v.MaxTokens)}
+	}
+	return n, nil
+}
+
+// requestUsage reads what the request really used from the UsageHeader;
+// without one it used what it declared.
+func (s *Server) requestUsage(r *http.Request, declared int64) (int64, *requestError) {
+	v := r.Header.Get(UsageHeader)
+	if v == "" {
+		return declared, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 {
+		unit := "units"
+		if s.cfg.CostLimit != nil {
+			unit = s.cfg.CostLimit.Name
+		}
+		return 0, &requestError{http.StatusBadRequest, fmt.Sprintf("header %s: %q is not a whole number of %s used", UsageHeader, v, unit)}
 	}
 	return n, nil
 }

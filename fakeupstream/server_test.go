@@ -255,6 +255,7 @@ func TestSuccess(t *testing.T) {
 		name    string
 		style   Style
 		headers map[string]string
+		usage   string // the body's end, after the cost
 	}{
 		{"openai", StyleOpenAI, map[string]string{
 			"X-Request-Id":                   "req_1",
@@ -264,21 +265,39 @@ func TestSuccess(t *testing.T) {
 			"X-Ratelimit-Limit-Tokens":       "1000",
 			"X-Ratelimit-Remaining-Tokens":   "700",
 			"X-Ratelimit-Reset-Tokens":       "1m0s",
-		}},
+			"X-Fake-Usage":                   "300",
+			"RateLimit":                      absent,
+		}, `,"usage":{"prompt_tokens":75,"completion_tokens":225,"total_tokens":300}`},
 		{"stripe", StyleStripe, map[string]string{
 			"Request-Id":                 "req_1",
 			"X-Ratelimit-Limit-Requests": absent,
-		}},
+			"X-Fake-Usage":               "300",
+		}, ""},
 		{"plain", StylePlain, map[string]string{
 			"X-Request-Id":               "req_1",
 			"X-Ratelimit-Limit-Requests": absent,
-		}},
+			"RateLimit":                  absent,
+			"X-Fake-Usage":               "300",
+		}, ""},
+		{"ietf", StyleIETF, map[string]string{
+			"X-Request-Id":               "req_1",
+			"RateLimit-Policy":           `"default";q=2;w=1, "tokens";q=1000;w=60;qu="tokens"`,
+			"RateLimit":                  `"default";r=1;t=1, "tokens";r=700;t=60`,
+			"X-Ratelimit-Limit-Requests": absent,
+			"Retry-After":                absent,
+		}, ""},
+		{"bare", StyleBare, map[string]string{
+			"X-Request-Id":               "req_1",
+			"RateLimit-Policy":           absent,
+			"RateLimit":                  absent,
+			"X-Ratelimit-Limit-Requests": absent,
+		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, clock := newTestServer(t, Config{Rate: 2, CostLimit: &CostLimit{Rate: 1000}, Style: tc.style})
 			w := send(s, clock, req{key: "k", path: "/v1/chat/completions", idem: "idem-1", body: `{"max_tokens": 300}`})
 			checkAnswer(t, w, http.StatusOK, tc.headers,
-				`{"id":"req_1","object":"echo","method":"POST","path":"/v1/chat/completions","idempotency_key":"idem-1","cost":300}`+"\n")
+				`{"id":"req_1","object":"echo","method":"POST","path":"/v1/chat/completions","idempotency_key":"idem-1","cost":300`+tc.usage+"}\n")
 		})
 	}
 }
@@ -781,7 +800,9 @@ func TestConfigErrors(t *testing.T) {
 		{Config{CostLimit: &CostLimit{}}, "cost limit: rate 0: must be at least 1"},
 		{Config{CostLimit: &CostLimit{Name: "Tokens", Rate: 1}}, `cost limit: name "Tokens": want a lowercase name`},
 		{Config{CostLimit: &CostLimit{Name: "requests", Rate: 1}}, `cost limit: name "requests"`},
-		{Config{Style: "github"}, `style "github": want plain, stripe or openai`},
+		{Config{Style: "github"}, `style "github": want plain, stripe, openai, ietf or bare`},
+		{Config{Style: StyleIETF, CostLimit: &CostLimit{Name: "default", Rate: 1}}, `cost limit: name "default": the ietf style names a request limit so; pick another`},
+		{Config{Style: StyleIETF, CostLimit: &CostLimit{Name: "endpoint", Rate: 1}}, `cost limit: name "endpoint": the ietf style`},
 		{Config{Latency: -1}, "latency -1ns: must not be negative"},
 		{Config{Jitter: -1}, "jitter -1ns: must not be negative"},
 		{Config{FailRate: 1.5}, "fail rate 1.5: must be between 0 and 1"},

@@ -1,6 +1,7 @@
 package fakeupstream
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -20,7 +21,14 @@ import (
 //     the cost ("tokens") on every answer, resets as Go-style durations
 //     ("1s", "6m0s", "12ms"); on 429 also retry-after in seconds and an error
 //     with type "requests" or the cost's name and code rate_limit_exceeded.
+//     A success's body carries usage.total_tokens: what the request used.
+//   - IETF: the structured RateLimit-Policy and RateLimit fields of
+//     draft-ietf-httpapi-ratelimit-headers-10 on every answer, one item per
+//     rate limit; on 429 also Retry-After in seconds and the plain body.
 //   - plain: 429 with Retry-After in seconds and a one-line text body.
+//   - bare: a limit the upstream keeps to itself: no rate-limit header on
+//     any answer, and a 429 with no Retry-After and a body that says nothing
+//     about the limit.
 
 // Stripe's reasons, from its rate-limit documentation.
 const (
@@ -38,6 +46,22 @@ type echo struct {
 	Path           string `json:"path"`
 	IdempotencyKey string `json:"idempotency_key"`
 	Cost           int64  `json:"cost"`
+	// Usage is set in the OpenAI style only, as OpenAI reports it.
+	Usage *openAIUsage `json:"usage,omitempty"`
+}
+
+// openAIUsage is OpenAI's account of what a completion used. Only the
+// total means anything here: the fake splits it into a prompt and a
+// completion a quarter and three quarters, so that both are plausible.
+type openAIUsage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
+func usageOf(total int64) *openAIUsage {
+	prompt := total / 4
+	return &openAIUsage{PromptTokens: prompt, CompletionTokens: total - prompt, TotalTokens: total}
 }
 
 // Stripe serialises error fields in alphabetical order; so do we.
@@ -82,7 +106,15 @@ func writeText(w http.ResponseWriter, status int, msg string) {
 // retryAfterSeconds renders a wait as Retry-After's whole seconds, rounded
 // up so that a client that waits exactly that long is admitted.
 func retryAfterSeconds(d time.Duration) string {
-	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+	return strconv.FormatInt(wholeSeconds(d), 10)
+}
+
+// wholeSeconds is d in seconds, rounded up; 0 for no time at all.
+func wholeSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
 }
 
 // OpenAIDuration renders a wait the way OpenAI's x-ratelimit-reset-*
@@ -103,7 +135,20 @@ func (s *Server) setIDHeader(w http.ResponseWriter, d decision) {
 	}
 }
 
-// setOpenAIHeaders describes every configured limit as OpenAI does.
+// setLimitHeaders describes the limits in the style's own headers, on
+// every answer of the styles that have some.
+func (s *Server) setLimitHeaders(w http.ResponseWriter, d decision) {
+	switch s.cfg.Style {
+	case StyleOpenAI:
+		s.setOpenAIHeaders(w, d)
+	case StyleIETF:
+		s.setIETFHeaders(w, d)
+	}
+}
+
+// setOpenAIHeaders describes every configured limit as OpenAI does. OpenAI
+// has one request quota, so the endpoint limit stands in for it when that
+// is the one that refused.
 func (s *Server) setOpenAIHeaders(w http.ResponseWriter, d decision) {
 	set := func(unit string, v *verdict) {
 		if v == nil {
@@ -114,49 +159,111 @@ func (s *Server) setOpenAIHeaders(w http.ResponseWriter, d decision) {
 		h.Set("X-Ratelimit-Remaining-"+unit, strconv.FormatInt(v.remaining, 10))
 		h.Set("X-Ratelimit-Reset-"+unit, OpenAIDuration(v.reset))
 	}
-	set("Requests", d.requests)
+	requests := d.request
+	if d.reason == overEndpoint {
+		requests = d.endpoint
+	}
+	set("Requests", requests)
 	if s.cfg.CostLimit != nil {
 		set(s.cfg.CostLimit.Name, d.cost)
 	}
 }
 
+// IETF policy names for the request limits; the cost limit is named after
+// its cost.
+const (
+	ietfRequestPolicy  = "default"
+	ietfEndpointPolicy = "endpoint"
+)
+
+// setIETFHeaders states every rate limit as a draft-10 quota policy and
+// its current state, items in the same order in both fields:
+//
+//	RateLimit-Policy: "default";q=40;w=1, "tokens";q=2000;w=1;qu="tokens"
+//	RateLimit: "default";r=12;t=1, "tokens";r=1500;t=1
+//
+// q is the limit's Rate, whatever its algorithm, so that a client pacing at
+// q per w keeps to it; w is Per in whole seconds, rounded up, so a Per that
+// is not whole seconds is stated stricter than it is. r is what would be
+// admitted now and t the seconds, rounded up, until the limit is back to
+// its full allowance (what OpenAI's reset means). The endpoint limit's
+// item carries the endpoint ("POST /v1/things") as its partition key pk.
+// The concurrency cap is not stated: it is no rate, and the draft's
+// concurrent-requests unit would be misread by a client that paces.
+// Names are plain lowercase, so quoting them needs no escapes.
+func (s *Server) setIETFHeaders(w http.ResponseWriter, d decision) {
+	var policies, states []string
+	// params are the policy's parameters after q and w, and the state's
+	// after r and t.
+	add := func(name string, l Limit, v *verdict, policyParams, stateParams string) {
+		if v == nil {
+			return
+		}
+		policies = append(policies, fmt.Sprintf("%q;q=%d;w=%d%s", name, l.Rate, wholeSeconds(l.Per), policyParams))
+		states = append(states, fmt.Sprintf("%q;r=%d;t=%d%s", name, v.remaining, wholeSeconds(v.reset), stateParams))
+	}
+	add(ietfRequestPolicy, s.cfg.requestLimit(), d.request, "", "")
+	if s.cfg.EndpointLimit != nil {
+		pk := ";pk=:" + base64.StdEncoding.EncodeToString([]byte(d.endpointName)) + ":"
+		add(ietfEndpointPolicy, *s.cfg.EndpointLimit, d.endpoint, pk, pk)
+	}
+	if cl := s.cfg.CostLimit; cl != nil {
+		add(cl.Name, cl.limit(), d.cost, fmt.Sprintf(";qu=%q", cl.Name), "")
+	}
+	if len(policies) == 0 {
+		return
+	}
+	w.Header().Set("RateLimit-Policy", strings.Join(policies, ", "))
+	w.Header().Set("RateLimit", strings.Join(states, ", "))
+}
+
+// writeOK answers an admitted request. With a cost limit the answer says
+// what the request used in the UsageHeader, in every style, so that a
+// client can settle its estimate from a header as well as from OpenAI's
+// body.
 func (s *Server) writeOK(w http.ResponseWriter, d decision, rec *Record) int {
 	s.setIDHeader(w, d)
-	if s.cfg.Style == StyleOpenAI {
-		s.setOpenAIHeaders(w, d)
+	s.setLimitHeaders(w, d)
+	if s.cfg.CostLimit != nil {
+		w.Header().Set(UsageHeader, strconv.FormatInt(rec.Usage, 10))
 	}
-	writeJSON(w, http.StatusOK, echo{
+	body := echo{
 		ID:             d.id,
 		Object:         "echo",
 		Method:         rec.Method,
 		Path:           rec.Path,
 		IdempotencyKey: rec.IdempotencyKey,
 		Cost:           rec.Cost,
-	})
+	}
+	if s.cfg.Style == StyleOpenAI {
+		body.Usage = usageOf(rec.Usage)
+	}
+	writeJSON(w, http.StatusOK, body)
 	return http.StatusOK
 }
 
 func (s *Server) writeFailure(w http.ResponseWriter, d decision, status int) {
 	s.setIDHeader(w, d)
+	s.setLimitHeaders(w, d)
 	msg := fmt.Sprintf("Simulated failure (%d %s); retry with the same idempotency key.", status, http.StatusText(status))
 	switch s.cfg.Style {
 	case StyleStripe:
 		writeJSON(w, status, stripeError{stripeErrorBody{Message: msg, Type: "api_error"}})
 	case StyleOpenAI:
-		s.setOpenAIHeaders(w, d)
 		writeJSON(w, status, openAIError{openAIErrorBody{Message: msg, Type: "server_error"}})
 	default:
 		writeText(w, status, msg)
 	}
 }
 
+// bareRefusal is the bare style's whole 429 body: it names no limit.
+const bareRefusal = "Too Many Requests"
+
 // writeRefusal answers a request that was not admitted and returns the
 // status it sent.
 func (s *Server) writeRefusal(w http.ResponseWriter, d decision) int {
 	s.setIDHeader(w, d)
-	if s.cfg.Style == StyleOpenAI {
-		s.setOpenAIHeaders(w, d)
-	}
+	s.setLimitHeaders(w, d)
 	if d.reason == badRequest {
 		switch s.cfg.Style {
 		case StyleStripe:
@@ -168,7 +275,7 @@ func (s *Server) writeRefusal(w http.ResponseWriter, d decision) int {
 		}
 		return d.err.status
 	}
-	if d.retryAfter > 0 && s.cfg.Style != StyleStripe {
+	if d.retryAfter > 0 && s.cfg.Style != StyleStripe && s.cfg.Style != StyleBare {
 		w.Header().Set("Retry-After", retryAfterSeconds(d.retryAfter))
 	}
 	const status = http.StatusTooManyRequests
@@ -191,6 +298,8 @@ func (s *Server) writeRefusal(w http.ResponseWriter, d decision) int {
 	case StyleOpenAI:
 		msg, typ := s.openAIMessage(d)
 		writeJSON(w, status, openAIError{openAIErrorBody{Message: msg, Type: typ, Code: strPtr("rate_limit_exceeded")}})
+	case StyleBare:
+		writeText(w, status, bareRefusal)
 	default:
 		writeText(w, status, s.plainMessage(d))
 	}
@@ -204,9 +313,9 @@ func (s *Server) refused(d decision) (unit string, per time.Duration, desc strin
 	case overCost:
 		return s.cfg.CostLimit.Name, s.cfg.CostLimit.Per, s.cfg.CostLimit.String(), *d.cost
 	case overEndpoint:
-		return "requests", s.cfg.EndpointLimit.Per, withUnit(*s.cfg.EndpointLimit), *d.requests
+		return "requests", s.cfg.EndpointLimit.Per, withUnit(*s.cfg.EndpointLimit), *d.endpoint
 	}
-	return "requests", s.cfg.Per, withUnit(s.cfg.requestLimit()), *d.requests
+	return "requests", s.cfg.Per, withUnit(s.cfg.requestLimit()), *d.request
 }
 
 // withUnit renders a request limit as "10 requests per 1s (burst 3)".
@@ -243,7 +352,7 @@ func (s *Server) openAIMessage(d decision) (msg, typ string) {
 	unit, per, _, v := s.refused(d)
 	requested := int64(1)
 	if d.reason == overCost {
-		requested = d.costOf
+		requested = d.charge
 	}
 	quota := unit
 	if d.reason == overEndpoint {

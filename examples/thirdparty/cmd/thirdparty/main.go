@@ -6,6 +6,12 @@
 //	thirdparty -listen 127.0.0.1:0 -style openai -rate 100 -per 1s \
 //	    -cost-rate 40000 -cost-per 1m
 //
+// -style picks how the upstream talks about its limits (-help lists what
+// each sends): plain, stripe, openai, ietf (the IETF draft's RateLimit and
+// RateLimit-Policy fields) or bare (a hidden limit: bare 429s only). A
+// request may say what it really used of the cost limit in an X-Fake-Usage
+// header; the cost limit then charges that instead of the declared cost.
+//
 // GET /_thirdparty/report shows the figures at any time; POST
 // /_thirdparty/reset starts them afresh.
 package main
@@ -55,6 +61,32 @@ type options struct {
 	cost     fakeupstream.CostLimit
 }
 
+// styleHelp ends -help: what each style sends, and the usage header.
+const styleHelp = `
+Styles (-style):
+  plain   429 with Retry-After (seconds) and a one-line text body.
+  stripe  429 with Stripe-Rate-Limited-Reason (global-rate, endpoint-rate,
+          global-concurrency) and a JSON error; no Retry-After.
+  openai  x-ratelimit-limit/remaining/reset-requests and -tokens on every
+          answer (reset like "1s", "6m0s", "12ms"); on 429 retry-after and a
+          rate_limit_exceeded error; successes report usage.total_tokens.
+  ietf    draft-ietf-httpapi-ratelimit-headers-10 fields on every answer:
+            RateLimit-Policy: "default";q=40;w=1, "tokens";q=2000;w=1;qu="tokens"
+            RateLimit: "default";r=12;t=1, "tokens";r=1500;t=1
+          q is the rate per w seconds (w rounded up), r what is left now,
+          t the seconds (rounded up) until the limit is back to its full
+          allowance; an endpoint limit is the "endpoint" policy with the
+          endpoint as pk. On 429 also Retry-After, and the plain body.
+  bare    a hidden limit: no rate-limit header on any answer; a 429 has no
+          Retry-After and the body "Too Many Requests".
+
+A request's cost is its cost header (-cost-header) or its JSON body's
+max_tokens. A request may add X-Fake-Usage: N to say what it really used:
+the cost limit then charges N instead, when the request arrives, and a
+success answers X-Fake-Usage: N (openai also usage.total_tokens: N).
+Through shaper a job sends it as headers: {X-Fake-Usage: "40"}.
+`
+
 // parse reads the flags into a Config; errors are already printed to stderr.
 func parse(args []string, stderr io.Writer) (options, error) {
 	var o options
@@ -64,6 +96,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: thirdparty [flags]\n\nA fake rate-limited third-party API. Flags:")
 		fs.PrintDefaults()
+		fmt.Fprint(stderr, styleHelp)
 	}
 	c := &o.cfg
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8090", "`address` to listen on (port 0 picks a free one; the address is printed)")
@@ -80,7 +113,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Int64Var(&o.cost.Rate, "cost-rate", 0, "most cost per API key per -cost-per (0: no cost limit)")
 	fs.DurationVar(&o.cost.Per, "cost-per", time.Minute, "the cost limit's window or refill period")
 	fs.Int64Var(&o.cost.Burst, "cost-burst", 0, "token_bucket capacity of the cost limit (0: -cost-rate)")
-	fs.StringVar(&style, "style", string(fakeupstream.StylePlain), "whose 429s to imitate: plain, stripe or openai")
+	fs.StringVar(&style, "style", string(fakeupstream.StylePlain), "how answers describe the limits: plain, stripe, openai, ietf or bare (see below)")
 	fs.DurationVar(&c.Latency, "latency", 0, "delay before every admitted answer")
 	fs.DurationVar(&c.Jitter, "jitter", 0, "extra random delay, uniform in [0, jitter]")
 	fs.Float64Var(&c.FailRate, "fail-rate", 0, "fraction of admitted requests answered 500 or 503")

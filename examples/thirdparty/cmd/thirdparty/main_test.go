@@ -76,6 +76,8 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"-nope"}, errUsage, "flag provided but not defined: -nope"},
 		{[]string{"extra"}, errUsage, `unexpected argument "extra"`},
 		{[]string{"-h"}, flag.ErrHelp, "usage: thirdparty [flags]"},
+		{[]string{"-h"}, flag.ErrHelp, `RateLimit-Policy: "default";q=40;w=1`},
+		{[]string{"-h"}, flag.ErrHelp, "X-Fake-Usage: N"},
 	} {
 		var stderr strings.Builder
 		_, err := parse(tc.args, &stderr)
@@ -87,32 +89,63 @@ func TestParseErrors(t *testing.T) {
 
 func TestRunRefusesBadConfig(t *testing.T) {
 	err := run(context.Background(), []string{"-listen", "127.0.0.1:0", "-style", "github"}, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), `style "github": want plain, stripe or openai`) {
+	if err == nil || !strings.Contains(err.Error(), `style "github": want plain, stripe, openai, ietf or bare`) {
 		t.Errorf("run: %v, want the bad style named", err)
 	}
 }
 
-// TestRun starts the command, reads the address it prints, sends a request
-// and stops it as a signal would.
-func TestRun(t *testing.T) {
+// start runs the command with args, reads the address it prints, and
+// returns it with the first line and a stop that signals the command as
+// SIGINT would and returns the rest of its output.
+func start(t *testing.T, args ...string) (addr, first string, stop func() string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	out, stdout := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-rate", "1", "-style", "stripe"}, stdout, io.Discard)
+		done <- run(ctx, append([]string{"-listen", "127.0.0.1:0"}, args...), stdout, io.Discard)
 		stdout.Close()
 	}()
 	lines := bufio.NewScanner(out)
 	if !lines.Scan() {
+		cancel()
 		t.Fatalf("no address printed: %v", <-done)
 	}
-	first := lines.Text()
+	first = lines.Text()
 	addr, ok := strings.CutPrefix(first, "listening on ")
-	if !ok || !strings.Contains(first, "(sliding_log: 1 request per 1s per key, stripe style)") {
+	if !ok {
+		cancel()
 		t.Fatalf("first line %q", first)
 	}
 	addr, _, _ = strings.Cut(addr, " ")
+	stopped := false
+	stop = func() string {
+		stopped = true
+		cancel()
+		var rest strings.Builder
+		for lines.Scan() {
+			rest.WriteString(lines.Text())
+		}
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+		return rest.String()
+	}
+	t.Cleanup(func() {
+		if !stopped {
+			stop()
+		}
+	})
+	return addr, first, stop
+}
+
+// TestRun starts the command, sends a request and stops it as a signal
+// would.
+func TestRun(t *testing.T) {
+	addr, first, stop := start(t, "-rate", "1", "-style", "stripe")
+	if !strings.Contains(first, "(sliding_log: 1 request per 1s per key, stripe style)") {
+		t.Fatalf("first line %q", first)
+	}
 	for _, want := range []int{200, 429} {
 		resp, err := http.Post(addr+"/v1/charges", "application/x-www-form-urlencoded", strings.NewReader("amount=1"))
 		if err != nil {
@@ -123,15 +156,57 @@ func TestRun(t *testing.T) {
 			t.Errorf("status %d, want %d", resp.StatusCode, want)
 		}
 	}
-	cancel()
-	var rest strings.Builder
-	for lines.Scan() {
-		rest.WriteString(lines.Text())
+	if rest := stop(); !strings.Contains(rest, "2 requests (sliding_log: 1 request per 1s per key), 1× 200, 1× 429") {
+		t.Errorf("summary %q", rest)
 	}
-	if err := <-done; err != nil {
-		t.Errorf("run: %v", err)
+}
+
+// TestRunStyles: the new styles and the usage header work end to end
+// through the command's flags. The clock is real, so the test asks only
+// what a second's margin cannot change.
+func TestRunStyles(t *testing.T) {
+	post := func(t *testing.T, addr string, headers map[string]string) *http.Response {
+		t.Helper()
+		r, _ := http.NewRequest(http.MethodPost, addr+"/v1/chat/completions", strings.NewReader(`{"max_tokens":400}`))
+		r.Header.Set("Authorization", "Bearer k")
+		for k, v := range headers {
+			r.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
 	}
-	if !strings.Contains(rest.String(), "2 requests (sliding_log: 1 request per 1s per key), 1× 200, 1× 429") {
-		t.Errorf("summary %q", rest.String())
-	}
+	t.Run("ietf", func(t *testing.T) {
+		addr, first, stop := start(t, "-style", "ietf", "-rate", "40", "-per", "1m", "-cost-rate", "2000", "-cost-per", "1m")
+		if !strings.Contains(first, ", ietf style)") {
+			t.Errorf("first line %q", first)
+		}
+		resp := post(t, addr, map[string]string{"X-Fake-Usage": "40"})
+		if got, want := resp.Header.Get("RateLimit-Policy"), `"default";q=40;w=60, "tokens";q=2000;w=60;qu="tokens"`; got != want {
+			t.Errorf("RateLimit-Policy %q, want %q", got, want)
+		}
+		if got, want := resp.Header.Get("RateLimit"), `"default";r=39;t=60, "tokens";r=1960;t=60`; got != want {
+			t.Errorf("RateLimit %q, want %q", got, want)
+		}
+		if rest := stop(); !strings.Contains(rest, "cost declared 400, charged 40; ietf style") {
+			t.Errorf("summary %q", rest)
+		}
+	})
+	t.Run("bare", func(t *testing.T) {
+		addr, _, stop := start(t, "-style", "bare", "-rate", "1", "-per", "1m")
+		for _, want := range []int{200, 429} {
+			resp := post(t, addr, nil)
+			if resp.StatusCode != want || resp.Header.Get("Retry-After") != "" || resp.Header.Get("RateLimit") != "" {
+				t.Errorf("status %d, Retry-After %q, RateLimit %q; want %d and neither header",
+					resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("RateLimit"), want)
+			}
+		}
+		if rest := stop(); !strings.Contains(rest, "1× 429") || !strings.Contains(rest, "429s by limit: requests 1; bare style") {
+			t.Errorf("summary %q", rest)
+		}
+	})
 }
