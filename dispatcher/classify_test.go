@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/ratelimit"
 )
 
 func TestClassify(t *testing.T) {
@@ -23,29 +25,43 @@ func TestClassify(t *testing.T) {
 	}{
 		{"ok", 200, h(), verdict{kind: kindDone}},
 		{"created", 201, h(), verdict{kind: kindDone}},
-		{"ok but requests exhausted", 200, h("x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "6m0s"),
+		// At the limit a remaining of 0 is normal: 100 per 1m frees a
+		// request every 600ms, sooner than a 1s spacing holds anyway.
+		{"ok at the limit, next request frees soon", 200, h("x-ratelimit-limit-requests", "100",
+			"x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "1m0s"), verdict{kind: kindDone}},
+		// 10 per 1m frees one every 6s: held that long, not the full reset.
+		{"ok but the next request frees later than spacing", 200, h("x-ratelimit-limit-requests", "10",
+			"x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "1m0s"),
+			verdict{kind: kindDone, block: 6 * time.Second, blockReason: "quota_exhausted"}},
+		{"ok, no limit given: the reset is all we know", 200, h("x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "6m0s"),
 			verdict{kind: kindDone, block: 6 * time.Minute, blockReason: "quota_exhausted"}},
 		{"ok with tokens left", 200, h("x-ratelimit-remaining-tokens", "10", "x-ratelimit-reset-tokens", "1s"), verdict{kind: kindDone}},
 		{"ok, generic remaining 0, delta reset", 200, h("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "30"),
 			verdict{kind: kindDone, block: 30 * time.Second, blockReason: "quota_exhausted"}},
-		{"ok, generic remaining 0, unix reset", 200, h("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1795953645"),
-			verdict{kind: kindDone, block: 45 * time.Second, blockReason: "quota_exhausted"}},
+		{"ok, github remaining 0 of 5000, epoch reset", 200, h("X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1795953645"),
+			verdict{kind: kindDone}},
+		{"ok, ietf draft remaining 0", 200, h("RateLimit-Policy", `"default";q=2;w=10`, "RateLimit", `"default";r=0;t=8`),
+			verdict{kind: kindDone, block: 4 * time.Second, blockReason: "quota_exhausted"}},
 		{"429 retry-after seconds", 429, h("Retry-After", "7"),
-			verdict{kind: kindPushback, wait: 7 * time.Second, block: 7 * time.Second, blockReason: "429", reason: "429 from upstream"}},
+			verdict{kind: kindPushback, wait: 7 * time.Second, block: 7 * time.Second, blockReason: "429", refused: true, reason: "429 from upstream"}},
 		{"429 retry-after date", 429, h("Retry-After", now.Add(90*time.Second).Format(http.TimeFormat)),
-			verdict{kind: kindPushback, wait: 90 * time.Second, block: 90 * time.Second, blockReason: "429", reason: "429 from upstream"}},
+			verdict{kind: kindPushback, wait: 90 * time.Second, block: 90 * time.Second, blockReason: "429", refused: true, reason: "429 from upstream"}},
 		{"429 openai reset in ms", 429, h("x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "12ms"),
-			verdict{kind: kindPushback, wait: 12 * time.Millisecond, block: 12 * time.Millisecond, blockReason: "429", reason: "429 from upstream"}},
+			verdict{kind: kindPushback, wait: 12 * time.Millisecond, block: 12 * time.Millisecond, blockReason: "429", refused: true, reason: "429 from upstream"}},
 		{"429 openai tokens longer than requests", 429, h("x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "1s",
 			"x-ratelimit-remaining-tokens", "0", "x-ratelimit-reset-tokens", "1m30.5s"),
-			verdict{kind: kindPushback, wait: 90500 * time.Millisecond, block: 90500 * time.Millisecond, blockReason: "429", reason: "429 from upstream"}},
-		{"429 bare", 429, h(), verdict{kind: kindPushback, wait: 2 * time.Second, block: 2 * time.Second, blockReason: "429", reason: "429 from upstream"}},
+			verdict{kind: kindPushback, wait: 90500 * time.Millisecond, block: 90500 * time.Millisecond, blockReason: "429", refused: true, reason: "429 from upstream"}},
+		{"429 github epoch reset", 429, h("X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1795953645"),
+			verdict{kind: kindPushback, wait: 45 * time.Second, block: 45 * time.Second, blockReason: "429", refused: true, reason: "429 from upstream"}},
+		{"429 ietf draft", 429, h("RateLimit-Policy", `"default";q=40;w=1`, "RateLimit", `"default";r=0;t=1`),
+			verdict{kind: kindPushback, wait: time.Second, block: time.Second, blockReason: "429", refused: true, reason: "429 from upstream"}},
+		{"429 bare", 429, h(), verdict{kind: kindPushback, bare: true, refused: true, reason: "429 from upstream"}},
 		{"429 stripe global", 429, h("Stripe-Rate-Limited-Reason", "global-rate"),
-			verdict{kind: kindPushback, wait: 2 * time.Second, block: 2 * time.Second, blockReason: "429", reason: "429 from upstream (global-rate)"}},
+			verdict{kind: kindPushback, bare: true, refused: true, reason: "429 from upstream (global-rate)"}},
 		{"429 stripe global concurrency", 429, h("Stripe-Rate-Limited-Reason", "global-concurrency"),
-			verdict{kind: kindPushback, wait: 2 * time.Second, block: 2 * time.Second, blockReason: "429", reason: "429 from upstream (global-concurrency)"}},
+			verdict{kind: kindPushback, bare: true, refused: true, reason: "429 from upstream (global-concurrency)"}},
 		{"429 stripe endpoint only delays the job", 429, h("Stripe-Rate-Limited-Reason", "endpoint-rate"),
-			verdict{kind: kindPushback, wait: 2 * time.Second, reason: "429 from upstream (endpoint-rate)"}},
+			verdict{kind: kindPushback, reason: "429 from upstream (endpoint-rate)"}},
 		{"503 with retry-after", 503, h("Retry-After", "3"), verdict{kind: kindRetry, wait: 3 * time.Second, reason: "upstream answered 503"}},
 		{"500", 500, h(), verdict{kind: kindRetry, reason: "upstream answered 500"}},
 		{"408", 408, h(), verdict{kind: kindRetry, reason: "upstream answered 408"}},
@@ -54,7 +70,7 @@ func TestClassify(t *testing.T) {
 		{"404", 404, h(), verdict{kind: kindDead, reason: "upstream answered 404"}},
 		{"302", 302, h("Location", "https://elsewhere"), verdict{kind: kindDead, reason: "upstream answered 302 (redirects are not followed)"}},
 	} {
-		got := classify(tc.status, tc.h, now, 2*time.Second)
+		got := classify(tc.status, tc.h, ratelimit.Read(tc.h, now), time.Second)
 		if got != tc.want {
 			t.Errorf("%s: got %+v, want %+v", tc.name, got, tc.want)
 		}

@@ -101,6 +101,13 @@ type upstream struct {
 	// sweepAt is when each of asynq's finished-job sets (succeeded,
 	// dead) next has a job past its retention; zero: none known.
 	sweepAt map[taskstore.Zset]time.Time
+
+	// spacing is how far apart the request limits space sends (see
+	// classify); adaptive is set when a limit is adaptive; heard is what
+	// the upstream last stated.
+	spacing  time.Duration
+	adaptive bool
+	heard    heard
 }
 
 // New validates the config and prepares a Dispatcher on rdb (which the
@@ -173,6 +180,11 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name),
 		store: taskstore.For(sched.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
 		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[taskstore.Zset]time.Time{}}
+	u.spacing = spacing(u)
+	d.setLimitGauges(u, configuredLimits(u))
+	for _, l := range uc.Limits {
+		u.adaptive = u.adaptive || l.Adaptive
+	}
 	u.taker, err = sched.NewTaker(d.rdb, u.space, sched.TakerConfig{Upstream: uc, Bucket: bucket,
 		Lookahead: d.cfg.Horizon, Lease: taskLease, ConcurrencyLease: uc.Timeout + d.cfg.Horizon + 10*time.Second})
 	if err != nil {

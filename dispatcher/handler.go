@@ -54,18 +54,18 @@ func Pushback(d time.Duration, err error) error { return &pushbackError{wait: d,
 
 // handlerVerdict turns a Handler's error into the same verdict an HTTP
 // answer gets.
-func handlerVerdict(err error, fallback time.Duration) verdict {
+func handlerVerdict(err error) verdict {
 	var pe *permanentError
 	var pb *pushbackError
 	switch {
 	case err == nil:
 		return verdict{kind: kindDone}
 	case errors.As(err, &pb):
-		wait := pb.wait
-		if wait <= 0 {
-			wait = fallback
+		if pb.wait <= 0 {
+			// No time given: a bare pushback, growing while repeated.
+			return verdict{kind: kindPushback, bare: true, refused: true, reason: err.Error()}
 		}
-		return verdict{kind: kindPushback, wait: wait, block: wait, blockReason: "429", reason: err.Error()}
+		return verdict{kind: kindPushback, wait: pb.wait, block: pb.wait, blockReason: "429", refused: true, reason: err.Error()}
 	case errors.As(err, &pe):
 		return verdict{kind: kindDead, reason: err.Error()}
 	default:

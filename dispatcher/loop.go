@@ -375,6 +375,12 @@ func (d *Dispatcher) upkeep(ctx context.Context) {
 					d.m.RedisErrors.WithLabelValues("pacing").Inc()
 					d.log.Warn("could not extend the leases of jobs in flight", "upstream", name, "err", err)
 				}
+				// A busy upstream's limits that move by themselves (an
+				// adaptive one climbing, another replica's cut or learning)
+				// are shown as they are now.
+				if u.adaptive || u.heard.any() {
+					d.showLimits(rctx, u)
+				}
 			}()
 		}
 		wg.Wait()
@@ -545,9 +551,7 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		// Cut off by the shutdown timeout: not the upstream's fault.
 		return errRequeue, nil
 	}
-	if v.block > 0 {
-		d.block(ctx, u, v.block, v.blockReason)
-	}
+	v = d.heed(ctx, u, job, resp, v)
 	var stored *queue.Response
 	if resp != nil {
 		stored = u.stored(resp)

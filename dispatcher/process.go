@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -151,7 +152,7 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 			class = "error"
 		}
 		d.m.UpstreamResponses.WithLabelValues(name, class).Inc()
-		return handlerVerdict(err, u.cfg.PushbackDefault), resp, true
+		return handlerVerdict(err), resp, true
 	}
 	resp, err := u.do(ctx, job, r)
 	if errors.Is(err, errTooLate) {
@@ -166,7 +167,11 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 		return verdict{kind: kindRetry, reason: err.Error()}, nil, true
 	}
 	d.m.UpstreamResponses.WithLabelValues(name, responseClass(resp.Status)).Inc()
-	return classify(resp.Status, http.Header(resp.Headers), time.Now(), u.cfg.PushbackDefault), resp, true
+	h := http.Header(resp.Headers)
+	rd := ratelimit.Read(h, time.Now())
+	v := classify(resp.Status, h, rd, u.spacing)
+	v.rd = &rd
+	return v, resp, true
 }
 
 // do sends an HTTP job under reservation r.

@@ -25,6 +25,7 @@ type Metrics struct {
 	UpstreamBlocks     *prometheus.CounterVec   // upstream, reason
 	RedisErrors        *prometheus.CounterVec   // component
 	RequestDuration    *prometheus.HistogramVec // upstream
+	UpstreamLimitRate  *prometheus.GaugeVec     // upstream, limit, source
 }
 
 // New creates the metrics and registers them on reg.
@@ -85,6 +86,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.DefBuckets,
 		}, []string{"upstream"}),
 	}
+	m.UpstreamLimitRate = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shaper_upstream_limit_rate",
+		Help: "Units per second the fleet paces an upstream's limit at, as this replica last read it: the configured rate, an adaptive limit's current rate, or a rate the upstream stated (source).",
+	}, []string{"upstream", "limit", "source"})
+	reg.MustRegister(m.UpstreamLimitRate)
 	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
 		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
 		m.RedisErrors, m.RequestDuration)
