@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -141,7 +142,8 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 // refresh, and says once, fleet-wide, when it is below the config.
 func (d *Dispatcher) learn(ctx context.Context, u *upstream, stated []leaky.Limit) {
 	u.heard.mu.Lock()
-	same := slices.Equal(stated, u.heard.stated) && time.Since(u.heard.learnedAt) < relearn
+	before := u.heard.stated
+	same := slices.Equal(stated, before) && time.Since(u.heard.learnedAt) < relearn
 	u.heard.mu.Unlock()
 	if same || (len(stated) == 0 && u.heard.learnedAt.IsZero()) {
 		return
@@ -161,6 +163,12 @@ func (d *Dispatcher) learn(ctx context.Context, u *upstream, stated []leaky.Limi
 	if lower := belowConfig(stated, u.cfg.Limits); lower != "" {
 		d.log.Warn("upstream states a lower limit than configured; pacing at the stated one", "upstream", u.cfg.Name,
 			"limits", lower)
+		if slowest(stated) < slowest(before) {
+			// Slots booked at the old pace up to the horizon ahead, here
+			// and on other replicas, would still go out at it: a block
+			// over them hands their jobs back, to be booked anew.
+			d.block(ctx, u, d.cfg.Horizon, "stated_limit")
+		}
 	} else if len(stated) > 0 {
 		d.log.Info("upstream states its limits", "upstream", u.cfg.Name, "stated", describe(stated))
 	}
@@ -184,6 +192,15 @@ func belowConfig(stated, configured []leaky.Limit) string {
 		}
 	}
 	return strings.Join(parts, "; ")
+}
+
+// slowest is the lowest rate per second among ls; +Inf for none.
+func slowest(ls []leaky.Limit) float64 {
+	out := math.Inf(1)
+	for _, l := range ls {
+		out = min(out, float64(l.Rate)/l.Per.Seconds())
+	}
+	return out
 }
 
 func describe(ls []leaky.Limit) string {
