@@ -61,7 +61,8 @@ func classify(status int, h http.Header, rd ratelimit.Reading, spacing time.Dura
 		return v
 	case status == http.StatusTooManyRequests:
 		wait := rd.RetryAfter
-		if q, ok := rd.Exhausted(); wait <= 0 && ok {
+		q, whole := rd.Exhausted()
+		if wait <= 0 && whole {
 			wait = q.Reset
 		}
 		v := verdict{kind: kindPushback, wait: wait, reason: "429 from upstream"}
@@ -69,9 +70,15 @@ func classify(status int, h http.Header, rd ratelimit.Reading, spacing time.Dura
 		if reason != "" {
 			v.reason += " (" + reason + ")"
 		}
-		// Stripe's endpoint-* and resource-specific limits concern one
-		// endpoint or object; the rest of the upstream may go on.
+		// Stripe's endpoint-* and resource-specific limits, and a quota
+		// the IETF draft marks as one partition's (pk), concern one
+		// endpoint, object or user; the rest of the upstream may go on.
 		if strings.HasPrefix(reason, "endpoint-") || reason == "resource-specific" {
+			return v
+		}
+		if p, ok := rd.ExhaustedPartition(); ok && !whole {
+			v.wait = max(v.wait, p.Reset)
+			v.reason += " (" + p.Name + ", one partition's quota)"
 			return v
 		}
 		v.refused = true

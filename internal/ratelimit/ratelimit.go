@@ -97,6 +97,10 @@ type Quota struct {
 	Reset time.Duration
 	// HasReset tells a reset of 0 ("now") from none given.
 	HasReset bool
+	// Partitioned is set when the draft's pk says the quota belongs to one
+	// partition of the server's traffic (an endpoint, a user), not to all
+	// of it.
+	Partitioned bool
 }
 
 // Policy is a limit the server states: Quota units per Window.
@@ -110,6 +114,9 @@ type Policy struct {
 	Quota int64
 	// Window is the policy's time window; 0 when the server did not say.
 	Window time.Duration
+	// Partitioned is set when the draft's pk says the policy applies to one
+	// partition of the server's traffic, not to all of it.
+	Partitioned bool
 }
 
 // unitRequests is the unit of every form that does not name one.
@@ -129,11 +136,19 @@ func Read(h http.Header, now time.Time) Reading {
 	return r
 }
 
-// Exhausted is the quota with nothing remaining that resets last: the one
-// that holds the caller back longest. ok is false when no quota is spent.
-func (r Reading) Exhausted() (q Quota, ok bool) {
+// Exhausted is the quota over all of the server's traffic with nothing
+// remaining that resets last: the one that holds the caller back longest.
+// ok is false when no such quota is spent. Partitioned quotas are left to
+// ExhaustedPartition.
+func (r Reading) Exhausted() (q Quota, ok bool) { return r.exhausted(false) }
+
+// ExhaustedPartition is Exhausted for quotas of one partition (the
+// draft's pk): they concern this request's endpoint or user, not the rest.
+func (r Reading) ExhaustedPartition() (q Quota, ok bool) { return r.exhausted(true) }
+
+func (r Reading) exhausted(partitioned bool) (q Quota, ok bool) {
 	for _, c := range r.Quotas {
-		if c.Remaining > 0 {
+		if c.Remaining > 0 || c.Partitioned != partitioned {
 			continue
 		}
 		if !ok || c.Reset > q.Reset || (c.Reset == q.Reset && c.HasReset && !q.HasReset) {
@@ -143,12 +158,13 @@ func (r Reading) Exhausted() (q Quota, ok bool) {
 	return q, ok
 }
 
-// RequestPolicies is the stated policies that count requests and say both
-// a quota and a window, the ones a request rate can be paced at.
+// RequestPolicies is the stated policies over all of the server's traffic
+// (no pk) that count requests and say both a quota and a window, the ones
+// a request rate can be paced at.
 func (r Reading) RequestPolicies() []Policy {
 	var ps []Policy
 	for _, p := range r.Policies {
-		if (p.Unit == "" || p.Unit == unitRequests) && p.Quota > 0 && p.Window > 0 {
+		if (p.Unit == "" || p.Unit == unitRequests) && p.Quota > 0 && p.Window > 0 && !p.Partitioned {
 			ps = append(ps, p)
 		}
 	}
@@ -181,7 +197,11 @@ func (q Quota) String() string {
 	if q.HasReset {
 		reset = "resets in " + q.Reset.String()
 	}
-	return fmt.Sprintf("%q %d/%s %s left, %s", q.Name, q.Remaining, limit, q.Unit, reset)
+	out := fmt.Sprintf("%q %d/%s %s left, %s", q.Name, q.Remaining, limit, q.Unit, reset)
+	if q.Partitioned {
+		out += ", one partition's"
+	}
+	return out
 }
 
 // String renders the policy, e.g. `"burst" 100 requests per 1m0s`.
@@ -190,7 +210,11 @@ func (p Policy) String() string {
 	if p.Window > 0 {
 		window = "per " + p.Window.String()
 	}
-	return fmt.Sprintf("%q %d %s %s", p.Name, p.Quota, p.Unit, window)
+	out := fmt.Sprintf("%q %d %s %s", p.Name, p.Quota, p.Unit, window)
+	if p.Partitioned {
+		out += ", one partition's"
+	}
+	return out
 }
 
 // readPolicyField reads RateLimit-Policy: draft -08 to -10 items are named
@@ -225,6 +249,7 @@ func (r *Reading) readPolicyField(h http.Header) map[string]Policy {
 		if w, ok := secondsParam(it.Params, "w"); ok {
 			p.Window = w
 		}
+		_, p.Partitioned = it.Params.Get("pk")
 		r.Policies = append(r.Policies, p)
 		if _, dup := named[p.Name]; p.Name != "" && !dup {
 			named[p.Name] = p
@@ -253,6 +278,8 @@ func (r *Reading) readRateLimitField(h http.Header, named map[string]Policy) {
 				continue
 			}
 			q.Reset, q.HasReset = secondsParam(it.Params, "t")
+			_, pk := it.Params.Get("pk")
+			q.Partitioned = pk || p.Partitioned
 			r.addQuota(q, rem)
 		}
 		return

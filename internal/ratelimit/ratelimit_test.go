@@ -288,8 +288,8 @@ func TestRead(t *testing.T) {
 				"RateLimit", `"peruser";r=300;pk=:dHJpYWwxMjEzMjM=:`,
 			),
 			want: Reading{
-				Quotas:   []Quota{{Name: "peruser", Unit: "content-bytes", Limit: 65535, Remaining: 300}},
-				Policies: []Policy{{Name: "peruser", Unit: "content-bytes", Quota: 65535, Window: 10 * time.Second}},
+				Quotas:   []Quota{{Name: "peruser", Unit: "content-bytes", Limit: 65535, Remaining: 300, Partitioned: true}},
+				Policies: []Policy{{Name: "peruser", Unit: "content-bytes", Quota: 65535, Window: 10 * time.Second, Partitioned: true}},
 			},
 		},
 		{
