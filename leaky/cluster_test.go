@@ -22,7 +22,7 @@ func TestScriptsOnCluster(t *testing.T) {
 	p := New(rdb, Config{})
 	for i := 0; i < 6; i++ {
 		b, err := p.Bucket(fmt.Sprintf("upstream-%d", i), BucketConfig{
-			Limits:      []Limit{PerSecond(100), {Rate: 1000, Per: time.Minute, Cost: "tokens"}},
+			Limits:      []Limit{{Rate: 100, Per: time.Second, Adaptive: true}, {Rate: 1000, Per: time.Minute, Cost: "tokens"}},
 			Concurrency: 2,
 		})
 		if err != nil {
@@ -53,6 +53,25 @@ func TestScriptsOnCluster(t *testing.T) {
 		}
 		if err := b.Unblock(ctx); err != nil {
 			t.Fatalf("unblock: %v", err)
+		}
+		// The dynamic limits: stated, adaptive, settled, bare pushback.
+		if _, err := b.Learn(ctx, []Limit{PerSecond(40)}); err != nil {
+			t.Fatalf("learn: %v", err)
+		}
+		if _, err := b.Feedback(ctx, true); err != nil {
+			t.Fatalf("feedback: %v", err)
+		}
+		if r, err := b.Reserve(ctx, Costs{"tokens": 5}); err != nil || !r.OK {
+			t.Fatalf("reserve under stated and adaptive limits: %+v, %v", r, err)
+		}
+		if err := b.Settle(ctx, "tokens", 5, 1, "acme.example", []Limit{{Rate: 100, Per: time.Second, Cost: "tokens"}}); err != nil {
+			t.Fatalf("settle: %v", err)
+		}
+		if _, _, err := b.Pushback(ctx, time.Millisecond, time.Second, "429"); err != nil {
+			t.Fatalf("pushback: %v", err)
+		}
+		if st, err := b.State(ctx); err != nil || len(st.Limits) != 3 {
+			t.Fatalf("state with a stated limit: %+v, %v", st.Limits, err)
 		}
 	}
 	// The buckets really were spread over the masters.
