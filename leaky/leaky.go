@@ -529,6 +529,10 @@ type State struct {
 	// Booked is, per limit, how far ahead of now slots are booked: the
 	// bucket's level expressed as time.
 	Booked []time.Duration
+	// Limits is every limit as paced now: the configured ones in order
+	// (an adaptive one at its current rate), then those the upstream
+	// stated (see Learn).
+	Limits []LimitState
 }
 
 // State reads the bucket without changing it.
