@@ -85,22 +85,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Time the upstream took to answer.",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"upstream"}),
-		// limit is what the limit counts and its window, as LimitLabel
-		// writes it; configured names only, so the label set is bounded.
-		UpstreamLimitRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "shaper_upstream_limit_rate",
-			Help: "Units per second the fleet paces an upstream's limit at, by limit (units/window, e.g. requests/1s) and source: configured, adaptive (an adaptive limit's current rate) or stated (a limit the upstream states).",
-		}, []string{"upstream", "limit", "source"}),
 	}
+	m.UpstreamLimitRate = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shaper_upstream_limit_rate",
+		Help: "Units per second the fleet paces an upstream's limit at, as this replica last read it: the configured rate, an adaptive limit's current rate, or a rate the upstream stated (source).",
+	}, []string{"upstream", "limit", "source"})
+	reg.MustRegister(m.UpstreamLimitRate)
 	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
 		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
-		m.RedisErrors, m.RequestDuration, m.UpstreamLimitRate)
+		m.RedisErrors, m.RequestDuration)
 	return m
 }
-
-// LimitLabel is a limit's value of the limit label: what it counts and its
-// window, "requests/1s" or "tokens/1m0s".
-func LimitLabel(unit string, per time.Duration) string { return unit + "/" + per.String() }
 
 // OrDiscard returns m, or metrics on a private registry when m is nil.
 func OrDiscard(m *Metrics) *Metrics {

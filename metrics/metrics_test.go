@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -29,7 +28,7 @@ func TestLint(t *testing.T) {
 	m.UpstreamBlocks.WithLabelValues("stripe", "429").Inc()
 	m.RedisErrors.WithLabelValues("pacing").Inc()
 	m.RequestDuration.WithLabelValues("stripe").Observe(0.2)
-	m.UpstreamLimitRate.WithLabelValues("stripe", LimitLabel("requests", time.Second), "stated").Set(40)
+	m.UpstreamLimitRate.WithLabelValues("stripe", "requests/1s", "stated").Set(40)
 	err := RegisterBacklog(reg, m, func(ctx context.Context) (map[string]map[string]int64, error) {
 		return map[string]map[string]int64{"stripe": {"default": 12}}, nil
 	})
@@ -51,9 +50,6 @@ func TestLint(t *testing.T) {
 		if !strings.HasPrefix(mf.GetName(), "shaper_") {
 			t.Errorf("%s lacks the shaper_ namespace", mf.GetName())
 		}
-	}
-	if got := LimitLabel("tokens", time.Minute); got != "tokens/1m0s" {
-		t.Errorf("LimitLabel: got %q, want tokens/1m0s", got)
 	}
 	if got := testutil.ToFloat64(m.AdmissionFailOpen); got != 1 {
 		t.Fatalf("fail-open counter %v, want 1", got)
