@@ -1136,11 +1136,18 @@ func TestUpstreams(t *testing.T) {
 		t.Errorf("got %s %s and %s, want GET /v1/upstreams and /v1/upstreams/stripe", log[1].Method, log[1].Path, log[2].Path)
 	}
 	wantLimits := []client.Limit{
-		{Rate: 100, Per: time.Second, Burst: 1, Description: "100 req/s", SustainedPerSecond: 99.5},
-		{Rate: 800000, Per: time.Minute, Cost: "tokens", Burst: 1, Description: "800000 tokens/min", SustainedPerSecond: 13333.3},
+		{Rate: 100, Per: time.Second, Burst: 1, Description: "100 req/s", SustainedPerSecond: 99.5,
+			Adaptive: true, EffectiveRate: 37.5, Source: client.SourceAdaptive},
+		{Rate: 800000, Per: time.Minute, Cost: "tokens", Burst: 1, Description: "800000 tokens/min", SustainedPerSecond: 13333.3,
+			EffectiveRate: 600000, Source: client.SourceStated},
 	}
 	if !reflect.DeepEqual(st.Limits, wantLimits) {
 		t.Errorf("got limits %+v, want %+v", st.Limits, wantLimits)
+	}
+	wantStated := []client.Limit{{Rate: 10000, Per: time.Second, Cost: "tokens", Description: "10000 tokens/s", SustainedPerSecond: 9800,
+		EffectiveRate: 10000, Source: client.SourceStated}}
+	if !reflect.DeepEqual(st.StatedLimits, wantStated) {
+		t.Errorf("got stated limits %+v, want %+v", st.StatedLimits, wantStated)
 	}
 	if st.Concurrency != 20 || st.DrainRate != (client.DrainRate{Last10s: 98.2, Last60s: 97.9}) || st.InFlight != 3 ||
 		st.Retrying != 2 || st.Dead != 2 || st.Succeeded != 80 || !st.PausedUntil.IsZero() || st.Paused(time.Now()) {
@@ -1198,6 +1205,13 @@ func TestLimitPerEncodings(t *testing.T) {
 	var l client.Limit
 	if err := json.Unmarshal([]byte(`{"rate":1,"per":"often"}`), &l); err == nil {
 		t.Error("per often: got no error, want one")
+	}
+	// A limit survives a round trip, the fields of dynamic limits too.
+	in := client.Limit{Rate: 100, Per: time.Second, Description: "100 requests per 1s", SustainedPerSecond: 98,
+		Adaptive: true, EffectiveRate: 37.5, Source: client.SourceAdaptive}
+	var out client.Limit
+	if b, err := json.Marshal(in); err != nil || json.Unmarshal(b, &out) != nil || out != in {
+		t.Errorf("round trip: got %+v (%v), want %+v", out, err, in)
 	}
 	if got := (client.Limit{Rate: 5, Per: time.Minute, Cost: "tokens"}).String(); got != "5/1m0s tokens" {
 		t.Errorf("got %q, want 5/1m0s tokens", got)

@@ -623,8 +623,14 @@ func (f *fake) status(name string) map[string]any {
 	st := map[string]any{
 		"name": name,
 		"limits": []map[string]any{
-			{"rate": 100, "per": "1s", "burst": 1, "description": "100 req/s", "sustained_per_second": 99.5},
-			{"rate": 800000, "per": "1m0s", "cost": "tokens", "burst": 1, "description": "800000 tokens/min", "sustained_per_second": 13333.3},
+			{"rate": 100, "per": "1s", "burst": 1, "description": "100 req/s", "sustained_per_second": 99.5,
+				"adaptive": true, "effective_rate": 37.5, "source": "adaptive"},
+			{"rate": 800000, "per": "1m0s", "cost": "tokens", "burst": 1, "description": "800000 tokens/min", "sustained_per_second": 13333.3,
+				"adaptive": false, "effective_rate": 600000, "source": "stated"},
+		},
+		"stated_limits": []map[string]any{
+			{"rate": 10000, "per": "1s", "cost": "tokens", "burst": 0, "description": "10000 tokens/s", "sustained_per_second": 9800,
+				"adaptive": false, "effective_rate": 10000, "source": "stated"},
 		},
 		"concurrency":                    20,
 		"drain_rate":                     map[string]any{"last_10s": 98.2, "last_60s": 97.9},

@@ -16,6 +16,10 @@ import (
 type UpstreamStatus struct {
 	Name   string  `json:"name"`
 	Limits []Limit `json:"limits"`
+	// StatedLimits are limits the upstream states in its answers
+	// (RateLimit-Policy and the like), which the fleet obeys on top of
+	// Limits; empty when it states none or the server predates them.
+	StatedLimits []Limit `json:"stated_limits"`
 	// Concurrency is the most calls in flight at once; zero means no cap.
 	Concurrency int       `json:"concurrency"`
 	DrainRate   DrainRate `json:"drain_rate"`
@@ -65,8 +69,8 @@ func (u *UpstreamStatus) Paused(now time.Time) bool {
 	return !u.PausedUntil.IsZero() && now.Before(u.PausedUntil)
 }
 
-// Limit is one of an upstream's configured limits: Rate units per Per,
-// counting requests or, when Cost is set, the jobs' amounts of that name.
+// Limit is one of an upstream's limits: Rate units per Per, counting
+// requests or, when Cost is set, the jobs' amounts of that name.
 type Limit struct {
 	Rate int64
 	Per  time.Duration
@@ -78,7 +82,24 @@ type Limit struct {
 	// SustainedPerSecond is the rate a full backlog drains at under this
 	// limit, in units per second.
 	SustainedPerSecond float64
+	// Adaptive means Rate is a ceiling below which the fleet looks for
+	// the upstream's real limit.
+	Adaptive bool
+	// EffectiveRate is what the fleet paces the limit at now, in units per
+	// Per: Rate, an adaptive limit's current rate, or less when the
+	// upstream states a lower limit. Zero from a server that predates it.
+	EffectiveRate float64
+	// Source says what sets EffectiveRate: SourceConfigured,
+	// SourceAdaptive or SourceStated.
+	Source string
 }
+
+// Where a limit's effective rate comes from (Limit.Source).
+const (
+	SourceConfigured = "configured"
+	SourceAdaptive   = "adaptive"
+	SourceStated     = "stated"
+)
 
 type limitJSON struct {
 	Rate               int64           `json:"rate"`
@@ -87,6 +108,9 @@ type limitJSON struct {
 	Burst              int64           `json:"burst"`
 	Description        string          `json:"description,omitempty"`
 	SustainedPerSecond float64         `json:"sustained_per_second"`
+	Adaptive           bool            `json:"adaptive,omitempty"`
+	EffectiveRate      float64         `json:"effective_rate,omitempty"`
+	Source             string          `json:"source,omitempty"`
 }
 
 // UnmarshalJSON reads per as a Go duration ("1m0s") or, to tolerate other
@@ -100,14 +124,16 @@ func (l *Limit) UnmarshalJSON(data []byte) error {
 	if err != nil {
 		return err
 	}
-	*l = Limit{Rate: w.Rate, Per: per, Cost: w.Cost, Burst: w.Burst, Description: w.Description, SustainedPerSecond: w.SustainedPerSecond}
+	*l = Limit{Rate: w.Rate, Per: per, Cost: w.Cost, Burst: w.Burst, Description: w.Description, SustainedPerSecond: w.SustainedPerSecond,
+		Adaptive: w.Adaptive, EffectiveRate: w.EffectiveRate, Source: w.Source}
 	return nil
 }
 
 // MarshalJSON writes per as a Go duration, as the server does.
 func (l Limit) MarshalJSON() ([]byte, error) {
 	per, _ := json.Marshal(l.Per.String()) // a string always encodes
-	return json.Marshal(limitJSON{Rate: l.Rate, Per: per, Cost: l.Cost, Burst: l.Burst, Description: l.Description, SustainedPerSecond: l.SustainedPerSecond})
+	return json.Marshal(limitJSON{Rate: l.Rate, Per: per, Cost: l.Cost, Burst: l.Burst, Description: l.Description, SustainedPerSecond: l.SustainedPerSecond,
+		Adaptive: l.Adaptive, EffectiveRate: l.EffectiveRate, Source: l.Source})
 }
 
 func parsePer(raw json.RawMessage) (time.Duration, error) {

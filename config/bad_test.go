@@ -10,6 +10,10 @@ import (
 // mail starts an upstream for partition cases, which close it with "}}".
 const mail = "upstreams: {mail: {base_url: 'https://relay.example.com', limits: [{rate: 200, per: 1s}], "
 
+// oai starts an upstream counting tokens for settle cases, which close it
+// with "}}".
+const oai = "upstreams: {oai: {base_url: 'https://api.openai.com', limits: [{rate: 5000, per: 1m}, {rate: 800000, per: 1m, cost: tokens}], "
+
 // oneUpstream makes a config valid apart from the part a case is about.
 const oneUpstream = `
 upstreams:
@@ -43,7 +47,7 @@ func TestBadConfigs(t *testing.T) {
 		{"camelCase key", "upstreams: {s: {baseURL: 'https://a.b', limits: [{rate: 1, per: 1s}]}}",
 			[]string{`upstreams.s.baseURL: unknown key; did you mean "base_url"?`}},
 		{"unknown limit key", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s, window: 1s}]}}",
-			[]string{`upstreams.s.limits[0].window: unknown key (allowed: burst, cost, per, rate)`}},
+			[]string{`upstreams.s.limits[0].window: unknown key (allowed: adaptive, burst, cost, per, rate)`}},
 		{"unknown retry key", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], retry: {attempts: 3}}}",
 			[]string{`upstreams.s.retry.attempts: unknown key`}},
 		{"key written twice", "upstreams:\n  s:\n    base_url: 'https://a.b'\n    limits: [{rate: 1, per: 1s}]\n    timeout: 1s\n    timeout: 2s\n",
@@ -207,7 +211,7 @@ func TestBadConfigs(t *testing.T) {
 
 		// Partitions and fairness.
 		{"unknown partition limit key", mail + "partition_limits: [{rate: 1, per: 1m, window: 1m}]}}",
-			[]string{`upstreams.mail.partition_limits[0].window: unknown key (allowed: burst, cost, per, rate)`}},
+			[]string{`upstreams.mail.partition_limits[0].window: unknown key (allowed: adaptive, burst, cost, per, rate)`}},
 		{"partition_limits is a mapping", mail + "partition_limits: {rate: 1, per: 1m}}}",
 			[]string{`upstreams.mail.partition_limits: want a list, got a mapping`}},
 		{"zero partition rate", mail + "partition_limits: [{rate: 0, per: 1m}]}}",
@@ -282,6 +286,44 @@ func TestBadConfigs(t *testing.T) {
 			[]string{`upstreams.mail.fairness.weights["a b"]: not a tenant name`}},
 		{"partition weight too long", mail + "fairness: {by: partition, weights: {" + strings.Repeat("p", 201) + ": 2}}}}",
 			[]string{`: not a valid partition: is 201 bytes: must be at most 200`}},
+
+		// Adaptive limits and settlement.
+		{"adaptive on a cost limit", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}, {rate: 1000, per: 1m, cost: tokens, adaptive: true}]}}",
+			[]string{`upstreams.s.limits[1].adaptive: only request limits may be adaptive, and this one counts tokens (remove adaptive, or cost)`}},
+		{"adaptive on a partition limit", mail + "partition_limits: [{rate: 100, per: 1m, adaptive: true}]}}",
+			[]string{`upstreams.mail.partition_limits[0].adaptive: only the upstream's own limits may be adaptive, not partition limits`}},
+		{"adaptive on an override", mail + "partition_overrides: {gmail.com: [{rate: 1000, per: 1m, adaptive: true}]}}}",
+			[]string{`upstreams.mail.partition_overrides["gmail.com"][0].adaptive: only the upstream's own limits may be adaptive`}},
+		{"adaptive is yes", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s, adaptive: yes}]}}",
+			[]string{`upstreams.s.limits[0].adaptive: "yes" is not true or false`}},
+		{"settle is a list", oai + "settle: [tokens]}}",
+			[]string{`upstreams.oai.settle: want a mapping, got a list`}},
+		{"settle is empty", oai + "settle: {}}}",
+			[]string{`upstreams.oai.settle: an empty mapping (leave settle out`}},
+		{"settle a cost no limit counts", oai + "settle: {tokns: {json: /usage/total_tokens}}}}",
+			[]string{`upstreams.oai.settle.tokns: no limit counts "tokns", so there is nothing to settle (the limits count: tokens)`}},
+		{"settle requests", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], settle: {requests: {header: X-N}}}}",
+			[]string{`upstreams.s.settle.requests: no limit counts "requests", so there is nothing to settle (the limits count: requests only, one per job, which needs no settling)`}},
+		{"settle with neither json nor header", oai + "settle: {tokens: {}}}}",
+			[]string{`upstreams.oai.settle.tokens: set json (a JSON pointer into the body, e.g. /usage/total_tokens) or header (a response header name)`}},
+		{"settle that is null", oai + "settle: {tokens: }}}",
+			[]string{`upstreams.oai.settle.tokens: set json`}},
+		{"settle with both", oai + "settle: {tokens: {json: /usage/total_tokens, header: X-Tokens}}}}",
+			[]string{`upstreams.oai.settle.tokens: set json or header, not both`}},
+		{"settle json without a slash", oai + "settle: {tokens: {json: usage.total_tokens}}}}",
+			[]string{`upstreams.oai.settle.tokens: json "usage.total_tokens": a JSON pointer starts with / (e.g. "/usage.total_tokens")`}},
+		{"settle json empty", oai + "settle: {tokens: {json: ''}}}}",
+			[]string{`upstreams.oai.settle.tokens.json: empty: want a JSON pointer into the answer's body, starting with / (e.g. /usage/total_tokens)`}},
+		{"settle json bad escape", oai + "settle: {tokens: {json: /usage/a~2b}}}}",
+			[]string{`upstreams.oai.settle.tokens: json "/usage/a~2b": ~ must be followed by 0 (for ~) or 1 (for /)`}},
+		{"settle header empty", oai + "settle: {tokens: {header: ''}}}}",
+			[]string{`upstreams.oai.settle.tokens.header: empty: want the name of a response header`}},
+		{"settle header not a name", oai + "settle: {tokens: {header: 'X Tokens'}}}}",
+			[]string{`upstreams.oai.settle.tokens: header "X Tokens": not a header name`}},
+		{"settle unknown key", oai + "settle: {tokens: {pointer: /usage/total_tokens}}}}",
+			[]string{`upstreams.oai.settle.tokens.pointer: unknown key (allowed: header, json)`}},
+		{"settle json is a list", oai + "settle: {tokens: {json: [usage, total_tokens]}}}}",
+			[]string{`upstreams.oai.settle.tokens.json: want a string, got a list`}},
 
 		// Environment.
 		{"unset variable", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], headers: {Authorization: 'Bearer ${STRIPE_KEY}'}}}",

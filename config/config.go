@@ -235,7 +235,27 @@ type Upstream struct {
 	// Fairness is how the upstream's send slots are shared while it is the
 	// bottleneck. Default by tenant, every weight 1.
 	Fairness Fairness `yaml:"fairness"`
+	// Settle says, per cost, where the upstream's answer reports what a
+	// job really used ({tokens: {json: /usage/total_tokens}}): the job's
+	// cost is reserved as an estimate, and the answer's amount replaces it.
+	// Each key must be a cost one of the limits or partition limits count.
+	// Default none: the estimate stands.
+	Settle map[string]Settle `yaml:"settle"`
 }
+
+// Settle is where an answer gives the amount of a cost a job used;
+// exactly one of JSON and Header.
+type Settle struct {
+	// JSON is an RFC 6901 JSON pointer into the answer's body, starting
+	// with / ("/usage/total_tokens"; ~1 stands for / and ~0 for ~ in a
+	// key). A fraction is rounded up.
+	JSON string `yaml:"json"`
+	// Header is a response header holding the amount ("X-Tokens-Used").
+	Header string `yaml:"header"`
+}
+
+// Shaper is the source as the rest of shaper takes it.
+func (s Settle) Shaper() shaper.Settle { return shaper.Settle{JSON: s.JSON, Header: s.Header} }
 
 // Fairness is how an upstream's send slots are shared among waiting jobs.
 type Fairness struct {
@@ -261,13 +281,19 @@ type Limit struct {
 	// requests.
 	Cost string `yaml:"cost"`
 	// Burst is how many units may go at one instant; 0 spaces sends evenly
-	// (for a cost limit, 0 means 1% of Rate).
+	// (for a cost limit, 0 means 25% of Rate, which is also the largest
+	// cost one job may carry).
 	Burst int64 `yaml:"burst"`
+	// Adaptive makes Rate a ceiling for an upstream whose real limit is
+	// unknown: the fleet lowers the rate it paces at on pushback and probes
+	// back up. Only on a request limit (no cost) in limits, not on
+	// partition limits.
+	Adaptive bool `yaml:"adaptive"`
 }
 
 // Leaky is the limit as the pacing limiter takes it.
 func (l Limit) Leaky() leaky.Limit {
-	return leaky.Limit{Rate: l.Rate, Per: time.Duration(l.Per), Cost: l.Cost, Burst: l.Burst}
+	return leaky.Limit{Rate: l.Rate, Per: time.Duration(l.Per), Cost: l.Cost, Burst: l.Burst, Adaptive: l.Adaptive}
 }
 
 // Retry bounds how a job that failed (not one that was rate limited) is
@@ -483,7 +509,19 @@ func (u *Upstream) Shaper() shaper.Upstream {
 		PartitionLimits:      toLeaky(u.PartitionLimits),
 		PartitionOverrides:   u.leakyOverrides(),
 		Fairness:             shaper.Fairness{By: u.Fairness.By, Weights: u.Fairness.Weights},
+		Settle:               u.shaperSettle(),
 	}
+}
+
+func (u *Upstream) shaperSettle() map[string]shaper.Settle {
+	if u.Settle == nil {
+		return nil
+	}
+	out := make(map[string]shaper.Settle, len(u.Settle))
+	for cost, s := range u.Settle {
+		out[cost] = s.Shaper()
+	}
+	return out
 }
 
 // Compiled patterns are the package's only variables.

@@ -85,7 +85,13 @@ func TestProductExample(t *testing.T) {
 	if mail.Fairness.By != shaper.FairByTenant || mail.Weight("billing") != 3 || mail.Weight("ops") != 1 {
 		t.Errorf("mail fairness: got %+v, want by tenant, billing 3, ops 1", mail.Fairness)
 	}
-	if got, want := c.UpstreamNames(), []string{"mail", "openai", "stripe"}; !reflect.DeepEqual(got, want) {
+	if got, want := c.Upstreams["openai"].Shaper().Settle, map[string]shaper.Settle{"tokens": {JSON: "/usage/total_tokens"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("openai settle: got %+v, want %+v", got, want)
+	}
+	if got, want := c.Limits("vendor"), []leaky.Limit{{Rate: 100, Per: time.Second, Adaptive: true}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("vendor limits: got %v, want %v", got, want)
+	}
+	if got, want := c.UpstreamNames(), []string{"mail", "openai", "stripe", "vendor"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("UpstreamNames: got %v, want %v", got, want)
 	}
 	if c.Upstreams["openai"].Name != "openai" {
@@ -618,15 +624,20 @@ upstreams:
     base_url: https://vip.example.com
     limits: [{rate: 10, per: 1s}]
     fairness: {by: none}
+  vendor:
+    base_url: https://api.vendor.example
+    limits: [{rate: 100, per: 1s, adaptive: true}, {rate: 600, per: 1s, cost: tokens}]
+    settle: {tokens: {header: X-Tokens-Used}}
 `, map[string]string{"KEY": "sk_live_secret"})
 	got := c.Summary()
 	want := `redis: redis://:xxxxx@redis.internal:6379/1, keys under shaper
 api: listen :8080, 2 keys (1 admin), admission per key: burst 100 then 10/s, on Redis error allow, bodies up to 1048576 bytes
 work: metrics on :9091, books pacing waits up to 250ms, shutdown within 30s
 upstream mail: Go handler at 1 requests per 2s (drains at 0.99 per 2s); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
-upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4998/min); 800000 tokens per 1m0s (burst 8000) (drains at 789474/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream openai: https://api.openai.com at 5000 requests per 1m0s (drains at 4998/min); 800000 tokens per 1m0s (burst 200000) (drains at 594059/min); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream relay: https://relay.example.com at 200 requests per 1s (drains at 196.1/s); each partition at 100 requests per 1m0s (drains at 100.0/min); partition "gmail.com" at 1000 requests per 1m0s (drains at 999.7/min); fair share by tenant (b=3, others 1); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream stripe: https://api.stripe.com at 100 requests per 1s (drains at 98.0/s); concurrency 20, 20 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
+upstream vendor: https://api.vendor.example at up to 100 requests per 1s, adaptive (drains at up to 98.0/s); 600 tokens per 1s (burst 150) (drains at 442.1/s); tokens settled from header X-Tokens-Used; concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 upstream vip: https://vip.example.com at 10 requests per 1s (drains at 9.8/s); no fair share (queue order); concurrency unlimited, 10 workers per replica, lanes default=1, up to 8 attempts, timeout 30s
 `
 	if got != want {
@@ -692,5 +703,60 @@ func TestPartitionConfigs(t *testing.T) {
 	u := mustParse(t, up+"partition_overrides: {fast.example: [{rate: 5, per: 100ms}]}}}", nil).Upstreams["mail"]
 	if want := Duration(2 * time.Millisecond); u.Guard != want {
 		t.Errorf("guard with a 100ms partition limit: got %v, want %v", u.Guard, want)
+	}
+}
+
+// TestAdaptiveAndSettle: adaptive request limits and settled costs reach
+// the rest of shaper as written, and a cost limit's default burst lets an
+// ordinary job through.
+func TestAdaptiveAndSettle(t *testing.T) {
+	c := mustParse(t, `
+upstreams:
+  llm:
+    base_url: https://llm.example.com
+    limits:
+      - {rate: 100, per: 1s, adaptive: true}
+      - {rate: 600, per: 1s, cost: tokens}
+      - {rate: 1e6, per: 24h, cost: images}
+    partition_limits: [{rate: 300, per: 1s, cost: tokens}]
+    settle:
+      tokens: {json: /usage/total_tokens}
+      images: {header: X-Images-Used}
+`, nil)
+	u := c.Upstreams["llm"].Shaper()
+	wantLimits := []leaky.Limit{
+		{Rate: 100, Per: time.Second, Adaptive: true},
+		{Rate: 600, Per: time.Second, Cost: "tokens"},
+		{Rate: 1e6, Per: 24 * time.Hour, Cost: "images"},
+	}
+	if !reflect.DeepEqual(u.Limits, wantLimits) {
+		t.Errorf("limits: got %+v, want %+v", u.Limits, wantLimits)
+	}
+	wantSettle := map[string]shaper.Settle{"tokens": {JSON: "/usage/total_tokens"}, "images": {Header: "X-Images-Used"}}
+	if !reflect.DeepEqual(u.Settle, wantSettle) {
+		t.Errorf("settle: got %+v, want %+v", u.Settle, wantSettle)
+	}
+	// 25% of the rate: a 50-token job fits 600 tokens/s (1% would have
+	// been 6), and the partition's 300/s takes 75.
+	if got, want := u.Limits[1].Capacity(), int64(150); got != want {
+		t.Errorf("tokens limit capacity: got %d, want %d", got, want)
+	}
+	if got, want := u.PartitionLimits[0].Capacity(), int64(75); got != want {
+		t.Errorf("partition tokens limit capacity: got %d, want %d", got, want)
+	}
+	if got, want := (leaky.Limit{Rate: 3, Per: time.Second, Cost: "tokens"}).Capacity(), int64(1); got != want {
+		t.Errorf("a tiny cost limit's capacity: got %d, want %d", got, want)
+	}
+	// Go-built configs are held to the same rules.
+	c.Upstreams["llm"].Settle["bytes"] = Settle{JSON: "/usage/bytes"}
+	c.Upstreams["llm"].PartitionLimits[0].Adaptive = true
+	err := c.Validate()
+	for _, want := range []string{
+		`upstreams.llm.settle.bytes: no limit counts "bytes"`,
+		`upstreams.llm.partition_limits[0].adaptive: only the upstream's own limits may be adaptive`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: got %v, want it to contain %q", err, want)
+		}
 	}
 }

@@ -83,9 +83,17 @@ func (u *Upstream) describe(name string) string {
 			sep = " at "
 		}
 		ll := l.Leaky()
+		if ll.Adaptive {
+			// The rate is a ceiling; the fleet finds the real one.
+			fmt.Fprintf(&b, "%sup to %s, adaptive (drains at up to %s)", sep, ll, rate(ll.SustainedRate(time.Duration(u.Guard)), ll.Per))
+			continue
+		}
 		fmt.Fprintf(&b, "%s%s (drains at %s)", sep, ll, rate(ll.SustainedRate(time.Duration(u.Guard)), ll.Per))
 	}
 	b.WriteString(u.describePartitions())
+	for _, cost := range sortedKeys(u.Settle) {
+		fmt.Fprintf(&b, "; %s settled from %s", cost, u.Settle[cost].Shaper())
+	}
 	conc := "unlimited"
 	if u.Concurrency > 0 {
 		conc = fmt.Sprint(u.Concurrency)

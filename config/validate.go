@@ -384,6 +384,7 @@ func (k checker) upstream(p, name string, u *Upstream, tenants map[string]bool) 
 
 	k.fairness(p, u.Fairness, tenants)
 	k.headers(p, u)
+	k.settle(p, u)
 
 	switch {
 	case u.Lanes == nil && k.set(p+".lanes"), u.Lanes != nil && len(u.Lanes) == 0:
@@ -462,6 +463,14 @@ func (k checker) limits(lp string, ls []Limit, costs []string) (shortest time.Du
 				k.add(ip, "%v", err)
 				break
 			}
+			if l.Adaptive && costs != nil {
+				k.add(ip+".adaptive", "only the upstream's own limits may be adaptive, not partition limits (remove adaptive here; put an adaptive limit in limits)")
+				break
+			}
+			if l.Adaptive && l.Cost != "" {
+				k.add(ip+".adaptive", "only request limits may be adaptive, and this one counts %s (remove adaptive, or cost)", l.Cost)
+				break
+			}
 			if costs != nil && l.Cost != "" && !slices.Contains(costs, l.Cost) {
 				counted := "requests only"
 				if len(costs) > 0 {
@@ -522,6 +531,49 @@ func (k checker) partitions(p string, u *Upstream) (shortest time.Duration, ok b
 		ok = ok && lok
 	}
 	return shortest, ok
+}
+
+// settle checks where the upstream's answers give the costs jobs used:
+// each key a cost some limit counts, each source exactly one valid json
+// pointer or header name.
+func (k checker) settle(p string, u *Upstream) {
+	sp := p + ".settle"
+	if u.Settle != nil && len(u.Settle) == 0 && k.set(sp) {
+		k.add(sp, "an empty mapping (leave settle out, or name a cost: {tokens: {json: /usage/total_tokens}})")
+	}
+	if len(u.Settle) == 0 {
+		return
+	}
+	counted := []string{}
+	for _, l := range u.Shaper().EveryLimit() {
+		if l.Cost != "" && !slices.Contains(counted, l.Cost) {
+			counted = append(counted, l.Cost)
+		}
+	}
+	slices.Sort(counted)
+	for _, cost := range sortedKeys(u.Settle) {
+		cp := join(sp, cost)
+		if !slices.Contains(counted, cost) {
+			they := "requests only, one per job, which needs no settling"
+			if len(counted) > 0 {
+				they = strings.Join(counted, ", ")
+			}
+			k.add(cp, "no limit counts %q, so there is nothing to settle (the limits count: %s)", cost, they)
+			continue
+		}
+		s := u.Settle[cost]
+		if s.JSON == "" && k.set(cp+".json") {
+			k.add(cp+".json", "empty: want a JSON pointer into the answer's body, starting with / (e.g. /usage/total_tokens)")
+			continue
+		}
+		if s.Header == "" && k.set(cp+".header") {
+			k.add(cp+".header", "empty: want the name of a response header (e.g. X-Tokens-Used)")
+			continue
+		}
+		if err := s.Shaper().Validate(); err != nil {
+			k.add(cp, "%v", err)
+		}
+	}
 }
 
 // fairness checks how the upstream shares its slots; tenants is nil when

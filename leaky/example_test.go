@@ -36,5 +36,5 @@ func ExampleBucket_Take() {
 	// ... send the request now ...
 	defer bucket.Release(ctx, r)
 	fmt.Println(bucket.Config().Limits[1])
-	// Output: 800000 tokens per 1m0s (burst 8000)
+	// Output: 800000 tokens per 1m0s (burst 200000)
 }

@@ -22,11 +22,16 @@ type Limit struct {
 	// each reservation as one request.
 	Cost string
 	// Burst is the most units that may be sent at the same instant. 0 or 1
-	// spaces sends strictly evenly. For a cost limit, 0 means 1% of Rate
+	// spaces sends strictly evenly. For a cost limit, 0 means 25% of Rate
 	// (at least 1), which is also the largest cost one reservation may
-	// carry. A larger burst still never lets more than Rate units into any
-	// window of length Per; it lowers the sustained rate instead (see
-	// Params).
+	// carry: a job of 50 tokens must fit a limit of 600 tokens per second.
+	// A larger burst still never lets more than Rate units into any window
+	// of length Per; it lowers the sustained rate instead (see Params):
+	// with burst C, jobs that use all they reserve drain at
+	// (Rate−C+1)/Rate × Per/(Per+guard) of Rate, about 74% for the default
+	// on a per-second limit. Settling a job's cost to what it really used
+	// (Bucket.Settle) gives the unused part back, which is where that
+	// headroom usually goes.
 	Burst int64
 	// Adaptive makes Rate a ceiling rather than a known limit: the fleet
 	// lowers the rate it paces at when the upstream pushes back and probes
@@ -69,7 +74,7 @@ func (l Limit) Capacity() int64 {
 	case l.Burst > 1:
 		return l.Burst
 	case l.Burst == 0 && l.Cost != "":
-		return max(1, l.Rate/100)
+		return max(1, l.Rate/4)
 	}
 	return 1
 }

@@ -28,6 +28,7 @@ func TestLint(t *testing.T) {
 	m.UpstreamBlocks.WithLabelValues("stripe", "429").Inc()
 	m.RedisErrors.WithLabelValues("pacing").Inc()
 	m.RequestDuration.WithLabelValues("stripe").Observe(0.2)
+	m.UpstreamLimitRate.WithLabelValues("stripe", "requests/1s", "stated").Set(40)
 	err := RegisterBacklog(reg, m, func(ctx context.Context) (map[string]map[string]int64, error) {
 		return map[string]map[string]int64{"stripe": {"default": 12}}, nil
 	})
@@ -42,8 +43,8 @@ func TestLint(t *testing.T) {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 	mfs, _ := reg.Gather()
-	if len(mfs) != 14 {
-		t.Fatalf("gathered %d metric families, want all 14", len(mfs))
+	if len(mfs) != 15 {
+		t.Fatalf("gathered %d metric families, want all 15", len(mfs))
 	}
 	for _, mf := range mfs {
 		if !strings.HasPrefix(mf.GetName(), "shaper_") {

@@ -65,6 +65,11 @@ func (p *fieldProblems) add(field, format string, args ...any) {
 	p.list = append(p.list, fieldError{Field: p.prefix + field, Message: fmt.Sprintf(format, args...)})
 }
 
+// has reports whether field already has a problem.
+func (p *fieldProblems) has(field string) bool {
+	return slices.ContainsFunc(p.list, func(e fieldError) bool { return e.Field == p.prefix+field })
+}
+
 // toJob validates a request against its upstream and builds the job. It
 // returns the field problems, all of them, and the HTTP status they call
 // for: 404 for an unknown upstream, else 400.
@@ -170,21 +175,49 @@ func checkBody(p *fieldProblems, req *JobRequest, job *queue.Job) {
 }
 
 // checkCost requires every named cost to be one the upstream's limits
-// count, and the job to fit within each limit's burst.
+// count, and the job to fit within each limit's burst: a job that no
+// reservation could carry would wait forever.
 func checkCost(p *fieldProblems, up upstreamEntry, req *JobRequest) {
-	for name, n := range req.Cost {
-		switch {
+	for _, name := range slices.Sorted(maps.Keys(req.Cost)) {
+		switch n := req.Cost[name]; {
 		case n < 0:
 			p.add("cost."+name, "%d: must not be negative", n)
 		case !up.costs[name]:
 			p.add("cost."+name, "upstream %s has no limit counting %q (it counts: %s)", up.Name, name, strings.Join(costNames(up), ", "))
+		default:
+			// The bucket's limits are the ones its reservations check.
+			if l, ok := tightest(up.bucket.Config().Limits, name, n); ok {
+				p.add("cost."+name, "%s", neverFits(n, "limit", l))
+			}
 		}
 	}
-	if len(p.list) == 0 {
-		if err := up.bucket.CheckCosts(leaky.Costs(req.Cost)); err != nil {
-			p.add("cost", "%v; a single job cannot be sent within that limit: raise the limit's burst or split the job", err)
+}
+
+// tightest is the limit counting cost that lets the least through per job,
+// when that is less than n.
+func tightest(limits []leaky.Limit, cost string, n int64) (leaky.Limit, bool) {
+	var worst leaky.Limit
+	found := false
+	for _, l := range limits {
+		if l.Cost == cost && n > l.Capacity() && (!found || l.Capacity() < worst.Capacity()) {
+			worst, found = l, true
 		}
 	}
+	return worst, found
+}
+
+// neverFits says, in one sentence, why a job's cost n can never be sent:
+// which limit refuses it, the most it takes per job, and what to change.
+// The limit is named by rate and window only (its String adds the burst,
+// which the sentence states on its own).
+func neverFits(n int64, what string, l leaky.Limit) string {
+	fix := "raise its burst"
+	if l.Capacity() >= l.Rate {
+		// burst is already the rate, its maximum.
+		fix = "split the job"
+	}
+	return fmt.Sprintf("%d can never be sent: %s \"%d %s per %v\" takes at most %d per job (%s)",
+		n, what, l.Rate, l.Unit(), l.Per, l.Capacity(), fix)
 }
 
 // checkPartition bounds the partition (see shaper.CheckPartition) and
@@ -201,13 +234,14 @@ func checkPartition(p *fieldProblems, up upstreamEntry, req *JobRequest, job *qu
 		return
 	}
 	job.Partition = req.Partition
-	for _, l := range up.PartitionLimitsFor(req.Partition) {
-		if l.Cost == "" {
+	limits := up.PartitionLimitsFor(req.Partition)
+	for _, name := range slices.Sorted(maps.Keys(req.Cost)) {
+		if p.has("cost." + name) {
+			// The upstream's own limit already refused it; one reason is enough.
 			continue
 		}
-		if n := req.Cost[l.Cost]; n > l.Capacity() {
-			p.add("cost."+l.Cost, "%d is over partition %q's limit %v, which lets at most %d through at once; a single job cannot be sent within that limit: raise the limit's burst or split the job",
-				n, req.Partition, l, l.Capacity())
+		if l, ok := tightest(limits, name, req.Cost[name]); ok {
+			p.add("cost."+name, "%s", neverFits(req.Cost[name], fmt.Sprintf("partition %q's limit", req.Partition), l))
 		}
 	}
 }

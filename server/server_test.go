@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -60,7 +61,8 @@ func newFixtureOn(t *testing.T, rdb redis.UniversalClient, admission tokenbucket
 			Headers: map[string]string{"Authorization": "Bearer sk"}, IdempotencyHeader: "Idempotency-Key",
 			MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
 		{Name: "openai", BaseURL: "https://api.openai.com", Limits: openai, MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour,
-			// Each partition (a customer) may send 1000 tokens at once, big-customer 8000.
+			// Each partition (a customer) may send 25000 tokens at once, big-customer 200000
+			// (the default burst of a cost limit: 25% of its rate).
 			PartitionLimits:    []leaky.Limit{{Rate: 100000, Per: time.Minute, Cost: "tokens"}},
 			PartitionOverrides: map[string][]leaky.Limit{"big-customer": {{Rate: 800000, Per: time.Minute, Cost: "tokens"}}}},
 		{Name: "mail", Limits: mail, MaxPending: maxPending, Retry: retry, ResultRetention: time.Hour, DeadRetention: time.Hour},
@@ -192,14 +194,15 @@ func TestBadRequests(t *testing.T) {
 		{"bad base64", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","body_base64":"***"}`, nil, 400, "base64"},
 		{"unknown cost", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","cost":{"tokens":5}}`, nil, 400, `no limit counting "tokens"`},
 		{"negative cost", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","cost":{"tokens":-5}}`, nil, 400, "negative"},
-		{"cost over burst", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","cost":{"tokens":9000}}`, nil, 400, "raise the limit's burst"},
+		{"cost over burst", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","cost":{"tokens":200001}}`, nil, 400,
+			`cost.tokens 200001 can never be sent: limit "800000 tokens per 1m0s" takes at most 200000 per job (raise its burst)`},
 		{"partition too long", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"` + strings.Repeat("p", 201) + `"}`, nil, 400, "partition is 201 bytes: must be at most 200"},
 		{"partition too long in multibyte", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"` + strings.Repeat("é", 101) + `"}`, nil, 400, "partition is 202 bytes: must be at most 200"},
 		{"partition with a line break", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"a\nb"}`, nil, 400, "partition holds a control character (U+000A at byte 1)"},
 		{"partition with NUL", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":"\u0000"}`, nil, 400, "partition holds a control character (U+0000 at byte 0)"},
 		{"partition not a string", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","partition":42}`, nil, 400, "partition: expected string"},
-		{"cost over the partition's burst", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","partition":"acme","cost":{"tokens":2000}}`, nil, 400,
-			`cost.tokens 2000 is over partition "acme"'s limit 100000 tokens per 1m0s (burst 1000), which lets at most 1000 through at once`},
+		{"cost over the partition's burst", "POST", "/v1/jobs", `{"upstream":"openai","path":"/x","partition":"acme","cost":{"tokens":30000}}`, nil, 400,
+			`cost.tokens 30000 can never be sent: partition "acme"'s limit "100000 tokens per 1m0s" takes at most 25000 per job (raise its burst)`},
 		{"unknown lane", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","lane":"vip"}`, nil, 400, "lanes: default, bulk"},
 		{"too many attempts", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","max_attempts":1000}`, nil, 400, "max_attempts"},
 		{"bad ttl", "POST", "/v1/jobs", `{"upstream":"stripe","path":"/x","ttl":"soon"}`, nil, 400, "ttl"},
@@ -485,8 +488,8 @@ func TestPartition(t *testing.T) {
 		// stripe limits no partition: the partition only labels the job.
 		{"label only", `{"upstream":"stripe","path":"/x","partition":"example.org"}`},
 		{"at the byte limit", `{"upstream":"stripe","path":"/x","partition":"` + strings.Repeat("é", 100) + `"}`},
-		{"within the partition's burst", `{"upstream":"openai","path":"/x","partition":"acme","cost":{"tokens":1000}}`},
-		{"within an override's burst", `{"upstream":"openai","path":"/x","partition":"big-customer","cost":{"tokens":8000}}`},
+		{"within the partition's burst", `{"upstream":"openai","path":"/x","partition":"acme","cost":{"tokens":25000}}`},
+		{"within an override's burst", `{"upstream":"openai","path":"/x","partition":"big-customer","cost":{"tokens":200000}}`},
 		{"handler upstream", `{"upstream":"mail","task":"welcome","partition":"gmail.com"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -534,5 +537,85 @@ func TestPartition(t *testing.T) {
 	}
 	if after := f.backlog(); after != before+1 {
 		t.Fatalf("backlog went from %d to %d, want one more (the good batch item only)", before, after)
+	}
+}
+
+// TestImpossibleCost: a job whose cost no reservation of a limit could
+// carry is refused at enqueue with one short sentence that names the
+// limit, the most it takes per job and the key that raises it, singly and
+// per item of a batch; nothing is stored.
+func TestImpossibleCost(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	const want = `cost.tokens 500000 can never be sent: limit "800000 tokens per 1m0s" takes at most 200000 per job (raise its burst)`
+	resp, body := f.do("POST", "/v1/jobs", `{"upstream":"openai","path":"/v1/chat","cost":{"tokens":500000}}`)
+	if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("got %d %s %v, want 400 problem+json", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	if body["detail"] != want {
+		t.Errorf("detail: got %q, want %q", body["detail"], want)
+	}
+	errs, _ := body["errors"].([]any)
+	wantErr := map[string]any{"field": "cost.tokens", "message": strings.TrimPrefix(want, "cost.tokens ")}
+	if len(errs) != 1 || !reflect.DeepEqual(errs[0], wantErr) {
+		t.Errorf("errors: got %v, want [%v]", errs, wantErr)
+	}
+	// Over both the upstream's limit and the partition's: one reason, the
+	// tighter limit.
+	_, body = f.do("POST", "/v1/jobs", `{"upstream":"openai","path":"/v1/chat","partition":"acme","cost":{"tokens":500000}}`)
+	if errs, _ := body["errors"].([]any); len(errs) != 1 || body["detail"] != want {
+		t.Errorf("over the upstream's and the partition's limit: got %v, want one error, %q", body, want)
+	}
+
+	resp, body = f.do("POST", "/v1/jobs/batch", `{"jobs":[
+		{"upstream":"openai","path":"/v1/chat","cost":{"tokens":100}},
+		{"upstream":"openai","path":"/v1/chat","cost":{"tokens":500000}},
+		{"upstream":"openai","path":"/v1/chat","partition":"acme","cost":{"tokens":25001}}
+	]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("batch: got %d %v", resp.StatusCode, body)
+	}
+	results, _ := body["results"].([]any)
+	if len(results) != 3 {
+		t.Fatalf("batch: got %v, want 3 results", body)
+	}
+	wantItems := []struct {
+		status float64
+		detail string
+	}{
+		{202, ""},
+		{400, "jobs[1]." + want},
+		{400, `jobs[2].cost.tokens 25001 can never be sent: partition "acme"'s limit "100000 tokens per 1m0s" takes at most 25000 per job (raise its burst)`},
+	}
+	for i, w := range wantItems {
+		r := results[i].(map[string]any)
+		detail := ""
+		if p, ok := r["error"].(map[string]any); ok {
+			detail, _ = p["detail"].(string)
+		}
+		if r["status"] != w.status || detail != w.detail {
+			t.Errorf("batch item %d: got %v %q, want %v %q", i, r["status"], detail, w.status, w.detail)
+		}
+	}
+	if n := f.backlog(); n != 1 {
+		t.Errorf("backlog %d, want 1: only the job that fits", n)
+	}
+}
+
+func TestNeverFits(t *testing.T) {
+	cases := []struct {
+		l    leaky.Limit
+		n    int64
+		want string
+	}{
+		{leaky.Limit{Rate: 2000, Per: time.Second, Cost: "tokens"}, 5000,
+			`5000 can never be sent: limit "2000 tokens per 1s" takes at most 500 per job (raise its burst)`},
+		// The burst is already the rate, as high as it goes.
+		{leaky.Limit{Rate: 10, Per: time.Minute, Cost: "images", Burst: 10}, 11,
+			`11 can never be sent: limit "10 images per 1m0s" takes at most 10 per job (split the job)`},
+	}
+	for _, c := range cases {
+		if got := neverFits(c.n, "limit", c.l); got != c.want {
+			t.Errorf("got %q, want %q", got, c.want)
+		}
 	}
 }

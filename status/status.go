@@ -21,7 +21,8 @@ import (
 	"github.com/shaperhq/shaper/queue"
 )
 
-// Limit is one configured limit as shown.
+// Limit is one limit as shown: a configured one, or one the upstream
+// states (Upstream.StatedLimits).
 type Limit struct {
 	Rate        int64  `json:"rate"`
 	Per         string `json:"per"`
@@ -31,7 +32,29 @@ type Limit struct {
 	// SustainedPerSecond is the rate a full backlog drains at under this
 	// limit, after the pacing guard, in units per second.
 	SustainedPerSecond float64 `json:"sustained_per_second"`
+	// Adaptive means Rate is a ceiling: the fleet looks for the real limit
+	// below it.
+	Adaptive bool `json:"adaptive"`
+	// EffectiveRate is what the fleet paces this limit at now, in units
+	// per Per: Rate, an adaptive limit's current rate, or less when the
+	// upstream states a lower limit on the same units (its rate taken over
+	// this limit's window).
+	EffectiveRate float64 `json:"effective_rate"`
+	// Source says what sets EffectiveRate: SourceConfigured,
+	// SourceAdaptive or SourceStated.
+	Source string `json:"source"`
 }
+
+// Where a limit's effective rate comes from (Limit.Source).
+const (
+	// SourceConfigured is the configured rate.
+	SourceConfigured = leaky.SourceConfigured
+	// SourceAdaptive is an adaptive limit's current rate.
+	SourceAdaptive = leaky.SourceAdaptive
+	// SourceStated is a limit the upstream states in its answers
+	// (RateLimit-Policy and the like).
+	SourceStated = leaky.SourceStated
+)
 
 // Backlog is an upstream's unfinished jobs.
 type Backlog struct {
@@ -42,11 +65,14 @@ type Backlog struct {
 // Upstream is one upstream's status. The JSON is the stable output of
 // `shaper status --json` and GET /v1/upstreams/{name}.
 type Upstream struct {
-	Name        string      `json:"name"`
-	Limits      []Limit     `json:"limits"`
-	Concurrency int         `json:"concurrency"`
-	DrainRate   drain.Rates `json:"drain_rate"`
-	Backlog     Backlog     `json:"backlog"`
+	Name   string  `json:"name"`
+	Limits []Limit `json:"limits"`
+	// StatedLimits are the limits the upstream states in its answers, which
+	// the fleet obeys on top of Limits; an empty list when it states none.
+	StatedLimits []Limit     `json:"stated_limits"`
+	Concurrency  int         `json:"concurrency"`
+	DrainRate    drain.Rates `json:"drain_rate"`
+	Backlog      Backlog     `json:"backlog"`
 	// InFlight counts jobs taken by workers: concurrency leases when the
 	// upstream has a cap, else jobs active in the queue (which includes
 	// jobs waiting, at most work.horizon, for their send slot).
@@ -173,14 +199,12 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		Name: name, Concurrency: src.Concurrency, DrainRate: rates,
 		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
 	}
-	guard := b.Config().Guard
+	u.Limits, u.StatedLimits = showLimits(src.Limits, b.Config().Guard, st.Limits)
 	sustained := 0.0
-	for _, l := range src.Limits {
-		per := l.SustainedRate(guard) / l.Per.Seconds()
-		u.Limits = append(u.Limits, Limit{
-			Rate: l.Rate, Per: l.Per.String(), Cost: l.Cost, Burst: l.Burst,
-			Description: l.String(), SustainedPerSecond: per,
-		})
+	for _, l := range u.Limits {
+		// The best case is the configured drain slowed as the effective
+		// rate is below the configured one.
+		per := l.SustainedPerSecond * l.EffectiveRate / float64(l.Rate)
 		if l.Cost == "" && (sustained == 0 || per < sustained) {
 			sustained = per
 		}
@@ -215,4 +239,48 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		u.AtLimitSeconds = float64(u.Backlog.Total) / sustained
 	}
 	return u, nil
+}
+
+// showLimits shows the configured limits, each at the rate the fleet paces
+// it at now, and the limits the upstream states. states is the bucket's
+// State.Limits: one per configured limit, then one per stated limit; a
+// configured limit it does not cover is shown at its configured rate.
+func showLimits(configured []leaky.Limit, guard time.Duration, states []leaky.LimitState) (shown, stated []Limit) {
+	stated = []Limit{}
+	var statedStates []leaky.LimitState
+	for _, s := range states {
+		if s.Source == leaky.SourceStated {
+			statedStates = append(statedStates, s)
+			stated = append(stated, Limit{
+				Rate: s.Limit.Rate, Per: s.Limit.Per.String(), Cost: s.Limit.Cost, Burst: s.Limit.Burst,
+				Description: s.Limit.String(), SustainedPerSecond: s.Limit.SustainedRate(guard) / s.Limit.Per.Seconds(),
+				EffectiveRate: s.Rate, Source: SourceStated,
+			})
+		}
+	}
+	for i, l := range configured {
+		eff, src := float64(l.Rate), SourceConfigured
+		if l.Adaptive {
+			src = SourceAdaptive
+		}
+		if i < len(states) && states[i].Source != leaky.SourceStated {
+			eff, src = states[i].Rate, states[i].Source
+		}
+		for _, s := range statedStates {
+			if s.Limit.Unit() != l.Unit() {
+				continue
+			}
+			// A stated quota over another window caps this one at the
+			// same long-run rate.
+			if r := s.Rate * l.Per.Seconds() / s.Limit.Per.Seconds(); r < eff {
+				eff, src = r, SourceStated
+			}
+		}
+		shown = append(shown, Limit{
+			Rate: l.Rate, Per: l.Per.String(), Cost: l.Cost, Burst: l.Burst,
+			Description: l.String(), SustainedPerSecond: l.SustainedRate(guard) / l.Per.Seconds(),
+			Adaptive: l.Adaptive, EffectiveRate: eff, Source: src,
+		})
+	}
+	return shown, stated
 }

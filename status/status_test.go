@@ -50,6 +50,12 @@ func TestUpstreamStatus(t *testing.T) {
 	if u.Limits[0].Description != "100 requests per 1s" || u.Limits[0].SustainedPerSecond < 97 || u.Limits[0].SustainedPerSecond >= 100 {
 		t.Fatalf("limits: %+v", u.Limits)
 	}
+	if l := u.Limits[0]; l.EffectiveRate != 100 || l.Source != SourceConfigured || l.Adaptive {
+		t.Fatalf("a plain limit: got effective rate %v from %q (adaptive %v), want 100 from configured", l.EffectiveRate, l.Source, l.Adaptive)
+	}
+	if b, _ := json.Marshal(u.StatedLimits); string(b) != "[]" {
+		t.Fatalf("stated limits JSON: got %s, want []", b)
+	}
 	if u.AtLimitSeconds < 0.3 || u.AtLimitSeconds > 0.32 {
 		t.Fatalf("time at the limit %v, want 30 jobs at 98/s", u.AtLimitSeconds)
 	}
@@ -192,5 +198,92 @@ func TestPartitionBacklog(t *testing.T) {
 	}
 	if got, want := string(b), `{"with_backlog":0,"top":[]}`; got != want {
 		t.Fatalf("JSON: got %s, want %s", got, want)
+	}
+}
+
+// TestShowLimits: each configured limit shows the rate the fleet paces it
+// at, from the bucket's State.Limits, and where that rate comes from; the
+// upstream's stated limits are listed on their own.
+func TestShowLimits(t *testing.T) {
+	req := leaky.PerSecond(100)
+	adaptive := leaky.Limit{Rate: 100, Per: time.Second, Adaptive: true}
+	tokens := leaky.Limit{Rate: 600, Per: time.Second, Cost: "tokens"}
+	stated := func(rate int64, per time.Duration, cost string) leaky.LimitState {
+		return leaky.LimitState{Limit: leaky.Limit{Rate: rate, Per: per, Cost: cost}, Rate: float64(rate), Source: leaky.SourceStated}
+	}
+	type eff struct {
+		rate   float64
+		source string
+	}
+	cases := []struct {
+		name       string
+		configured []leaky.Limit
+		states     []leaky.LimitState
+		want       []eff
+		wantStated []string
+	}{
+		{"no dynamic state read", []leaky.Limit{req, adaptive, tokens}, nil,
+			[]eff{{100, "configured"}, {100, "adaptive"}, {600, "configured"}}, nil},
+		{"as configured", []leaky.Limit{req, tokens},
+			[]leaky.LimitState{{Limit: req, Rate: 100, Source: "configured"}, {Limit: tokens, Rate: 600, Source: "configured"}},
+			[]eff{{100, "configured"}, {600, "configured"}}, nil},
+		{"adaptive below its ceiling", []leaky.Limit{adaptive},
+			[]leaky.LimitState{{Limit: adaptive, Rate: 37.5, Source: "adaptive"}},
+			[]eff{{37.5, "adaptive"}}, nil},
+		{"stated lower caps the configured", []leaky.Limit{req, tokens},
+			[]leaky.LimitState{{Limit: req, Rate: 100, Source: "configured"}, {Limit: tokens, Rate: 600, Source: "configured"}, stated(40, time.Second, "")},
+			[]eff{{40, "stated"}, {600, "configured"}}, []string{"40 requests per 1s"}},
+		{"stated over another window, at its long-run rate", []leaky.Limit{req},
+			[]leaky.LimitState{{Limit: req, Rate: 100, Source: "configured"}, stated(3000, time.Minute, "")},
+			[]eff{{50, "stated"}}, []string{"3000 requests per 1m0s"}},
+		{"stated higher changes nothing", []leaky.Limit{req},
+			[]leaky.LimitState{{Limit: req, Rate: 100, Source: "configured"}, stated(500, time.Second, "")},
+			[]eff{{100, "configured"}}, []string{"500 requests per 1s"}},
+		{"stated below an adaptive limit's current rate", []leaky.Limit{adaptive},
+			[]leaky.LimitState{{Limit: adaptive, Rate: 80, Source: "adaptive"}, stated(20, 500*time.Millisecond, "")},
+			[]eff{{40, "stated"}}, []string{"20 requests per 500ms"}},
+		{"stated tokens cap only the token limit", []leaky.Limit{req, tokens},
+			[]leaky.LimitState{{Limit: req, Rate: 100, Source: "configured"}, {Limit: tokens, Rate: 600, Source: "configured"}, stated(12000, time.Minute, "tokens")},
+			[]eff{{100, "configured"}, {200, "stated"}}, []string{"12000 tokens per 1m0s (burst 3000)"}},
+		{"the lowest of several stated", []leaky.Limit{req},
+			[]leaky.LimitState{{Limit: req, Rate: 100, Source: "configured"}, stated(90, time.Second, ""), stated(60, time.Second, "")},
+			[]eff{{60, "stated"}}, []string{"90 requests per 1s", "60 requests per 1s"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			shown, st := showLimits(c.configured, 20*time.Millisecond, c.states)
+			if len(shown) != len(c.want) {
+				t.Fatalf("got %d limits, want %d", len(shown), len(c.want))
+			}
+			for i, w := range c.want {
+				l := shown[i]
+				if l.EffectiveRate != w.rate || l.Source != w.source {
+					t.Errorf("limit %d (%s): got %v from %q, want %v from %q", i, l.Description, l.EffectiveRate, l.Source, w.rate, w.source)
+				}
+				if l.Rate != c.configured[i].Rate || l.Adaptive != c.configured[i].Adaptive {
+					t.Errorf("limit %d: got rate %d adaptive %v, want the configured %v", i, l.Rate, l.Adaptive, c.configured[i])
+				}
+			}
+			var got []string
+			for _, s := range st {
+				got = append(got, s.Description)
+				if s.Source != SourceStated || s.EffectiveRate != float64(s.Rate) {
+					t.Errorf("stated %s: got source %q, effective %v", s.Description, s.Source, s.EffectiveRate)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.wantStated) {
+				t.Errorf("stated: got %v, want %v", got, c.wantStated)
+			}
+		})
+	}
+	// The JSON of an adaptive limit paced below its ceiling.
+	shown, _ := showLimits([]leaky.Limit{adaptive}, 20*time.Millisecond, []leaky.LimitState{{Limit: adaptive, Rate: 37.5, Source: "adaptive"}})
+	b, err := json.Marshal(shown[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"rate":100,"per":"1s","burst":0,"description":"100 requests per 1s","sustained_per_second":98.03921568627452,"adaptive":true,"effective_rate":37.5,"source":"adaptive"}`
+	if string(b) != want {
+		t.Errorf("JSON: got %s, want %s", b, want)
 	}
 }

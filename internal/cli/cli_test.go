@@ -353,3 +353,36 @@ func TestEnqueuePartition(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q: want the partition shown", code, out)
 	}
 }
+
+// TestEnqueueImpossibleCost: a job whose cost can never fit a limit is
+// refused by a real API server, and the command says why once.
+func TestEnqueueImpossibleCost(t *testing.T) {
+	rdb := srv.Client(t)
+	rdb.FlushAll(context.Background())
+	ups := []shaper.Upstream{{Name: "llm", BaseURL: "https://llm.example.com",
+		Limits: []leaky.Limit{leaky.PerSecond(10), {Rate: 2000, Per: time.Second, Cost: "tokens"}}}}
+	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	st, err := status.NewReader(rdb, q, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{{Name: "billing", Secret: "k1"}},
+		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(s.Handler())
+	defer api.Close()
+
+	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
+	out, errOut, code := run(t, env, "", "enqueue", "--upstream", "llm", "--path", "/v1/chat", "--cost", "tokens=5000")
+	const reason = `cost.tokens 5000 can never be sent: limit "2000 tokens per 1s" takes at most 500 per job (raise its burst)`
+	want := "shaper: enqueue to llm: 400 Invalid job: " + reason + "\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Fatalf("got exit %d, stdout %q, stderr %q; want 1, nothing, %q", code, out, errOut, want)
+	}
+}

@@ -129,7 +129,7 @@ func enqueueRun(ctx context.Context, f *Factory, opts *enqueueOptions) error {
 	}
 	job, err := c.Enqueue(ctx, req)
 	if err != nil {
-		return err
+		return refusal(req.Upstream, err)
 	}
 	if opts.wait {
 		if job, err = waitForJob(ctx, f, c, opts, job.ID); err != nil {
@@ -143,6 +143,35 @@ func enqueueRun(ctx context.Context, f *Factory, opts *enqueueOptions) error {
 		return exitCode(1)
 	}
 	return nil
+}
+
+// refusedError is a refusal said once. The server's detail already states
+// every field's problem, and client.Error appends the fields again, so a
+// one-sentence reason would otherwise print twice.
+type refusedError struct {
+	upstream string
+	err      *client.Error
+}
+
+func (r refusedError) Error() string {
+	return fmt.Sprintf("enqueue to %s: %d %s: %s", r.upstream, r.err.StatusCode, r.err.Title, r.err.Detail)
+}
+
+func (r refusedError) Unwrap() error { return r.err }
+
+// refusal renders a refused enqueue without repeating the server's
+// reasons; any other error is returned as it is.
+func refusal(upstream string, err error) error {
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Detail == "" || len(ce.Fields) == 0 {
+		return err
+	}
+	for _, f := range ce.Fields {
+		if !strings.Contains(ce.Detail, f.Message) {
+			return err
+		}
+	}
+	return refusedError{upstream: upstream, err: ce}
 }
 
 // jobRequest builds the request from the flags, refusing a malformed flag

@@ -178,10 +178,54 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 	}
 	tw.Flush()
 	for _, u := range all {
+		for _, line := range limitLines(u) {
+			fmt.Fprintf(w, "%s: %s\n", u.Name, line)
+		}
 		if line := partitionsLine(u.Partitions); line != "" {
 			fmt.Fprintf(w, "%s: %s\n", u.Name, line)
 		}
 	}
+}
+
+// limitLines say where the fleet's pace differs from the configured
+// limits the table shows: "adaptive: pacing 37.5 per 1s (ceiling 100)"
+// for each adaptive limit, and "stated 40 per 1s, configured 100 per 1s"
+// for each limit the upstream states. Requests go without a unit, as
+// people quote rates; other units are named.
+func limitLines(u status.Upstream) []string {
+	var lines []string
+	unit := func(cost string) string {
+		if cost == "" {
+			return ""
+		}
+		return " " + cost
+	}
+	for _, l := range u.Limits {
+		if l.Source == status.SourceAdaptive {
+			lines = append(lines, fmt.Sprintf("adaptive: pacing %s%s per %s (ceiling %d)", rateNum(l.EffectiveRate), unit(l.Cost), l.Per, l.Rate))
+		}
+	}
+	for _, s := range u.StatedLimits {
+		line := fmt.Sprintf("stated %d%s per %s", s.Rate, unit(s.Cost), s.Per)
+		// Compare with the configured limit it caps: same units, and the
+		// same window when there is one.
+		var match *status.Limit
+		for i, l := range u.Limits {
+			if l.Cost == s.Cost && (match == nil || l.Per == s.Per && match.Per != s.Per) {
+				match = &u.Limits[i]
+			}
+		}
+		if match != nil {
+			line += fmt.Sprintf(", configured %d%s per %s", match.Rate, unit(match.Cost), match.Per)
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// rateNum writes a rate with at most one decimal: 40, 37.5, 33.3.
+func rateNum(r float64) string {
+	return strconv.FormatFloat(math.Round(r*10)/10, 'f', -1, 64)
 }
 
 // partitionsLine reads "partitions with backlog: N (top: a 150, b 3, …)",

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -44,6 +45,42 @@ func TestPartitionsLine(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := partitionsLine(tc.p); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLimitLines(t *testing.T) {
+	req := status.Limit{Rate: 100, Per: "1s", EffectiveRate: 100, Source: status.SourceConfigured}
+	tokens := status.Limit{Rate: 600, Per: "1s", Cost: "tokens", EffectiveRate: 600, Source: status.SourceConfigured}
+	perMinute := status.Limit{Rate: 5000, Per: "1m0s", EffectiveRate: 5000, Source: status.SourceConfigured}
+	adaptive := status.Limit{Rate: 100, Per: "1s", Adaptive: true, EffectiveRate: 37.5, Source: status.SourceAdaptive}
+	stated := func(rate int64, per, cost string) status.Limit {
+		return status.Limit{Rate: rate, Per: per, Cost: cost, EffectiveRate: float64(rate), Source: status.SourceStated}
+	}
+	for _, tc := range []struct {
+		name string
+		u    status.Upstream
+		want []string
+	}{
+		{"as configured", status.Upstream{Limits: []status.Limit{req, tokens}}, nil},
+		{"adaptive", status.Upstream{Limits: []status.Limit{adaptive}}, []string{"adaptive: pacing 37.5 per 1s (ceiling 100)"}},
+		{"adaptive at its ceiling", status.Upstream{Limits: []status.Limit{{Rate: 50, Per: "1s", Adaptive: true, EffectiveRate: 50, Source: status.SourceAdaptive}}},
+			[]string{"adaptive: pacing 50 per 1s (ceiling 50)"}},
+		{"stated", status.Upstream{Limits: []status.Limit{req}, StatedLimits: []status.Limit{stated(40, "1s", "")}},
+			[]string{"stated 40 per 1s, configured 100 per 1s"}},
+		{"stated compared with the limit of its window", status.Upstream{Limits: []status.Limit{perMinute, req, tokens}, StatedLimits: []status.Limit{stated(40, "1s", "")}},
+			[]string{"stated 40 per 1s, configured 100 per 1s"}},
+		{"stated tokens", status.Upstream{Limits: []status.Limit{req, tokens}, StatedLimits: []status.Limit{stated(12000, "1m0s", "tokens")}},
+			[]string{"stated 12000 tokens per 1m0s, configured 600 tokens per 1s"}},
+		{"stated with no configured limit of its units", status.Upstream{Limits: []status.Limit{req}, StatedLimits: []status.Limit{stated(1000, "1m0s", "tokens")}},
+			[]string{"stated 1000 tokens per 1m0s"}},
+		{"adaptive and stated", status.Upstream{Limits: []status.Limit{adaptive}, StatedLimits: []status.Limit{stated(30, "1s", "")}},
+			[]string{"adaptive: pacing 37.5 per 1s (ceiling 100)", "stated 30 per 1s, configured 100 per 1s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := limitLines(tc.u); !slices.Equal(got, tc.want) {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})
