@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -208,6 +210,7 @@ upstreams:
 	d := e.drainFor(runFor, []string{"--metrics-listen", metricsAddr})
 	first, ran, stalls := d.first, d.ran, d.stalls
 	gauges, gerr := scrapeGauge(metricsAddr, "shaper_upstream_limit_rate")
+	status, serr := e.upstreamStatus("api")
 	e.stopAll()
 
 	recs := e.fake.Records()
@@ -228,9 +231,24 @@ upstreams:
 		t.Errorf("after learning, the upstream received %.1f/s, want at least 37/s over the time the host ran (%.1f/s)", rate, owed)
 	}
 
-	// The stated limit as the fleet shows it. GET /v1/upstreams and
-	// `shaper status` do not carry the dynamic limits yet, so only the
-	// gauge is checked.
+	// The stated limit as the fleet shows it: `shaper status --json` (the
+	// JSON of GET /v1/upstreams) and the gauge. A tree whose status does
+	// not carry stated limits yet is told apart by the missing key.
+	switch {
+	case serr != nil:
+		t.Errorf("status: %v", serr)
+	case status["stated_limits"] == nil:
+		t.Logf("shaper status --json has no stated_limits on this tree; only the gauge is checked")
+	default:
+		stated, limits := limitsOf(status, "stated_limits"), limitsOf(status, "limits")
+		t.Logf("shaper status --json: limits %v; stated_limits %v", limits, stated)
+		if len(stated) != 1 || stated[0]["rate"] != float64(L) || stated[0]["per"] != "1s" {
+			t.Errorf("status stated_limits: got %v, want one of rate %d per 1s", stated, L)
+		}
+		if len(limits) != 1 || limits[0]["rate"] != float64(100) || limits[0]["effective_rate"] != float64(L) || limits[0]["source"] != "stated" {
+			t.Errorf("status limits: got %v, want the configured 100 per 1s at effective_rate %d from source stated", limits, L)
+		}
+	}
 	if gerr != nil {
 		t.Errorf("scraping %s: %v", metricsAddr, gerr)
 	} else {
@@ -277,7 +295,24 @@ upstreams:
 	})
 	d := e.drainFor(runFor)
 	first, ran, stalls := d.first, d.ran, d.stalls
+	status, serr := e.upstreamStatus("api")
 	e.stopAll()
+
+	// Status shows the rate the fleet paces at now, below the ceiling.
+	switch limits := limitsOf(status, "limits"); {
+	case serr != nil:
+		t.Errorf("status: %v", serr)
+	case len(limits) == 1 && limits[0]["effective_rate"] == nil:
+		t.Logf("shaper status --json has no effective_rate on this tree; not checked")
+	case len(limits) != 1:
+		t.Errorf("status limits: got %v, want the one adaptive limit", limits)
+	default:
+		eff, _ := limits[0]["effective_rate"].(float64)
+		t.Logf("shaper status --json at the end: %v", limits[0])
+		if limits[0]["source"] != "adaptive" || limits[0]["adaptive"] != true || eff < 0.7*L || eff > 1.1*L {
+			t.Errorf("status limit: got %v, want source adaptive with an effective_rate near the hidden %d", limits[0], L)
+		}
+	}
 
 	recs := e.fake.Records()
 	var steps []string
@@ -513,6 +548,37 @@ upstreams:
 			t.Errorf("worker %d:\n%s", i, l)
 		}
 	}
+}
+
+// upstreamStatus is the upstream's object in `shaper status --json`, as
+// generic JSON so that the test reads fields a tree may not have yet.
+func (e *env) upstreamStatus(name string) (map[string]any, error) {
+	out, err := exec.Command(shaperBin, "status", "--config", e.cfg, "--json", "--upstream", name).Output()
+	if err != nil {
+		return nil, fmt.Errorf("shaper status: %w", err)
+	}
+	var st struct {
+		Upstreams []map[string]any `json:"upstreams"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("shaper status --json: %w\n%s", err, out)
+	}
+	if len(st.Upstreams) != 1 {
+		return nil, fmt.Errorf("shaper status --json shows %d upstreams, want 1:\n%s", len(st.Upstreams), out)
+	}
+	return st.Upstreams[0], nil
+}
+
+// limitsOf is a status upstream's list of limits under key.
+func limitsOf(u map[string]any, key string) []map[string]any {
+	raw, _ := u[key].([]any)
+	var out []map[string]any
+	for _, r := range raw {
+		if m, ok := r.(map[string]any); ok {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // scrapeGauge reads a metric's series from a worker's /metrics, keyed by
