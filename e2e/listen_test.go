@@ -377,7 +377,7 @@ upstreams:
 	t.Logf("2000 tokens/1s, jobs estimating 400 and using 40, %d replicas for %v: %d answered (%.1f jobs/s, %.0f tokens/s charged), 429s %d of %d (by limit %v); cost declared %d, charged %d; %s",
 		listenWorkers, runFor, n-rej, jobs, jobs*40, rep.Rejected, rep.Total, rep.RejectedBy, rep.CostDeclared, rep.CostCharged, stalls)
 	if rep.Rejected != 0 {
-		t.Errorf("the upstream answered %d requests 429, want none", rep.Rejected)
+		t.Errorf("the upstream answered %d requests 429, want none:\n%s", rep.Rejected, explain429s(recs, time.Second))
 	}
 	if owed := 30 * ran.Seconds() / runFor.Seconds(); jobs < owed {
 		t.Errorf("got %.1f jobs/s, want at least 30 over the time the host ran (%.1f)", jobs, owed)
