@@ -25,6 +25,12 @@ const (
 	// TokenBucket holds Burst tokens (Rate when Burst is zero) and refills
 	// Rate of them per Per, so an idle client may send a burst at once.
 	TokenBucket Algorithm = "token_bucket"
+	// Meter is nginx's limit_req: a leaky bucket with millisecond
+	// accounting that refuses any request arriving less than Per/Rate
+	// (in whole milliseconds) after the last one it accepted, unless Burst
+	// allows that many extra (nginx's `burst=N nodelay`). It punishes
+	// uneven spacing, not only excess.
+	Meter Algorithm = "meter"
 )
 
 // Style is whose 429 the server imitates.
@@ -82,8 +88,9 @@ const (
 )
 
 // Limit is one rate: at most Rate units per Per, counted by the server's
-// Algorithm. Burst is the token bucket's capacity (zero means Rate) and must
-// be zero for the other algorithms.
+// Algorithm. Burst is the token bucket's capacity (zero means Rate) or the
+// meter's extra requests beyond the one in service (zero means none), and
+// must be zero for the other algorithms.
 type Limit struct {
 	Rate  int64
 	Per   time.Duration
@@ -102,8 +109,11 @@ func (l Limit) String() string {
 // capacity is the most units the limit admits at one instant, which is
 // also the largest single cost it can ever admit.
 func (l Limit) capacity(alg Algorithm) int64 {
-	if alg == TokenBucket && l.Burst > 0 {
+	switch {
+	case alg == TokenBucket && l.Burst > 0:
 		return l.Burst
+	case alg == Meter:
+		return l.Burst + 1
 	}
 	return l.Rate
 }
@@ -118,8 +128,20 @@ func (l Limit) validate(alg Algorithm) error {
 		return fmt.Errorf("per %v: must be at most a year", l.Per)
 	case l.Burst < 0:
 		return fmt.Errorf("burst %d: must not be negative", l.Burst)
-	case l.Burst > 0 && alg != TokenBucket:
-		return fmt.Errorf("burst %d: only the %s algorithm has a burst", l.Burst, TokenBucket)
+	case l.Burst > 0 && alg != TokenBucket && alg != Meter:
+		return fmt.Errorf("burst %d: only the %s and %s algorithms have a burst", l.Burst, TokenBucket, Meter)
+	}
+	if alg == Meter {
+		// nginx keeps the rate in milli-requests per second and counts
+		// whole milliseconds.
+		switch {
+		case l.Per%time.Millisecond != 0:
+			return fmt.Errorf("per %v: the %s counts whole milliseconds", l.Per, Meter)
+		case l.Rate > math.MaxInt64/1_000_000_000 || l.Burst > math.MaxInt64/1_000_000_000:
+			return fmt.Errorf("%v: too large for the %s", l, Meter)
+		case l.meterRate() < 1:
+			return fmt.Errorf("%d per %v: under one request per 1000s, too slow for the %s", l.Rate, l.Per, Meter)
+		}
 	}
 	// The token bucket keeps its level in token·microseconds; keep the
 	// products exact in an int64 with room for one refill step on top.
@@ -172,7 +194,9 @@ type Config struct {
 	// Per is the window (sliding_log, fixed_window) or the refill period
 	// (token_bucket: Rate tokens per Per). Zero means DefaultPer.
 	Per time.Duration
-	// Burst is the token bucket's capacity. Zero means Rate.
+	// Burst is the token bucket's capacity (zero means Rate), or the
+	// meter's extra requests beyond the one in service (zero means none,
+	// strict spacing).
 	Burst int64
 	// Concurrency is the most requests one API key may have in flight.
 	// Zero means no cap.
@@ -214,9 +238,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.Algorithm = SlidingLog
 	}
 	switch c.Algorithm {
-	case SlidingLog, FixedWindow, TokenBucket:
+	case SlidingLog, FixedWindow, TokenBucket, Meter:
 	default:
-		return c, fmt.Errorf("algorithm %q: want %s, %s or %s", c.Algorithm, SlidingLog, FixedWindow, TokenBucket)
+		return c, fmt.Errorf("algorithm %q: want %s, %s, %s or %s", c.Algorithm, SlidingLog, FixedWindow, TokenBucket, Meter)
 	}
 	if c.Per == 0 {
 		c.Per = DefaultPer

@@ -61,6 +61,8 @@ func newLimiter(alg Algorithm, l Limit, start time.Time) limiter {
 		c := l.capacity(TokenBucket)
 		scale := l.Per.Microseconds()
 		return &tokenBucket{limit: l, capacity: c, scale: scale, full: c * scale, keys: map[string]*bucketState{}}
+	case Meter:
+		return &meter{limit: l, rate: l.meterRate(), burst: l.Burst * 1000, keys: map[string]*meterState{}}
 	}
 	return &slidingLog{limit: l, keys: map[string]*logState{}}
 }
@@ -376,3 +378,129 @@ func (b *tokenBucket) sweep(at time.Duration) {
 }
 
 func (b *tokenBucket) size() int { return len(b.keys) }
+
+// meter is nginx's limit_req with `burst=Burst nodelay` (burst 0 by
+// default): a leaky bucket kept per key as an excess in milli-requests and
+// the whole millisecond of the last accepted request. A request arriving ms
+// milliseconds after it sets
+//
+//	excess = max(0, excess − rate×ms/1000 + 1000)
+//
+// with rate in milli-requests per second and integer division, and is
+// refused if that exceeds burst×1000. With burst 0 a request is refused
+// whenever fewer than ⌈1000/rate⌉ whole milliseconds passed since the last
+// accepted one: the upstream that punishes uneven spacing. A new key's
+// first request is free (excess 0), as in nginx.
+//
+// Like nginx the meter reads only whole milliseconds, so two requests
+// 19.9ms apart may count as 19 or 20. A request that read the clock before
+// the last accepted one counts as arriving in the same millisecond (nginx
+// clamps a negative ms to 0 the same way), which is only ever stricter.
+//
+// A cost of n counts as n requests arriving in the same millisecond, the
+// first of them treated as nginx treats a single request.
+type meter struct {
+	limit Limit
+	rate  int64 // milli-requests per second, as nginx's ctx->rate
+	burst int64 // milli-requests
+	keys  map[string]*meterState
+}
+
+type meterState struct {
+	excess int64 // milli-requests beyond the request in service
+	last   int64 // ms since start of the last accepted request
+}
+
+// meterRate is the limit in milli-requests per second, truncated as nginx
+// truncates "7r/m" to 116.
+func (l Limit) meterRate() int64 {
+	return l.Rate * 1000 * 1000 / l.Per.Milliseconds()
+}
+
+func msOf(at time.Duration) int64 {
+	ms := int64(at / time.Millisecond)
+	if at < 0 && at%time.Millisecond != 0 {
+		ms--
+	}
+	return ms
+}
+
+// level is the key's level in milli-requests at millisecond now: the
+// excess plus the request in service, drained by what elapsed. Zero when
+// the key has no state or has drained.
+func (m *meter) level(s *meterState, now int64) int64 {
+	if s == nil {
+		return 0
+	}
+	lv := s.excess + 1000
+	ms := now - s.last
+	if ms <= 0 {
+		return lv
+	}
+	// rate×ms/1000 ≥ lv once ms ≥ lv×1000/rate: stop before the product
+	// could overflow.
+	if ms >= ceilDiv(lv*1000, m.rate) {
+		return 0
+	}
+	return max(0, lv-m.rate*ms/1000)
+}
+
+// after is how long from at until millisecond ms begins.
+func after(ms int64, at time.Duration) time.Duration {
+	return max(0, time.Duration(ms)*time.Millisecond-at)
+}
+
+func (m *meter) status(s *meterState, now int64, at time.Duration) verdict {
+	lv := m.level(s, now)
+	v := verdict{limit: m.burst/1000 + 1, remaining: max(0, (m.burst+1000-lv)/1000)}
+	if s != nil && lv > 0 {
+		v.reset = after(s.last+ceilDiv((s.excess+1000)*1000, m.rate), at)
+	}
+	return v
+}
+
+func (m *meter) check(key string, at time.Duration, n int64) verdict {
+	s := m.keys[key]
+	now := msOf(at)
+	v := m.status(s, now, at)
+	switch {
+	case n > m.burst/1000+1:
+		v.tooLarge = true
+	case n == 0 || m.level(s, now)+n*1000 <= m.burst+1000:
+		v.ok = true
+	default:
+		// The level must fall to burst+1000 − n×1000: the drained amount
+		// rate×ms/1000 must reach excess + n×1000 − burst.
+		need := s.excess + n*1000 - m.burst
+		v.retryAfter = after(s.last+ceilDiv(need*1000, m.rate), at)
+	}
+	return v
+}
+
+func (m *meter) take(key string, at time.Duration, n int64) verdict {
+	now := msOf(at)
+	s := m.keys[key]
+	if n > 0 {
+		lv := m.level(s, now)
+		if s == nil {
+			s = &meterState{last: now}
+			m.keys[key] = s
+		}
+		s.excess = lv + (n-1)*1000
+		if now > s.last {
+			s.last = now
+		}
+	}
+	return m.status(s, now, at)
+}
+
+func (m *meter) sweep(at time.Duration) {
+	now := msOf(at)
+	for k, s := range m.keys {
+		if m.level(s, now) == 0 {
+			delete(m.keys, k)
+		}
+	}
+}
+
+func (m *meter) size() int { return len(m.keys) }

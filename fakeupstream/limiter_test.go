@@ -291,7 +291,7 @@ func TestTokenBucketNeverExceedsBurstPlusRefill(t *testing.T) {
 // TestSweepForgetsIdleKeys: the number of keys held follows recent
 // activity, not every key ever seen.
 func TestSweepForgetsIdleKeys(t *testing.T) {
-	for _, alg := range []Algorithm{SlidingLog, FixedWindow, TokenBucket} {
+	for _, alg := range []Algorithm{SlidingLog, FixedWindow, TokenBucket, Meter} {
 		t.Run(string(alg), func(t *testing.T) {
 			l := newLimiter(alg, Limit{Rate: 5, Per: time.Second}, epoch)
 			for i := range 100 {
@@ -304,6 +304,99 @@ func TestSweepForgetsIdleKeys(t *testing.T) {
 			l.sweep(10 * time.Second)
 			if l.size() != 0 {
 				t.Errorf("after sweeping when idle: %d keys, want 0", l.size())
+			}
+		})
+	}
+}
+
+func TestMeter(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		limit Limit
+		steps []step
+	}{
+		{"no burst: one per 20ms in whole milliseconds", Limit{Rate: 50, Per: time.Second}, []step{
+			// A new key's first request is free.
+			{at: 0, n: 1, ok: true, remaining: 0, reset: 20 * msec},
+			{at: 19900 * time.Microsecond, n: 1, retry: 100 * time.Microsecond, remaining: 0, reset: 100 * time.Microsecond},
+			{at: 20 * msec, n: 1, ok: true, remaining: 0, reset: 20 * msec},
+			// 19.999ms later, but in the 19th whole millisecond.
+			{at: 39999 * time.Microsecond, n: 1, retry: 1 * time.Microsecond, remaining: 0, reset: 1 * time.Microsecond},
+			{at: 40999 * time.Microsecond, n: 1, ok: true, remaining: 0, reset: 19001 * time.Microsecond},
+			// 19.001ms later, but 20 whole milliseconds: nginx lets it in.
+			{at: 60 * msec, n: 1, ok: true, remaining: 0, reset: 20 * msec},
+			// Older than the last accepted request: counted in its millisecond.
+			{at: 59 * msec, n: 1, retry: 21 * msec, remaining: 0, reset: 21 * msec},
+			{at: 70 * msec, n: 2, tooLarge: true, remaining: 0, reset: 10 * msec},
+			{at: 70 * msec, n: 0, ok: true, remaining: 0, reset: 10 * msec},
+			{at: 5 * time.Second, n: 1, ok: true, remaining: 0, reset: 20 * msec},
+		}},
+		{"burst 2 nodelay", Limit{Rate: 10, Per: time.Second, Burst: 2}, []step{
+			{at: 0, n: 1, ok: true, remaining: 2, reset: 100 * msec},
+			{at: 0, n: 1, ok: true, remaining: 1, reset: 200 * msec},
+			{at: 0, n: 1, ok: true, remaining: 0, reset: 300 * msec},
+			{at: 0, n: 1, retry: 100 * msec, remaining: 0, reset: 300 * msec},
+			// 150ms drained 1.5 requests.
+			{at: 150 * msec, n: 1, ok: true, remaining: 0, reset: 250 * msec},
+			{at: 150 * msec, n: 4, tooLarge: true, remaining: 0, reset: 250 * msec},
+			{at: time.Second, n: 3, ok: true, remaining: 0, reset: 300 * msec},
+		}},
+		// nginx keeps 7r/m as 116 milli-requests per second: one per 8621ms.
+		{"per minute, truncated as nginx", Limit{Rate: 7, Per: time.Minute}, []step{
+			{at: 0, n: 1, ok: true, remaining: 0, reset: 8621 * msec},
+			{at: 8620 * msec, n: 1, retry: 1 * msec, remaining: 0, reset: 1 * msec},
+			{at: 8621 * msec, n: 1, ok: true, remaining: 0, reset: 8621 * msec},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run(t, newLimiter(Meter, tc.limit, epoch), tc.steps)
+		})
+	}
+}
+
+// TestMeterSpacing: over long randomized runs without burst, consecutive
+// admitted requests are always at least ⌈Per/Rate⌉ whole milliseconds
+// apart, and with a burst no interval holds more than the burst plus what
+// drained in it; an in-order refusal's retry-after is exact.
+func TestMeterSpacing(t *testing.T) {
+	for _, tc := range []struct {
+		limit   Limit
+		maxCost int64
+		skew    time.Duration
+	}{
+		{Limit{Rate: 50, Per: time.Second}, 1, 3 * msec},
+		{Limit{Rate: 100, Per: time.Second}, 1, 0},
+		{Limit{Rate: 30, Per: time.Second}, 1, 0},
+		{Limit{Rate: 40, Per: time.Second, Burst: 5}, 3, 0},
+		{Limit{Rate: 90, Per: time.Minute, Burst: 2}, 1, 0},
+	} {
+		t.Run(fmt.Sprintf("%v cost ≤ %d", tc.limit, tc.maxCost), func(t *testing.T) {
+			adm := randomRun(t, Meter, tc.limit, 11, tc.maxCost, tc.skew)
+			if len(adm) < 100 {
+				t.Fatalf("admitted only %d: the run does not exercise the limit", len(adm))
+			}
+			rate := tc.limit.meterRate() // milli-requests per second
+			if tc.limit.Burst == 0 {
+				for i := 1; i < len(adm); i++ {
+					ms := msOf(adm[i].at) - msOf(adm[i-1].at)
+					if rate*ms/1000 < 1000 {
+						t.Fatalf("admitted at %v and %v: %dms apart, want at least %dms", adm[i-1].at, adm[i].at, ms, ceilDiv(1000*1000, rate))
+					}
+				}
+				return
+			}
+			// In millionths of a request: what any interval [t_i, t_j]
+			// admits, less what drains in it at the exact rate, is at most
+			// the capacity.
+			lowest := int64(1) << 62
+			var cum int64
+			for _, a := range adm {
+				ms := msOf(a.at)
+				lowest = min(lowest, cum*1_000_000-rate*ms)
+				cum += a.n
+				if over := cum*1_000_000 - rate*ms - lowest; over > (tc.limit.Burst+1)*1_000_000 {
+					t.Fatalf("at %v: %d millionths over the drain, want at most %d", a.at, over, (tc.limit.Burst+1)*1_000_000)
+				}
 			}
 		})
 	}

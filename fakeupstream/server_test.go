@@ -137,6 +137,29 @@ func TestRefusals(t *testing.T) {
 			body: "rate limited: over 10 requests per 1s (burst 3) per API key\n",
 		},
 		{
+			name:   "plain meter",
+			cfg:    Config{Algorithm: Meter, Rate: 50},
+			before: []req{{key: "k"}},
+			last:   req{key: "k", advance: 19 * msec},
+			headers: map[string]string{
+				"Retry-After": "1",
+			},
+			body: "rate limited: over 50 requests per 1s per API key\n",
+		},
+		{
+			name:   "openai meter",
+			cfg:    Config{Algorithm: Meter, Rate: 50, Style: StyleOpenAI},
+			before: []req{{key: "k"}},
+			last:   req{key: "k", advance: 15 * msec},
+			headers: map[string]string{
+				"X-Ratelimit-Limit-Requests":     "1",
+				"X-Ratelimit-Remaining-Requests": "0",
+				"X-Ratelimit-Reset-Requests":     "5ms",
+				"Retry-After":                    "1",
+			},
+			body: `{"error":{"message":"Rate limit reached for requests per 1s: Limit 1, Used 1, Requested 1. Please try again in 5ms.","type":"requests","param":null,"code":"rate_limit_exceeded"}}` + "\n",
+		},
+		{
 			name:   "stripe rate",
 			cfg:    Config{Rate: 2, Style: StyleStripe},
 			before: twoAtOnce,
@@ -786,13 +809,15 @@ func TestConfigErrors(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{Algorithm: "leaky"}, `algorithm "leaky": want sliding_log, fixed_window or token_bucket`},
+		{Config{Algorithm: "leaky"}, `algorithm "leaky": want sliding_log, fixed_window, token_bucket or meter`},
 		{Config{Rate: -1}, "rate -1: must not be negative (0 means no limit)"},
 		{Config{Rate: 1, Per: 500 * time.Microsecond}, "per 500µs: must be at least 1ms"},
 		{Config{Rate: 1, Per: -time.Second}, "per -1s: must be at least 1ms"},
 		{Config{Rate: 1, Per: 400 * 24 * time.Hour}, "per 9600h0m0s: must be at most a year"},
-		{Config{Rate: 5, Burst: 3}, "burst 3: only the token_bucket algorithm has a burst"},
+		{Config{Rate: 5, Burst: 3}, "burst 3: only the token_bucket and meter algorithms have a burst"},
 		{Config{Algorithm: TokenBucket, Rate: 5, Burst: -3}, "burst -3: must not be negative"},
+		{Config{Algorithm: Meter, Rate: 5, Per: 1500 * time.Microsecond}, "per 1.5ms: the meter counts whole milliseconds"},
+		{Config{Algorithm: Meter, Rate: 1, Per: 2000 * time.Second}, "1 per 33m20s: under one request per 1000s, too slow for the meter"},
 		{Config{Burst: 3}, "burst 3: set rate too, or leave burst 0"},
 		{Config{Algorithm: TokenBucket, Rate: 1 << 40, Per: time.Hour}, "1099511627776 per 1h0m0s: capacity × per is too large for the token bucket"},
 		{Config{Concurrency: -1}, "concurrency -1: must not be negative (0 means no cap)"},

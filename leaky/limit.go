@@ -117,6 +117,24 @@ func (l Limit) Validate() error {
 // that at most Rate for W = Per + guard. The sustained rate is therefore
 // (Rate−C+1)/Rate × Per/(Per+guard) of Rate: 98% for the default 20ms guard
 // on a per-second limit with even spacing.
+//
+// With capacity 1 consecutive slots are Per/Rate plus a slack of
+// guard/Rate apart (200µs at 100 per second, 400µs at 50). That slack is
+// all an upstream that meters each gap has to spare (nginx's limit_req
+// without burst refuses a request arriving less than Per/Rate after the
+// last one, in whole milliseconds): a send late by more than the slack,
+// followed by one on time, is refused. So where the slack is at least
+// 200µs (at most 100 per Per at the default guard) Wait wakes precisely
+// and lets a send be late only by the slack, or 1ms past the earliest
+// moment it could go (see Reservation.Wait). The spacing then holds to
+// within the trip to the upstream: its jitter (the client's write, the
+// network, the upstream's own scheduling) still comes out of the same
+// slack, and more of it than the slack is refused by such a meter. The
+// slack is kept small on purpose: every 10ms of guard costs window
+// upstreams 1% of a per-second rate, so widening it for meters would cost
+// every upstream. Against a meter that sees more jitter, raise the guard
+// (guard 100ms leaves 1ms at 100 per second, for 91% of the rate) or ask
+// for a burst.
 func (l Limit) Params(guard time.Duration) gcra.Params {
 	c := l.Capacity()
 	span := l.Per.Microseconds() + guard.Microseconds()

@@ -28,6 +28,8 @@ func runChild(role string) int {
 	case "pacer":
 	case "leaseholder":
 		return holdLease()
+	case "spacer":
+		return runSpacer()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
 		return 2

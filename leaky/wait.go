@@ -3,34 +3,117 @@ package leaky
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"time"
 )
 
-// lateness is how far past its slot a send may start: half the guard, the
-// other half being left for the trip to the upstream.
-func (b *Bucket) lateness() time.Duration { return b.cfg.Guard / 2 }
+// Strict spacing. A limit of capacity 1 spaces its slots Per/Rate plus a
+// slack apart (see Limit.Params): guard/Rate, 200µs at 100 per second with
+// the default guard. An upstream that meters each gap, like nginx's
+// limit_req without burst, refuses a send that arrives less than Per/Rate
+// after the previous one: a send late by more than the slack, followed by
+// one on time, is refused. Windows care only about the sum over Per, which
+// the guard covers. So for limits where the slack is large enough to aim
+// for (strictMinSlack), Wait wakes precisely and a send may be late by the
+// slack, not by half the guard.
+const (
+	// strictMinSlack is the least slack worth keeping sends within: below
+	// it (over 100 per second at the default guard) the clock's
+	// uncertainty and the trip to the upstream are as large as the slack
+	// itself, so those limits keep the window guarantee only.
+	strictMinSlack = 200 * time.Microsecond
+	// strictSpin is how long before a strict slot Wait stops sleeping on
+	// a timer and watches the clock instead. Go's timers fire up to about
+	// a millisecond late when the process idles in the network poller.
+	strictSpin = 1500 * time.Microsecond
+	// strictJitter is how late after SendAt a strict send may start even
+	// when the slack is smaller: the wake-up path's own granularity, and
+	// a meter's (it counts whole milliseconds, so a gap short by a
+	// fraction f of a millisecond is refused with probability f). Without
+	// it, skipped slots cost window upstreams more than a tenth of their
+	// throughput on a busy host (measured at 100 per second).
+	strictJitter = time.Millisecond
+)
+
+// strictSlack is the least slack of the bucket's strict limits, or 0 if
+// it has none: limits of capacity 1 whose slack is at least
+// strictMinSlack.
+func (b *Bucket) strictSlack() time.Duration {
+	var least time.Duration
+	for i, l := range b.cfg.Limits {
+		if l.Capacity() != 1 {
+			continue
+		}
+		slack := time.Duration(b.params[i].Interval*l.Rate-l.Per.Microseconds()) * time.Microsecond / time.Duration(l.Rate)
+		if slack >= strictMinSlack && (least == 0 || slack < least) {
+			least = slack
+		}
+	}
+	return least
+}
+
+// lateness is how far past its slot (judged pessimistically, see
+// offsetEstimator) a send may start. Half the guard, the other half being
+// left for the trip to the upstream; for a bucket with strict limits, the
+// slack, or strictJitter past SendAt if that is later (the clock's
+// uncertainty can exceed the slack, and every send would then be late),
+// but never more than half the guard.
+func (r *Reservation) lateness() time.Duration {
+	b := r.bucket
+	half := b.cfg.Guard / 2
+	slack := b.strictSlack()
+	if slack == 0 {
+		return half
+	}
+	return min(half, max(slack, r.sendAt.Sub(r.earliest)+strictJitter))
+}
+
+// sleepUntil waits until t, or until ctx ends. The last spin of the wait
+// checks the clock in a loop, yielding to other goroutines, instead of
+// trusting a timer: it costs up to spin of one CPU per wait.
+func sleepUntil(ctx context.Context, t time.Time, spin time.Duration) error {
+	if d := time.Until(t) - spin; d > 0 {
+		tm := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return ctx.Err()
+		case <-tm.C:
+		}
+	}
+	for time.Now().Before(t) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		runtime.Gosched()
+	}
+	return nil
+}
 
 // Wait sleeps until the reservation's slot. If ctx ends first, the
 // reservation is given back and ctx's error returned. If the caller woke
 // more than half the guard after the slot (judged pessimistically, see
 // offsetEstimator), Wait returns ErrLate and the slot is spent: sending then
-// could put this send within one window of a later one.
+// could put this send within one window of a later one. For a bucket with
+// a strictly spaced limit (capacity 1, at most 100 per Per at the default
+// guard) Wait watches the clock for the last 1.5ms instead of
+// trusting a timer, and a send may be late only by the limit's slack (at
+// least 1ms past SendAt), so that it does not arrive within Per/Rate of the
+// next one.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.OK {
 		return fmt.Errorf("wait on %s: reservation was not booked", r.bucket.name)
 	}
-	if d := time.Until(r.SendAt()); d > 0 {
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			// Give the slot back with a fresh context: ours is done.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			r.bucket.Cancel(cctx, r)
-			cancel()
-			return ctx.Err()
-		case <-t.C:
-		}
+	spin := time.Duration(0)
+	if r.bucket.strictSlack() > 0 {
+		spin = strictSpin
+	}
+	if err := sleepUntil(ctx, r.SendAt(), spin); err != nil {
+		// Give the slot back with a fresh context: ours is done.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		r.bucket.Cancel(cctx, r)
+		cancel()
+		return err
 	}
 	if r.bucket.p.blocks.covers(r.bucket.name, r.Now.Add(r.Delay).UnixMicro()) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -50,12 +133,13 @@ func (r *Reservation) Late() time.Duration {
 }
 
 // TooLate reports whether it is now too late to send on this reservation:
-// more than half the guard past its slot. Wait checks it on waking; a
+// more than half the guard past its slot, or for a strictly spaced limit
+// more than its slack (see Wait). Wait checks it on waking; a
 // caller with work between Wait and the send (building a request, taking a
 // connection) should check it again right before sending, and reserve
 // again instead when it says so.
 func (r *Reservation) TooLate() bool {
-	return r.Late() > r.bucket.lateness()
+	return r.Late() > r.lateness()
 }
 
 // Take reserves a slot for costs and waits for it, coming back as often as

@@ -100,10 +100,10 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	}
 	c := &o.cfg
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8090", "`address` to listen on (port 0 picks a free one; the address is printed)")
-	fs.StringVar(&alg, "algorithm", string(fakeupstream.SlidingLog), "how limits count: sliding_log, fixed_window or token_bucket")
+	fs.StringVar(&alg, "algorithm", string(fakeupstream.SlidingLog), "how limits count: sliding_log, fixed_window, token_bucket or meter (nginx limit_req: no request less than -per/-rate after the last, in whole ms)")
 	fs.Int64Var(&c.Rate, "rate", 0, "most requests per API key per -per (0: no request limit)")
 	fs.DurationVar(&c.Per, "per", fakeupstream.DefaultPer, "the request limit's window or refill period")
-	fs.Int64Var(&c.Burst, "burst", 0, "token_bucket capacity (0: -rate)")
+	fs.Int64Var(&c.Burst, "burst", 0, "token_bucket capacity (0: -rate), or the meter's extra requests (nginx burst=N nodelay; 0: none)")
 	fs.IntVar(&c.Concurrency, "concurrency", 0, "most requests in flight per API key (0: no cap)")
 	fs.Int64Var(&o.endpoint.Rate, "endpoint-rate", 0, "most requests per API key and endpoint (method and path) per -endpoint-per (0: none)")
 	fs.DurationVar(&o.endpoint.Per, "endpoint-per", fakeupstream.DefaultPer, "the endpoint limit's window or refill period")

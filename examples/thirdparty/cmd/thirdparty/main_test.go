@@ -55,6 +55,14 @@ func TestParse(t *testing.T) {
 				t.Errorf("got %+v, want %+v", c, want)
 			}
 		}},
+		{"meter", []string{"-algorithm", "meter", "-rate", "50", "-burst", "2"}, func(t *testing.T, o options) {
+			if c := o.cfg; c.Algorithm != fakeupstream.Meter || c.Rate != 50 || c.Burst != 2 {
+				t.Errorf("got %+v, want the meter at 50 per second with burst 2", c)
+			}
+			if _, err := fakeupstream.New(o.cfg); err != nil {
+				t.Errorf("New: %v", err)
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parse(tc.args, io.Discard)

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper/fakeupstream"
+	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/stall"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// fleetRun is what an upstream saw while a fleet of `shaper work` replicas
+// drained a full backlog into it.
+type fleetRun struct {
+	admitted int           // admitted in the measured window
+	rate     float64       // admitted per second in the measured window
+	rejected int64         // 429s over the whole run
+	minGap   time.Duration // smallest gap between consecutive arrivals
+	gaps     fakeupstream.GapStats
+	ran      time.Duration // the measured window less the host's stalls
+	stalls   int
+	stalled  time.Duration
+}
+
+// drainFleet runs replicas `shaper work` processes configured at
+// {rate: rate, per: 1s} against an upstream built from fakeCfg, with a
+// backlog deeper than they can drain in runFor, and measures the runFor
+// after the first arrival.
+func drainFleet(t *testing.T, fakeCfg fakeupstream.Config, rate int64, replicas int, runFor time.Duration) fleetRun {
+	t.Helper()
+	e := newEnv(t, fakeCfg, redistest.Options{})
+	e.writeConfig(fmt.Sprintf(`
+redis: {url: "{{REDIS}}"}
+upstreams:
+  api:
+    base_url: "{{UPSTREAM}}"
+    limits: [{rate: %d, per: 1s}]
+`, rate))
+	e.enqueue(int(float64(rate)*runFor.Seconds()*1.3)+50, func(i int) *queue.Job {
+		return &queue.Job{Upstream: "api", Method: "POST", Path: "/v1/things/" + strconv.Itoa(i)}
+	})
+	for i := 0; i < replicas; i++ {
+		e.startWorker()
+	}
+	waitUntil(t, 30*time.Second, "the first request", func() bool { return e.fake.Report().Total > 0 })
+	host := stall.Start()
+	first := arrivals(e.fake)[0]
+	time.Sleep(runFor)
+	stalled, _, stalls := host.Stop()
+	e.stopAll()
+
+	var all []time.Duration
+	run := fleetRun{rejected: e.fake.Report().Rejected, stalls: stalls, stalled: stalled}
+	for _, r := range e.fake.Records() {
+		all = append(all, r.At)
+		if r.Admitted && r.At >= first && r.At < first+runFor {
+			run.admitted++
+		}
+	}
+	slices.Sort(all)
+	run.gaps = fakeupstream.GapPercentiles(all)
+	run.minGap = run.gaps.Min
+	run.rate = float64(run.admitted) / runFor.Seconds()
+	// The machine itself stopping (a virtual machine descheduled by its
+	// host) stops every replica: throughput is owed for the time it ran.
+	run.ran = max(0, runFor-stalled+time.Duration(stalls)*stall.Threshold)
+	return run
+}
+
+// TestStrictSpacing: an upstream that refuses any request arriving less
+// than 1/R after the one before (nginx's limit_req without burst, counting
+// whole milliseconds), drained by 3 replicas configured as a user would
+// write the limit, {rate: R, per: 1s}. The upstream must refuse nothing and
+// receive at least 90% of R.
+func TestStrictSpacing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10 s of three shaper work processes per rate: multi-process, runs in make test")
+	}
+	// Not parallel: it measures spacing to within a fraction of a
+	// millisecond, so it runs alone, before the parallel tests start.
+	const runFor = 10 * time.Second
+	for _, rate := range []int64{50, 100} {
+		t.Run(fmt.Sprintf("%d_per_s", rate), func(t *testing.T) {
+			r := drainFleet(t, fakeupstream.Config{Algorithm: fakeupstream.Meter, Rate: rate, Per: time.Second}, rate, 3, runFor)
+			t.Logf("meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d; min gap %v (1/R = %v); gaps %+v; host stalls %d, %v",
+				rate, runFor, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.minGap, time.Second/time.Duration(rate), r.gaps, r.stalls, r.stalled)
+			if r.rejected != 0 {
+				t.Errorf("the meter rejected %d requests, want none", r.rejected)
+			}
+			if want := 0.9 * float64(rate) * r.ran.Seconds() / runFor.Seconds(); r.rate < want {
+				t.Errorf("the meter received %.1f/s, want at least 90%% of %d over the %v the host ran (%.1f)", r.rate, rate, r.ran, want)
+			}
+		})
+	}
+}
+
+// TestSpacingFigures prints the figures BENCHMARKS.md quotes for strict
+// spacing: the meter at 50 and 100/s, and the window upstreams at 40/s,
+// each drained by 3 replicas at exactly the upstream's limit. It asserts
+// nothing (speed figures are not assertions) and runs only when
+// SHAPER_SPACING_FIGURES is set.
+func TestSpacingFigures(t *testing.T) {
+	if testing.Short() || os.Getenv("SHAPER_SPACING_FIGURES") == "" {
+		t.Skip("figures for BENCHMARKS.md: set SHAPER_SPACING_FIGURES=1")
+	}
+	runFor := 10 * time.Second
+	if s := os.Getenv("SHAPER_SPACING_FIGURES"); s != "1" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("SHAPER_SPACING_FIGURES=%q: want 1 or a duration", s)
+		}
+		runFor = d
+	}
+	for _, tc := range []struct {
+		alg  fakeupstream.Algorithm
+		rate int64
+	}{
+		{fakeupstream.Meter, 50},
+		{fakeupstream.Meter, 100},
+		{fakeupstream.SlidingLog, 40},
+		{fakeupstream.FixedWindow, 40},
+		{fakeupstream.TokenBucket, 40},
+	} {
+		t.Run(fmt.Sprintf("%s_%d", tc.alg, tc.rate), func(t *testing.T) {
+			r := drainFleet(t, fakeupstream.Config{Algorithm: tc.alg, Rate: tc.rate, Per: time.Second}, tc.rate, 3, runFor)
+			t.Logf("FIGURE %s %d/s 3 replicas %v: %.1f/s = %.1f%% of the limit, %d rejected, min gap %v, p1 gap %v, host stalls %d (%v)",
+				tc.alg, tc.rate, runFor, r.rate, 100*r.rate/float64(tc.rate), r.rejected, r.minGap, r.gaps.P1, r.stalls, r.stalled)
+		})
+	}
+}
