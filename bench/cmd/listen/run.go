@@ -31,6 +31,10 @@ import (
 // (the row is then skipped and the table says so).
 const meter = fakeupstream.Algorithm("meter")
 
+// meterBare is the meter answering as nginx's limit_req does with
+// limit_req_status 429: a 429 with no Retry-After.
+const meterBare = "meter-bare"
+
 type options struct {
 	sections        []string
 	styles          []string
@@ -54,7 +58,7 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	var sections, styles, algs string
 	fs.StringVar(&sections, "sections", "table,adaptive,settle", "sections to run, comma-separated")
-	fs.StringVar(&styles, "styles", "plain,stripe,openai,ietf,meter", "table: upstream styles, comma-separated; meter is the plain style counted by -algorithm meter")
+	fs.StringVar(&styles, "styles", "plain,stripe,openai,ietf,meter,meter-bare", "table: upstream styles, comma-separated; meter is the plain style counted by -algorithm meter, meter-bare the bare style (nginx's own 429s)")
 	fs.StringVar(&algs, "algorithms", "sliding_log,fixed_window,token_bucket", "table: the upstream's counting algorithms, comma-separated")
 	fs.IntVar(&o.rate, "rate", 40, "table: the upstream's limit and shaper's, requests per second")
 	fs.IntVar(&o.replicas, "replicas", 3, "shaper work processes")
@@ -79,8 +83,8 @@ func parseFlags(args []string) (options, error) {
 	}
 	o.styles = strings.Split(styles, ",")
 	for _, s := range o.styles {
-		if s != string(meter) && !slices.Contains(fakeupstream.Styles(), fakeupstream.Style(s)) {
-			return o, fmt.Errorf("-styles: %q: want one of %v or meter", s, fakeupstream.Styles())
+		if s != string(meter) && s != meterBare && !slices.Contains(fakeupstream.Styles(), fakeupstream.Style(s)) {
+			return o, fmt.Errorf("-styles: %q: want one of %v, meter or %s", s, fakeupstream.Styles(), meterBare)
 		}
 	}
 	for _, a := range strings.Split(algs, ",") {
@@ -319,8 +323,11 @@ func (b *bench) table(ctx context.Context, out io.Writer) error {
 	for _, s := range b.o.styles {
 		algs := b.o.algorithms
 		style := fakeupstream.Style(s)
-		if s == string(meter) {
+		switch s {
+		case string(meter):
 			algs, style = []fakeupstream.Algorithm{meter}, fakeupstream.StylePlain
+		case meterBare:
+			algs, style = []fakeupstream.Algorithm{meter}, fakeupstream.StyleBare
 		}
 		for _, alg := range algs {
 			row := tableRow{style: s, alg: string(alg)}
