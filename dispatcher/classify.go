@@ -37,6 +37,9 @@ type verdict struct {
 	reason string
 	// rd is the answer's rate-limit headers, for what the upstream states.
 	rd *ratelimit.Reading
+	// sentAt is the send's slot on Redis's clock: a bare 429 to a send
+	// made before the last pause began says nothing about that pause.
+	sentAt time.Time
 }
 
 // classify reads an upstream's HTTP answer, given how far apart this
@@ -53,10 +56,8 @@ func classify(status int, h http.Header, rd ratelimit.Reading, spacing time.Dura
 	switch {
 	case status >= 200 && status < 300:
 		v := verdict{kind: kindDone}
-		if q, ok := rd.Exhausted(); ok {
-			if next := q.NextUnit(); next > spacing {
-				v.block, v.blockReason = next, "quota_exhausted"
-			}
+		if next := rd.NextUnit(); next > spacing {
+			v.block, v.blockReason = next, "quota_exhausted"
 		}
 		return v
 	case status == http.StatusTooManyRequests:

@@ -105,9 +105,9 @@ type upstream struct {
 	// spacing is how far apart the request limits space sends (see
 	// classify); adaptive is set when a limit is adaptive; heard is what
 	// the upstream last stated.
-	spacing  time.Duration
-	adaptive bool
-	heard    heard
+	spacingUs atomic.Int64
+	adaptive  bool
+	heard     heard
 }
 
 // New validates the config and prepares a Dispatcher on rdb (which the
@@ -180,7 +180,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name),
 		store: taskstore.For(sched.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
 		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[taskstore.Zset]time.Time{}}
-	u.spacing = spacing(u)
+	u.setSpacing(uc.Limits, nil)
 	d.setLimitGauges(u, configuredLimits(u))
 	for _, l := range uc.Limits {
 		u.adaptive = u.adaptive || l.Adaptive

@@ -56,17 +56,23 @@ func configuredLimits(u *upstream) []leaky.LimitState {
 	return out
 }
 
-// spacing is how far apart the bucket's request limits space sends: a
-// quota that frees its next unit sooner than this needs no pause.
-func spacing(u *upstream) time.Duration {
+// setSpacing records how far apart the request limits space sends, the
+// configured ones and those the upstream states: a quota that frees its
+// next unit sooner than this needs no pause.
+func (u *upstream) setSpacing(configured, stated []leaky.Limit) {
+	guard := u.bucket.Guard()
 	var out int64
-	lay := u.bucket.Layout()
-	for i, l := range u.cfg.Limits {
+	for _, l := range append(slices.Clone(configured), stated...) {
 		if l.Cost == "" {
-			out = max(out, lay.Params[i].Interval)
+			out = max(out, l.Params(guard).Interval)
 		}
 	}
-	return time.Duration(out) * time.Microsecond
+	u.spacingUs.Store(out)
+}
+
+// spacing is what setSpacing recorded last.
+func (u *upstream) spacing() time.Duration {
+	return time.Duration(u.spacingUs.Load()) * time.Microsecond
 }
 
 // statedLimits turns the policies an answer states into limits on requests.
@@ -118,7 +124,7 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 	}
 	switch {
 	case v.bare:
-		until, dur, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), "429")
+		until, dur, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), "429", v.sentAt)
 		if err != nil {
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()
 			d.log.Error("could not pause upstream after a 429", "upstream", u.cfg.Name, "err", err)
@@ -141,11 +147,18 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 // learn records what the upstream states, when it changed or is due a
 // refresh, and says once, fleet-wide, when it is below the config.
 func (d *Dispatcher) learn(ctx context.Context, u *upstream, stated []leaky.Limit) {
+	if len(stated) == 0 {
+		// An answer that states nothing (a proxy's 502, a CDN's 429)
+		// says nothing about the upstream's policy: what was stated
+		// stands until it lapses in Redis, an hour after it was last
+		// stated.
+		return
+	}
 	u.heard.mu.Lock()
 	before := u.heard.stated
 	same := slices.Equal(stated, before) && time.Since(u.heard.learnedAt) < relearn
 	u.heard.mu.Unlock()
-	if same || (len(stated) == 0 && u.heard.learnedAt.IsZero()) {
+	if same {
 		return
 	}
 	changed, err := u.bucket.Learn(ctx, stated)
@@ -157,6 +170,7 @@ func (d *Dispatcher) learn(ctx context.Context, u *upstream, stated []leaky.Limi
 	u.heard.mu.Lock()
 	u.heard.stated, u.heard.learnedAt = stated, time.Now()
 	u.heard.mu.Unlock()
+	u.setSpacing(u.cfg.Limits, stated)
 	if !changed {
 		return
 	}
@@ -238,6 +252,20 @@ func (d *Dispatcher) showLimits(ctx context.Context, u *upstream) {
 		return
 	}
 	d.setLimitGauges(u, st.Limits)
+	// The spacing follows an adaptive limit's current rate and the
+	// stated limits, whichever replica learned them.
+	guard := u.bucket.Guard()
+	var out int64
+	for _, l := range st.Limits {
+		if l.Limit.Cost != "" || l.Rate <= 0 {
+			continue
+		}
+		iv := l.Limit.Params(guard).Interval
+		out = max(out, int64(float64(iv)*float64(l.Limit.Rate)/l.Rate))
+	}
+	if out > 0 {
+		u.spacingUs.Store(out)
+	}
 }
 
 // setLimitGauges shows each limit's rate in units per second, labelled by

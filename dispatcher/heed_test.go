@@ -2,9 +2,11 @@ package dispatcher
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -136,5 +138,59 @@ func TestSettledCostsPaceByWhatWasUsed(t *testing.T) {
 	// Unsettled, 50 tokens at ⌈1.02s/51⌉ per token ≈ 1s per job.
 	if med := gaps[len(gaps)/2]; med > 400*time.Millisecond {
 		t.Errorf("got median gap %v between jobs (all %v), want about 200ms: 10 tokens each, not 50", med, gaps)
+	}
+}
+
+// lockedBuffer is a log sink safe for concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestStatedLimitsSurviveAnswersThatStateNothing: a proxy's 502 or a CDN's
+// 429 states no policy; that must not drop the upstream's stated limit
+// fleet-wide, nor make the next answer that states it again warn and
+// block anew.
+func TestStatedLimitsSurviveAnswersThatStateNothing(t *testing.T) {
+	rdb := srv.Client(t)
+	rdb.FlushAll(t.Context())
+	var logs lockedBuffer
+	d, err := New(rdb, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Upstreams: []shaper.Upstream{
+		{Name: "api", BaseURL: "http://127.0.0.1:1", Limits: []leaky.Limit{leaky.PerSecond(100)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := d.ups["api"]
+	ctx := t.Context()
+	for _, stated := range [][]leaky.Limit{{leaky.PerSecond(40)}, nil, nil, {leaky.PerSecond(40)}, nil, {leaky.PerSecond(40)}} {
+		d.learn(ctx, u, stated)
+	}
+	st, err := u.bucket.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Limits) != 2 || st.Limits[1].Source != leaky.SourceStated || st.Limits[1].Limit.Rate != 40 {
+		t.Errorf("got limits %+v, want the configured one and a stated 40 per 1s", st.Limits)
+	}
+	if n := strings.Count(logs.String(), "states a lower limit"); n != 1 {
+		t.Errorf("got %d warnings, want 1:\n%s", n, logs.String())
+	}
+	if n := strings.Count(logs.String(), "stated_limit"); n != 1 {
+		t.Errorf("got %d blocks for the stated limit, want 1:\n%s", n, logs.String())
+	}
+	if got, want := u.spacing(), 25500*time.Microsecond; got != want {
+		t.Errorf("got spacing %v, want the stated limit's %v", got, want)
 	}
 }

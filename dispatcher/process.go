@@ -152,7 +152,9 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 			class = "error"
 		}
 		d.m.UpstreamResponses.WithLabelValues(name, class).Inc()
-		return handlerVerdict(err), resp, true
+		v := handlerVerdict(err)
+		v.sentAt = r.Now.Add(r.Delay)
+		return v, resp, true
 	}
 	resp, err := u.do(ctx, job, r)
 	if errors.Is(err, errTooLate) {
@@ -169,8 +171,9 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 	d.m.UpstreamResponses.WithLabelValues(name, responseClass(resp.Status)).Inc()
 	h := http.Header(resp.Headers)
 	rd := ratelimit.Read(h, time.Now())
-	v := classify(resp.Status, h, rd, u.spacing)
+	v := classify(resp.Status, h, rd, u.spacing())
 	v.rd = &rd
+	v.sentAt = r.Now.Add(r.Delay)
 	return v, resp, true
 }
 

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/script"
 )
 
@@ -70,7 +70,7 @@ local function shaper_adapt_ratio(d, field, now)
   if not v then return 1 end
   local r, t = string.match(v, '^(%S+) (%S+)$')
   r, t = tonumber(r), tonumber(t)
-  if not r or not t then return 1 end
+  if not r or not t or r <= 0 then return 1 end
   r = r + math.max(` + strconv.FormatFloat(AdaptRise, 'f', -1, 64) + ` * r, ` + strconv.FormatFloat(AdaptRiseMin, 'f', -1, 64) + `) * math.max(0, now - t) / 1000000
   if r >= 1 then return 1 end
   return r
@@ -85,7 +85,7 @@ end
 local function shaper_stated(d, i)
   local v = d['s' .. i]
   if not v then return nil end
-  local iv, cap, per = string.match(v, '^(%d+) (%d+) (%d+)$')
+  local iv, cap, per = string.match(v, '^(%d+) (%d+) (%d+)')
   if not iv then return nil end
   return tonumber(iv), tonumber(cap), tonumber(per)
 end
@@ -107,10 +107,11 @@ func (b *Bucket) dynFields() []string {
 	return out
 }
 
-// statedParams is what a stated limit is stored as: "interval capacity per".
+// statedParams is what a stated limit is stored as: "interval capacity
+// per quota" (the scripts read the first three).
 func statedParams(l Limit, guard time.Duration) string {
 	p := l.Params(guard)
-	return fmt.Sprintf("%d %d %d", p.Interval, p.Capacity, l.Per.Microseconds())
+	return fmt.Sprintf("%d %d %d %d", p.Interval, p.Capacity, l.Per.Microseconds(), l.Rate)
 }
 
 // learnScript replaces a bucket's stated limits.
@@ -209,7 +210,7 @@ for i = 4, #ARGV, 2 do
   if now - last >= cool then
     local r = shaper_adapt_ratio(d, f, now) * `+strconv.FormatFloat(AdaptCut, 'f', -1, 64)+`
     if r < floor then r = floor end
-    redis.call('HSET', KEYS[1], f, string.format('%.6f', r) .. ' ' .. shaper_int(now))
+    redis.call('HSET', KEYS[1], f, string.format('%.9g', r) .. ' ' .. shaper_int(now))
     cuts = cuts + 1
   end
 end
@@ -268,7 +269,9 @@ for i = 1, #KEYS do
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if delta > 0 or tat > now then
     if tat < now then tat = now end
-    local nt = tat + delta * iv
+    -- An overrun books at most one window more: a misread amount must
+    -- not stall the limit for years.
+    local nt = tat + math.min(delta * iv, per)
     if nt < now then nt = now end
     redis.call('SET', KEYS[i], shaper_int(nt), 'PX', math.max(1, math.ceil((nt - now + per) / 1000)))
     moved = moved + 1
@@ -284,12 +287,12 @@ return moved
 // (as the scheduler keeps them). Units given back let the next sends go
 // sooner; an overrun pushes them later. It is atomic in Redis.
 func (b *Bucket) Settle(ctx context.Context, cost string, estimate, actual int64, partition string, partitionLimits []Limit) error {
-	delta := actual - estimate
-	if delta == 0 || cost == "" {
-		return nil
-	}
 	if actual < 0 || estimate < 0 {
 		return errors.New("settle: costs must not be negative")
+	}
+	delta := min(actual, gcra.MaxSpan) - min(estimate, gcra.MaxSpan)
+	if delta == 0 || cost == "" {
+		return nil
 	}
 	var keys []string
 	args := []any{script.NowArg(b.p.now), delta}
@@ -334,13 +337,21 @@ func (b *Bucket) PartitionTAT(partition string, l Limit) string {
 //	ARGV[4] -> reason
 //	ARGV[5] -> announcement channel
 //	ARGV[6] -> bucket name
+//	ARGV[7] -> when the refused request was sent, µs (0 unknown)
+//
+// A refusal of a request sent before the last pushback began was already
+// on its way: it neither grows nor renews the pushback.
 //
 // Returns {until µs, now µs, pushback µs}.
 var pushbackScript = script.New(`
 local now = shaper_now(ARGV[1])
 local base, ceil = tonumber(ARGV[2]), tonumber(ARGV[3])
+local sent = tonumber(ARGV[7])
 local f = redis.call('HMGET', KEYS[1], 'until', 'pb', 'pbat')
 local cur, prev, at = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+if prev > 0 and sent > 0 and sent < at then
+  return {math.max(cur, now), now, prev}
+end
 local d = base
 if prev > 0 then
   local quiet = now - at
@@ -370,14 +381,21 @@ return {cur, now, d}
 // Pushback blocks the bucket fleet-wide after a refusal that said nothing
 // about when to come back (a bare 429): briefly (base) when it is
 // isolated, for twice as long each time while refusals keep coming, up to
-// ceiling, shrinking again once they stop. It returns the block's end and
-// the length of this pushback.
-func (b *Bucket) Pushback(ctx context.Context, base, ceiling time.Duration, reason string) (time.Time, time.Duration, error) {
+// ceiling, shrinking again once they stop. sent is when the refused
+// request was sent on Redis's clock (its slot; zero if unknown): a refusal
+// of a request sent before the last pushback began was already in flight
+// and changes nothing. It returns the block's end and the length of the
+// pushback in force.
+func (b *Bucket) Pushback(ctx context.Context, base, ceiling time.Duration, reason string, sent time.Time) (time.Time, time.Duration, error) {
 	if base <= 0 || ceiling < base {
 		return time.Time{}, 0, fmt.Errorf("pushback %s: want 0 < base (%v) <= ceiling (%v)", b.name, base, ceiling)
 	}
+	var sentUs int64
+	if !sent.IsZero() {
+		sentUs = sent.UnixMicro()
+	}
 	v, err := script.Run(ctx, b.p.rdb, "leaky.pushback", pushbackScript, b.keys[:1], script.NowArg(b.p.now),
-		base.Microseconds(), ceiling.Microseconds(), reason, b.p.blocksChannel(), b.name)
+		base.Microseconds(), ceiling.Microseconds(), reason, b.p.blocksChannel(), b.name, sentUs)
 	if err != nil {
 		return time.Time{}, 0, fmt.Errorf("pushback %s: %w", b.name, err)
 	}
@@ -431,19 +449,15 @@ func (b *Bucket) limitStates(fields map[string]string, now int64) []LimitState {
 			continue
 		}
 		parts := strings.Fields(v)
-		if len(parts) != 3 {
+		if len(parts) != 4 {
 			continue
 		}
 		iv, _ := strconv.ParseInt(parts[0], 10, 64)
-		capa, _ := strconv.ParseInt(parts[1], 10, 64)
 		per, _ := strconv.ParseInt(parts[2], 10, 64)
+		q, _ := strconv.ParseInt(parts[3], 10, 64)
 		if iv <= 0 || per <= 0 {
 			continue
 		}
-		// Recover the stated quota from its params: interval =
-		// ⌈(per+guard)/(q−c+1)⌉, so q ≈ (per+guard)/interval + c − 1.
-		span := per + b.cfg.Guard.Microseconds()
-		q := int64(math.Round(float64(span)/float64(iv))) + capa - 1
 		l := Limit{Rate: max(q, 1), Per: time.Duration(per) * time.Microsecond}
 		out = append(out, LimitState{Limit: l, Rate: float64(l.Rate), Source: SourceStated})
 	}
@@ -458,7 +472,7 @@ func adaptRatio(v string, now int64) float64 {
 	}
 	r, err1 := strconv.ParseFloat(parts[0], 64)
 	t, err2 := strconv.ParseInt(parts[1], 10, 64)
-	if err1 != nil || err2 != nil {
+	if err1 != nil || err2 != nil || r <= 0 {
 		return 1
 	}
 	r += max(AdaptRise*r, AdaptRiseMin) * float64(max(0, now-t)) / 1e6

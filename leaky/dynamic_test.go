@@ -204,7 +204,7 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	base, ceiling := 25*time.Millisecond, time.Second
 	var got []time.Duration
 	for i := 0; i < 7; i++ {
-		_, d, err := b.Pushback(ctx, base, ceiling, "429")
+		_, d, err := b.Pushback(ctx, base, ceiling, "429", clock.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,12 +219,13 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	}
 	// Quiet for 3.2s after the last: 2×1s halves it, 2×0.5s again.
 	clock.Advance(2200 * time.Millisecond)
-	if _, d, _ := b.Pushback(ctx, base, ceiling, "429"); d != 250*time.Millisecond {
+	if _, d, _ := b.Pushback(ctx, base, ceiling, "429", clock.Now()); d != 250*time.Millisecond {
 		t.Errorf("after 3s of quiet: got %v, want 250ms", d)
 	}
 	// An isolated one long after costs only the base.
 	clock.Advance(time.Minute)
-	until, d, _ := b.Pushback(ctx, base, ceiling, "429")
+	sent := clock.Now()
+	until, d, _ := b.Pushback(ctx, base, ceiling, "429", sent)
 	if d != base {
 		t.Errorf("isolated: got %v, want %v", d, base)
 	}
@@ -232,7 +233,16 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	if !st.BlockedUntil.Equal(until) || st.BlockReason != "429" {
 		t.Errorf("got block until %v (%q), want %v", st.BlockedUntil, st.BlockReason, until)
 	}
-	if _, _, err := b.Pushback(ctx, 0, ceiling, "x"); err == nil {
+	// Refusals of requests sent before that pushback began were already in
+	// flight: however many come back, they neither grow nor renew it.
+	clock.Advance(time.Millisecond)
+	for i := 0; i < 5; i++ {
+		u2, d2, _ := b.Pushback(ctx, base, ceiling, "429", sent.Add(-time.Millisecond))
+		if d2 != base || !u2.Equal(until) {
+			t.Fatalf("in-flight refusal %d: got pushback %v until %v, want %v until %v unchanged", i, d2, u2, base, until)
+		}
+	}
+	if _, _, err := b.Pushback(ctx, 0, ceiling, "x", time.Time{}); err == nil {
 		t.Error("a zero base: got no error")
 	}
 }

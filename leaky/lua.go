@@ -198,7 +198,11 @@ if cur >= want then
   return {cur, now}
 end
 redis.call('HSET', KEYS[1], 'until', shaper_int(want), 'reason', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], math.ceil((want - now) / 1000) + 1)
+-- Never shorter than it was: a bare pushback's memory may outlive the block.
+local ttl = math.ceil((want - now) / 1000) + 1
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
 redis.call('PUBLISH', ARGV[4], ARGV[5] .. ' ' .. shaper_int(want))
 return {want, now}
 `)

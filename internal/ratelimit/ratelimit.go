@@ -142,6 +142,19 @@ func Read(h http.Header, now time.Time) Reading {
 // ExhaustedPartition.
 func (r Reading) Exhausted() (q Quota, ok bool) { return r.exhausted(false) }
 
+// NextUnit is how long until every spent quota over all of the server's
+// traffic frees its next unit (see Quota.NextUnit): the longest of them,
+// 0 when none is spent.
+func (r Reading) NextUnit() time.Duration {
+	var out time.Duration
+	for _, c := range r.Quotas {
+		if c.Remaining <= 0 && !c.Partitioned {
+			out = max(out, c.NextUnit())
+		}
+	}
+	return out
+}
+
 // ExhaustedPartition is Exhausted for quotas of one partition (the
 // draft's pk): they concern this request's endpoint or user, not the rest.
 func (r Reading) ExhaustedPartition() (q Quota, ok bool) { return r.exhausted(true) }
