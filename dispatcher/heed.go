@@ -240,6 +240,12 @@ func (d *Dispatcher) settle(ctx context.Context, u *upstream, job *queue.Job, re
 		if err := u.bucket.Settle(ctx, cost, estimate, actual, job.Partition, u.cfg.PartitionLimitsFor(job.Partition)); err != nil {
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()
 			d.log.Error("could not settle a job's cost", "upstream", u.cfg.Name, "job", job.ID, "cost", cost, "err", err)
+			continue
+		}
+		if actual < estimate {
+			// The fetch loop sleeps until the slot it last saw, which the
+			// units given back have moved closer: look again now.
+			u.poke()
 		}
 	}
 }

@@ -83,9 +83,10 @@ func TestUpstreamAtHalfTheConfiguredRate(t *testing.T) {
 		t.Skip("shaper work processes against a 429ing upstream: multi-process, runs in make test")
 	}
 	t.Parallel()
-	// Stripe's 429s say nothing about when to retry, so each one blocks the
-	// upstream for pushback_default.
-	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 10, Per: time.Second, Style: fakeupstream.StyleStripe}, redistest.Options{})
+	// Plain 429s carry Retry-After: 1 (whole seconds), so each one blocks
+	// the upstream for a second. (A 429 that says nothing, as Stripe's,
+	// pauses briefly and longer while they repeat: TestStray429CostsLittle.)
+	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 10, Per: time.Second, Style: fakeupstream.StylePlain}, redistest.Options{})
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 upstreams:

@@ -124,12 +124,12 @@ func (l Limit) Validate() error {
 // without burst refuses a request arriving less than Per/Rate after the
 // last one, in whole milliseconds): a send late by more than the slack,
 // followed by one on time, is refused. So where the slack is at least
-// 200µs (at most 100 per Per at the default guard) Wait wakes precisely
-// and lets a send be late only by the slack, or 1ms past the earliest
-// moment it could go (see Reservation.Wait). The spacing then holds to
-// within the trip to the upstream: its jitter (the client's write, the
-// network, the upstream's own scheduling) still comes out of the same
-// slack, and more of it than the slack is refused by such a meter. The
+// 200µs (at most 100 per Per at the default guard) Wait wakes precisely,
+// watching the clock for the last 1.5ms rather than trusting a timer (see
+// Reservation.Wait). The jitter of the wake-up and of the trip to the
+// upstream (the client's write, the network, the upstream's own
+// scheduling) still comes out of the same slack, and more of it than the
+// slack is refused by such a meter. The
 // slack is kept small on purpose: every 10ms of guard costs window
 // upstreams 1% of a per-second rate, so widening it for meters would cost
 // every upstream. Against a meter that sees more jitter, raise the guard

@@ -39,57 +39,33 @@ func TestStrictSlack(t *testing.T) {
 	}
 }
 
-// TestStrictLateness: a strict limit's send may be late by its slack, or
-// 1ms past SendAt if that is later, never more than half the guard; other
-// limits keep half the guard.
-func TestStrictLateness(t *testing.T) {
-	for _, tc := range []struct {
-		limit       Limit
-		guard       time.Duration
-		uncertainty time.Duration // SendAt − earliest
-		want        time.Duration
-	}{
-		{PerSecond(50), 0, 0, time.Millisecond},
-		{PerSecond(50), 0, 300 * time.Microsecond, 1300 * time.Microsecond},
-		{PerSecond(5), 0, 100 * time.Microsecond, 4 * time.Millisecond},
-		{PerSecond(1), 0, 100 * time.Microsecond, 10 * time.Millisecond},
-		// Never more than half the guard.
-		{PerSecond(2), time.Millisecond, 0, 500 * time.Microsecond},
-		{PerSecond(200), 0, 0, 10 * time.Millisecond},
-		{Limit{Rate: 50, Per: time.Second, Burst: 10}, 0, 0, 10 * time.Millisecond},
-	} {
-		t.Run(fmt.Sprint(tc.limit, tc.guard, tc.uncertainty), func(t *testing.T) {
-			b := newBucket(t, srv.Client(t), nil, BucketConfig{Limits: []Limit{tc.limit}, Guard: tc.guard})
-			now := time.Now()
-			r := &Reservation{OK: true, bucket: b, sendAt: now, earliest: now.Add(-tc.uncertainty)}
-			if got := r.lateness(); got != tc.want {
-				t.Errorf("got lateness %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
-// TestStrictWaitSkipsLateSlot: waking 5ms after the slot spends a strictly
-// spaced slot (it would arrive within 1/Rate of the next send) but not one
-// of a limit with a burst, which only windows constrain.
-func TestStrictWaitSkipsLateSlot(t *testing.T) {
+// TestLatenessIsHalfTheGuard: however a limit is spaced, a send may leave
+// up to half the guard after its slot, and Wait spends a slot woken later
+// than that.
+func TestLatenessIsHalfTheGuard(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		cfg  BucketConfig
+		late time.Duration
 		want error
 	}{
-		{BucketConfig{Limits: []Limit{PerSecond(50)}}, ErrLate},
-		{BucketConfig{Limits: []Limit{{Rate: 50, Per: time.Second, Burst: 5}}, Guard: 200 * time.Millisecond}, nil},
+		{BucketConfig{Limits: []Limit{PerSecond(50)}}, 5 * time.Millisecond, nil},
+		{BucketConfig{Limits: []Limit{PerSecond(50)}}, 15 * time.Millisecond, ErrLate},
+		{BucketConfig{Limits: []Limit{{Rate: 50, Per: time.Second, Burst: 5}}}, 15 * time.Millisecond, ErrLate},
+		{BucketConfig{Limits: []Limit{PerSecond(2000)}, Guard: 2 * time.Millisecond}, 5 * time.Millisecond, ErrLate},
 	} {
-		t.Run(tc.cfg.Limits[0].String(), func(t *testing.T) {
+		t.Run(fmt.Sprint(tc.cfg.Limits[0], tc.late), func(t *testing.T) {
 			b := newBucket(t, srv.Client(t), nil, tc.cfg)
 			r, err := b.Reserve(ctx, nil)
 			if err != nil || !r.OK {
 				t.Fatalf("reserve: %+v, %v", r, err)
 			}
-			time.Sleep(time.Until(r.SendAt()) + 5*time.Millisecond)
+			if got, want := r.lateness(), b.Config().Guard/2; got != want {
+				t.Errorf("got lateness %v, want half the guard %v", got, want)
+			}
+			time.Sleep(time.Until(r.SendAt()) + tc.late)
 			if err := r.Wait(ctx); !errors.Is(err, tc.want) {
-				t.Errorf("Wait 5ms after the slot: got %v, want %v", err, tc.want)
+				t.Errorf("Wait %v after the slot: got %v, want %v", tc.late, err, tc.want)
 			}
 		})
 	}
