@@ -19,6 +19,20 @@ const (
 	kindPushback             // the upstream is saturated: wait, spend no attempt
 )
 
+func (k kind) String() string {
+	switch k {
+	case kindDone:
+		return "done"
+	case kindRetry:
+		return "retry"
+	case kindDead:
+		return "dead"
+	case kindPushback:
+		return "pushback"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
 // verdict is the reading of one upstream answer.
 type verdict struct {
 	kind kind

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -541,7 +542,8 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		}
 		return errRequeue, nil
 	}
-	d.m.PacingWait.WithLabelValues(name).Observe(time.Since(start).Seconds())
+	waited := time.Since(start)
+	d.m.PacingWait.WithLabelValues(name).Observe(waited.Seconds())
 	v, resp, sent := d.send(ctx, u, job, r)
 	if !sent {
 		d.m.LateSlots.WithLabelValues(name).Inc()
@@ -552,6 +554,14 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		return errRequeue, nil
 	}
 	v = d.heed(ctx, u, job, resp, v)
+	if d.log.Enabled(ctx, slog.LevelDebug) {
+		status := 0
+		if resp != nil {
+			status = resp.Status
+		}
+		d.log.Debug("dispatched", "upstream", name, "job", t.ID, "lane", job.Lane, "attempt", int(msg.Retried)+1,
+			"status", status, "outcome", v.kind.String(), "waited", waited, "took", time.Since(start)-waited)
+	}
 	var stored *queue.Response
 	if resp != nil {
 		stored = u.stored(resp)

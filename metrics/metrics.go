@@ -5,6 +5,8 @@ package metrics
 
 import (
 	"context"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +28,9 @@ type Metrics struct {
 	RedisErrors        *prometheus.CounterVec   // component
 	RequestDuration    *prometheus.HistogramVec // upstream
 	UpstreamLimitRate  *prometheus.GaugeVec     // upstream, limit, source
+	BuildInfo          *prometheus.GaugeVec     // version, revision, goversion
+	APIRequests        *prometheus.CounterVec   // route, code
+	APIRequestDuration *prometheus.HistogramVec // route
 }
 
 // New creates the metrics and registers them on reg.
@@ -91,6 +96,21 @@ func New(reg prometheus.Registerer) *Metrics {
 		Help: "Units per second the fleet paces an upstream's limit at, as this replica last read it: the configured rate, an adaptive limit's current rate, or a rate the upstream stated (source).",
 	}, []string{"upstream", "limit", "source"})
 	reg.MustRegister(m.UpstreamLimitRate)
+	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shaper_build_info",
+		Help: "Always 1: the shaper build this process runs, by module version, VCS revision and Go version.",
+	}, []string{"version", "revision", "goversion"})
+	m.BuildInfo.WithLabelValues(Build()).Set(1)
+	m.APIRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shaper_api_requests_total",
+		Help: "Requests to the HTTP API by route (the pattern it matched, e.g. \"POST /v1/jobs\"; \"unmatched\" for none) and status code.",
+	}, []string{"route", "code"})
+	m.APIRequestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "shaper_api_request_duration_seconds",
+		Help:    "Time the HTTP API took to answer, by route.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"route"})
+	reg.MustRegister(m.BuildInfo, m.APIRequests, m.APIRequestDuration)
 	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
 		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
 		m.RedisErrors, m.RequestDuration)
@@ -143,4 +163,31 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), up, lane)
 		}
 	}
+}
+
+// Build is this binary's module version, VCS revision (with "-dirty" when
+// built from a modified tree) and Go version, as the Go toolchain stamped
+// them; "unknown" where it stamped none (go run, tests).
+func Build() (version, revision, goversion string) {
+	version, revision, goversion = "unknown", "unknown", runtime.Version()
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		version = v
+	}
+	dirty := false
+	for _, kv := range bi.Settings {
+		switch kv.Key {
+		case "vcs.revision":
+			revision = kv.Value
+		case "vcs.modified":
+			dirty = kv.Value == "true"
+		}
+	}
+	if dirty && revision != "unknown" {
+		revision += "-dirty"
+	}
+	return
 }

@@ -29,6 +29,8 @@ func TestLint(t *testing.T) {
 	m.RedisErrors.WithLabelValues("pacing").Inc()
 	m.RequestDuration.WithLabelValues("stripe").Observe(0.2)
 	m.UpstreamLimitRate.WithLabelValues("stripe", "requests/1s", "stated").Set(40)
+	m.APIRequests.WithLabelValues("POST /v1/jobs", "202").Inc()
+	m.APIRequestDuration.WithLabelValues("POST /v1/jobs").Observe(0.002)
 	err := RegisterBacklog(reg, m, func(ctx context.Context) (map[string]map[string]int64, error) {
 		return map[string]map[string]int64{"stripe": {"default": 12}}, nil
 	})
@@ -43,8 +45,8 @@ func TestLint(t *testing.T) {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 	mfs, _ := reg.Gather()
-	if len(mfs) != 15 {
-		t.Fatalf("gathered %d metric families, want all 15", len(mfs))
+	if len(mfs) != 18 {
+		t.Fatalf("gathered %d metric families, want all 18", len(mfs))
 	}
 	for _, mf := range mfs {
 		if !strings.HasPrefix(mf.GetName(), "shaper_") {

@@ -16,6 +16,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -198,25 +199,61 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 func (s *Server) routes() {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/jobs", s.authed(s.handleEnqueue))
-	mux.HandleFunc("POST /v1/jobs/batch", s.authed(s.handleBatch))
-	mux.HandleFunc("GET /v1/jobs/{id}", s.authed(s.handleGet))
-	mux.HandleFunc("DELETE /v1/jobs/{id}", s.authed(s.handleCancel))
-	mux.HandleFunc("GET /v1/upstreams", s.authed(s.handleUpstreams))
-	mux.HandleFunc("GET /v1/upstreams/{name}", s.authed(s.handleUpstream))
-	mux.HandleFunc("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
-	mux.HandleFunc("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", s.handleReady)
+	handle := func(pattern string, h http.Handler) { mux.Handle(pattern, s.measured(pattern, h)) }
+	handle("POST /v1/jobs", s.authed(s.handleEnqueue))
+	handle("POST /v1/jobs/batch", s.authed(s.handleBatch))
+	handle("GET /v1/jobs/{id}", s.authed(s.handleGet))
+	handle("DELETE /v1/jobs/{id}", s.authed(s.handleCancel))
+	handle("GET /v1/upstreams", s.authed(s.handleUpstreams))
+	handle("GET /v1/upstreams/{name}", s.authed(s.handleUpstream))
+	handle("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
+	handle("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
+	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
+	handle("GET /readyz", http.HandlerFunc(s.handleReady))
 	if s.cfg.Registry != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
+		handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
 	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	// Anything else, under one label: a raw path must never become one.
+	mux.Handle("/", s.measured("unmatched", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem{Type: problemNotFound, Title: "Not found", Status: http.StatusNotFound,
 			Detail: fmt.Sprintf("no route for %s %s; see the API reference in the README", r.Method, r.URL.Path)})
-	})
+	})))
 	s.mux = mux
 }
+
+// measured counts a route's requests by status code and times them,
+// labelled by the route's pattern, never by the request's own path.
+func (s *Server) measured(route string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		s.m.APIRequests.WithLabelValues(route, strconv.Itoa(rec.code)).Inc()
+		s.m.APIRequestDuration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+	})
+}
+
+// statusRecorder remembers the status code a handler wrote.
+type statusRecorder struct {
+	http.ResponseWriter
+	code        int
+	wroteHeader bool
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if !r.wroteHeader {
+		r.code, r.wroteHeader = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	r.wroteHeader = true
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 type ctxKey struct{}
 

@@ -113,13 +113,17 @@ func (f *Factory) logger() (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
 	switch strings.ToLower(f.logFormat) {
 	case "text":
-		return slog.New(slog.NewTextHandler(f.ErrOut, opts)), nil
+		log = slog.New(slog.NewTextHandler(f.ErrOut, opts))
 	case "json":
-		return slog.New(slog.NewJSONHandler(f.ErrOut, opts)), nil
+		log = slog.New(slog.NewJSONHandler(f.ErrOut, opts))
+	default:
+		return nil, fmt.Errorf("--log-format %q: want text or json", f.logFormat)
 	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", f.logFormat)
+	routeRedisLogs(log)
+	return log, nil
 }
 
 // loadConfig reads and validates a config file.
