@@ -117,7 +117,9 @@ upstreams:
 		{name: "invalid override cost", args: []string{"config", "validate", badPartitions}, code: 1, errOut: `upstreams.mail.partition_overrides["gmail.com"][0].cost: "tokens" is counted by none of the upstream's limits`},
 		{name: "invalid fairness", args: []string{"config", "validate", badPartitions}, code: 1, errOut: `upstreams.mail.fairness.by: "tenants" is not one of tenant, partition, none`},
 		{name: "missing config file", args: []string{"config", "validate", "/nonexistent.yaml"}, code: 1, errOut: "nonexistent.yaml"},
-		{name: "work needs --config", args: []string{"work"}, code: 1, errOut: `"config" not set`},
+		{name: "work needs --config", args: []string{"work"}, code: 1, errOut: "--config FILE (or $SHAPER_CONFIG) is required"},
+		{name: "serve needs --config", args: []string{"serve"}, code: 1, errOut: "--config FILE (or $SHAPER_CONFIG) is required"},
+		{name: "status needs --config", args: []string{"status"}, code: 1, errOut: "--config FILE (or $SHAPER_CONFIG) is required"},
 		{name: "work unknown upstream", args: []string{"work", "--config", good, "--upstream", "twilio"}, code: 1, errOut: "--upstream twilio: no such upstream"},
 		{name: "work refuses a named handler upstream", args: []string{"work", "--config", handlers, "--upstream", "mail"}, code: 1, errOut: "upstream mail is served by a Go handler"},
 		{name: "work with only handler upstreams", args: []string{"work", "--config", handlers, "--metrics-listen", "off"}, code: 1, errOut: "no HTTP upstreams to drain"},
@@ -135,7 +137,7 @@ upstreams:
 		{name: "enqueue partition too long", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--partition", strings.Repeat("p", 201), "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "--partition: is 201 bytes: must be at most 200"},
 		{name: "enqueue partition with a line break", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--partition", "a\nb", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "--partition: holds a control character"},
 		{name: "enqueue bad cost", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--cost", "tokens", "--api", "http://x", "--api-key", "k"}, code: 1, errOut: "NAME=N"},
-		{name: "pause needs a target", args: []string{"pause", "stripe"}, code: 1, errOut: "--config FILE"},
+		{name: "pause needs a target", args: []string{"pause", "stripe"}, code: 1, errOut: "give --config FILE or $SHAPER_CONFIG"},
 		{name: "pause unknown upstream", args: []string{"pause", "twilio", "--config", good}, code: 1, errOut: `no upstream "twilio"`},
 		{name: "pause negative", args: []string{"pause", "stripe", "--for", "-1s", "--config", good}, code: 1, errOut: "must be positive"},
 		{name: "pause", args: []string{"pause", "stripe", "--for", "10m", "--config", good}, out: "paused stripe for 10m0s"},
@@ -162,6 +164,43 @@ upstreams:
 			}
 			if tc.notHave != "" && strings.Contains(out, tc.notHave) {
 				t.Errorf("stdout %q should not contain %q", out, tc.notHave)
+			}
+		})
+	}
+}
+
+// TestConfigFromEnv checks that $SHAPER_CONFIG stands in for --config on
+// every command that reads a config, and that the flag wins over it.
+func TestConfigFromEnv(t *testing.T) {
+	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
+	env := map[string]string{"SHAPER_CONFIG": good}
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		args   []string
+		code   int
+		out    string
+		errOut string
+	}{
+		{name: "status", env: env, args: []string{"status"}, out: "stripe"},
+		{name: "pause", env: env, args: []string{"pause", "stripe", "--for", "1m"}, out: "paused stripe for 1m0s"},
+		{name: "resume", env: env, args: []string{"resume", "stripe"}, out: "resumed stripe"},
+		{name: "work reads it", env: env, args: []string{"work", "--upstream", "twilio"}, code: 1, errOut: "--upstream twilio: no such upstream"},
+		{name: "serve reads it", env: map[string]string{"SHAPER_CONFIG": "/nonexistent/env.yaml"}, args: []string{"serve"}, code: 1, errOut: "/nonexistent/env.yaml"},
+		{name: "the flag wins", env: map[string]string{"SHAPER_CONFIG": "/nonexistent/env.yaml"}, args: []string{"status", "--config", good}, out: "stripe"},
+		{name: "the flag wins for pause", env: map[string]string{"SHAPER_CONFIG": "/nonexistent/env.yaml"}, args: []string{"resume", "stripe", "--config", good}, out: "resumed stripe"},
+		{name: "--api wins over the environment's config", env: map[string]string{"SHAPER_CONFIG": good}, args: []string{"resume", "stripe", "--api", "http://127.0.0.1:1", "--api-key", "k"}, code: 1, errOut: "127.0.0.1:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, code := run(t, tc.env, "", tc.args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, out, errOut)
+			}
+			if !strings.Contains(out, tc.out) {
+				t.Errorf("stdout %q lacks %q", out, tc.out)
+			}
+			if !strings.Contains(errOut, tc.errOut) {
+				t.Errorf("stderr %q lacks %q", errOut, tc.errOut)
 			}
 		})
 	}

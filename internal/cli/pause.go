@@ -37,7 +37,7 @@ admin key (--api-key or $SHAPER_API_KEY).`,
 			return pauseRun(cmd.Context(), f, opts, args[0], true)
 		},
 	}
-	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to pause through Redis")
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to pause through Redis (default $SHAPER_CONFIG)")
 	cmd.Flags().DurationVar(&opts.duration, "for", 0, "how long to pause (default: until resumed)")
 	opts.api.register(cmd)
 	return cmd
@@ -57,7 +57,7 @@ it again at its configured rate.`,
 			return pauseRun(cmd.Context(), f, opts, args[0], false)
 		},
 	}
-	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to resume through Redis")
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to resume through Redis (default $SHAPER_CONFIG)")
 	opts.api.register(cmd)
 	return cmd
 }
@@ -69,10 +69,15 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 	if opts.duration > status.Indefinitely {
 		return fmt.Errorf("--for %v: at most a year; leave --for out to pause until resumed", opts.duration)
 	}
-	if opts.configPath == "" && opts.api.url(f) == "" {
-		return errors.New("give --config FILE (through Redis) or --api URL (through the API)")
+	// Flags win over the environment, and --config over --api.
+	path := opts.configPath
+	if path == "" && opts.api.api == "" {
+		path = f.configPath("")
 	}
-	if opts.configPath == "" {
+	if path == "" && opts.api.url(f) == "" {
+		return errors.New("give --config FILE or $SHAPER_CONFIG (through Redis), or --api URL or $SHAPER_API_URL (through the API)")
+	}
+	if path == "" {
 		c, err := opts.api.client(f)
 		if err != nil {
 			return err
@@ -87,12 +92,12 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 		}
 		return reportPause(f, name, pause, opts.duration)
 	}
-	cfg, err := f.loadConfig(opts.configPath)
+	cfg, err := f.loadConfig(path)
 	if err != nil {
 		return err
 	}
 	if _, ok := cfg.Upstreams[name]; !ok {
-		return fmt.Errorf("no upstream %q in %s (have: %v)", name, opts.configPath, cfg.UpstreamNames())
+		return fmt.Errorf("no upstream %q in %s (have: %v)", name, path, cfg.UpstreamNames())
 	}
 	rdb, err := f.redisClient(ctx, cfg)
 	if err != nil {

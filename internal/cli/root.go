@@ -126,10 +126,24 @@ func (f *Factory) logger() (*slog.Logger, error) {
 	return log, nil
 }
 
-// loadConfig reads and validates a config file.
+// configPath is --config when given, else $SHAPER_CONFIG, else "".
+func (f *Factory) configPath(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	v, _ := f.LookupEnv("SHAPER_CONFIG")
+	return v
+}
+
+// errNoConfig names both ways to give a config.
+var errNoConfig = errors.New("--config FILE (or $SHAPER_CONFIG) is required")
+
+// loadConfig reads and validates the config file named by --config (the
+// flag's value, passed as path) or else $SHAPER_CONFIG.
 func (f *Factory) loadConfig(path string) (*config.Config, error) {
+	path = f.configPath(path)
 	if path == "" {
-		return nil, errors.New("--config FILE is required")
+		return nil, errNoConfig
 	}
 	return config.Load(path, f.LookupEnv)
 }

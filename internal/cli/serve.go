@@ -54,9 +54,8 @@ GET /metrics, /healthz, /readyz.`,
 			return serveRun(cmd.Context(), f, opts)
 		},
 	}
-	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML)")
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML) (default $SHAPER_CONFIG)")
 	cmd.Flags().StringVar(&opts.listen, "listen", "", "override api.listen")
-	cmd.MarkFlagRequired("config")
 	return cmd
 }
 

@@ -52,12 +52,11 @@ interrupted.`,
 			return statusRun(cmd.Context(), f, opts)
 		},
 	}
-	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML)")
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML) (default $SHAPER_CONFIG)")
 	cmd.Flags().BoolVar(&opts.json, "json", false, "print JSON")
 	cmd.Flags().BoolVarP(&opts.watch, "watch", "w", false, "refresh in place until interrupted")
 	cmd.Flags().DurationVar(&opts.interval, "interval", 2*time.Second, "refresh interval for --watch")
 	cmd.Flags().StringArrayVar(&opts.upstreams, "upstream", nil, "show only this upstream (repeatable)")
-	cmd.MarkFlagRequired("config")
 	return cmd
 }
 

@@ -55,10 +55,9 @@ them when named.`,
 			return workRun(cmd.Context(), f, opts)
 		},
 	}
-	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML)")
+	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML) (default $SHAPER_CONFIG)")
 	cmd.Flags().StringArrayVar(&opts.upstreams, "upstream", nil, "drain only this upstream (repeatable)")
 	cmd.Flags().StringVar(&opts.metricsListen, "metrics-listen", "", "override work.metrics_listen (\"off\" disables)")
-	cmd.MarkFlagRequired("config")
 	return cmd
 }
 
