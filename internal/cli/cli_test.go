@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -35,18 +34,7 @@ func run(t *testing.T, env map[string]string, stdin string, args ...string) (str
 		v, ok := env[k]
 		return v, ok
 	}}
-	root := NewRootCmd(f)
-	root.SetArgs(args)
-	code := 0
-	if err := root.ExecuteContext(context.Background()); err != nil {
-		var ec exitCode
-		if errors.As(err, &ec) {
-			code = int(ec)
-		} else {
-			errOut.WriteString("shaper: " + err.Error() + "\n")
-			code = 1
-		}
-	}
+	code := f.execute(context.Background(), args)
 	return out.String(), errOut.String(), code
 }
 
@@ -423,5 +411,55 @@ func TestEnqueueImpossibleCost(t *testing.T) {
 	want := "shaper: enqueue to llm: 400 Invalid job: " + reason + "\n"
 	if code != 1 || out != "" || errOut != want {
 		t.Fatalf("got exit %d, stdout %q, stderr %q; want 1, nothing, %q", code, out, errOut, want)
+	}
+}
+
+// TestEnqueueWaitExitCodes: enqueue --wait exits 0 when the job succeeds,
+// 2 when it is dead or cancelled, 3 when --wait-timeout passes first, and
+// 1 when waiting fails otherwise.
+func TestEnqueueWaitExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		state   string // what GET answers; "" for a 404
+		timeout string
+		code    int
+		errOut  string
+	}{
+		{name: "succeeded", state: "succeeded", timeout: "10s", code: 0},
+		{name: "dead", state: "dead", timeout: "10s", code: 2},
+		{name: "cancelled", state: "cancelled", timeout: "10s", code: 2},
+		{name: "still queued", state: "queued", timeout: "300ms", code: 3, errOut: "not finished after --wait-timeout 300ms (last seen queued)"},
+		{name: "the API fails", state: "", timeout: "10s", code: 1, errOut: "waiting for demo.default.abc"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == "POST" {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(202)
+					w.Write([]byte(`{"id":"demo.default.abc","state":"queued","upstream":"demo","lane":"default"}`))
+					return
+				}
+				if tc.state == "" {
+					w.Header().Set("Content-Type", "application/problem+json")
+					w.WriteHeader(404)
+					w.Write([]byte(`{"title":"Not found","status":404,"detail":"no such job"}`))
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.Write([]byte(`{"id":"demo.default.abc","state":"` + tc.state + `","upstream":"demo","lane":"default","attempts":1}`))
+			}))
+			defer api.Close()
+			env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
+			out, errOut, code := run(t, env, "", "enqueue", "--upstream", "demo", "--path", "/v1/x", "--wait", "--wait-timeout", tc.timeout)
+			if code != tc.code {
+				t.Fatalf("got exit %d, want %d\nstdout: %s\nstderr: %s", code, tc.code, out, errOut)
+			}
+			if !strings.Contains(errOut, tc.errOut) {
+				t.Errorf("stderr %q lacks %q", errOut, tc.errOut)
+			}
+			if tc.state != "" && tc.state != "queued" && !strings.Contains(out, tc.state) {
+				t.Errorf("stdout %q does not name the outcome %s", out, tc.state)
+			}
+		})
 	}
 }

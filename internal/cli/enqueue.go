@@ -81,7 +81,13 @@ func newCmdEnqueue(f *Factory) *cobra.Command {
 		Short: "Enqueue one job through the API",
 		Long: `Enqueue one job through a running API (shaper serve or shaper dev) and print
 its id and state. With --wait, wait until the job succeeds, dies or is
-cancelled, print the outcome, and exit 1 unless it succeeded.
+cancelled, and print the outcome.
+
+Exit status:
+  0  enqueued (with --wait: the job succeeded)
+  1  any other error: a refused job, an unreachable API, a bad flag
+  2  with --wait: the job is dead (failed for good) or was cancelled
+  3  with --wait: the job had not finished within --wait-timeout
 
 The request body comes from --data, or --data-file (- for stdin).`,
 		Example: `  shaper enqueue --api http://localhost:8080 --api-key "$KEY" --upstream demo --path /v1/hello --data '{"hi":1}'
@@ -140,10 +146,20 @@ func enqueueRun(ctx context.Context, f *Factory, opts *enqueueOptions) error {
 		return err
 	}
 	if opts.wait && job.State != client.StateSucceeded {
-		return exitCode(1)
+		return exitCode(exitDead)
 	}
 	return nil
 }
+
+// The exit codes of enqueue --wait beyond 0 and 1, documented in its help.
+const (
+	exitDead        = 2
+	exitWaitTimeout = 3
+)
+
+// errWaitTimeout ends a wait that outlasted --wait-timeout, so that it is
+// told apart from an interrupt or a failing API.
+var errWaitTimeout = errors.New("wait timeout")
 
 // refusedError is a refusal said once. The server's detail already states
 // every field's problem, and client.Error appends the fields again, so a
@@ -264,16 +280,24 @@ func parseCostFlags(flags []string) (map[string]int64, error) {
 
 // waitForJob waits up to --wait-timeout for the job to finish.
 func waitForJob(ctx context.Context, f *Factory, c *client.Client, opts *enqueueOptions, id string) (*client.Job, error) {
-	ctx, cancel := context.WithTimeout(ctx, opts.waitTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, opts.waitTimeout, errWaitTimeout)
 	defer cancel()
 	if !opts.json {
 		fmt.Fprintf(f.ErrOut, "enqueued %s; waiting for it to finish\n", id)
 	}
 	job, err := c.Wait(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("waiting for %s: %w", id, err)
+	if err == nil {
+		return job, nil
 	}
-	return job, nil
+	if errors.Is(context.Cause(ctx), errWaitTimeout) {
+		state := "unknown"
+		if job != nil {
+			state = string(job.State)
+		}
+		return nil, codedError{code: exitWaitTimeout,
+			err: fmt.Errorf("job %s not finished after --wait-timeout %v (last seen %s)", id, opts.waitTimeout, state)}
+	}
+	return nil, fmt.Errorf("waiting for %s: %w", id, err)
 }
 
 // reportJob prints the job for a person, or as indented JSON.

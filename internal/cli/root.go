@@ -39,17 +39,30 @@ type Factory struct {
 // Main runs the shaper command line and returns the process's exit code.
 func Main(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer) int {
 	f := &Factory{In: in, Out: out, ErrOut: errOut, LookupEnv: os.LookupEnv}
+	return f.execute(ctx, args)
+}
+
+// execute runs one command line and turns its error into an exit code.
+// Cobra prints nothing itself (the root silences errors and usage), so
+// each error reaches stderr once, from here, unless the command already
+// explained it and returned a bare exitCode.
+func (f *Factory) execute(ctx context.Context, args []string) int {
 	root := NewRootCmd(f)
 	root.SetArgs(args)
-	if err := root.ExecuteContext(ctx); err != nil {
-		var ec exitCode
-		if errors.As(err, &ec) {
-			return int(ec)
-		}
-		fmt.Fprintf(errOut, "shaper: %v\n", err)
-		return 1
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
 	}
-	return 0
+	var ec exitCode
+	if errors.As(err, &ec) {
+		return int(ec)
+	}
+	fmt.Fprintf(f.ErrOut, "shaper: %v\n", err)
+	var ce codedError
+	if errors.As(err, &ce) {
+		return ce.code
+	}
+	return 1
 }
 
 // exitCode ends the process with a code after the command printed its own
@@ -57,6 +70,16 @@ func Main(ctx context.Context, args []string, in io.Reader, out, errOut io.Write
 type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// codedError is an error printed as any other, that ends the process with
+// its own code rather than 1.
+type codedError struct {
+	code int
+	err  error
+}
+
+func (e codedError) Error() string { return e.err.Error() }
+func (e codedError) Unwrap() error { return e.err }
 
 // NewRootCmd builds the command tree.
 func NewRootCmd(f *Factory) *cobra.Command {
