@@ -463,3 +463,42 @@ func TestEnqueueWaitExitCodes(t *testing.T) {
 		})
 	}
 }
+
+// TestErrorsPrintedOnce: whatever fails, cobra prints neither the error
+// nor the usage, and the command line prints the error once.
+func TestErrorsPrintedOnce(t *testing.T) {
+	bad := writeFile(t, "bad.yaml", "upstreams:\n  stripe:\n    base_url: ftp://x\n    limits: [{rate: 0, per: 1s}]\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // the error's text, to be found exactly once
+	}{
+		{name: "unknown command", args: []string{"launch"}, want: `unknown command "launch"`},
+		{name: "unknown flag", args: []string{"status", "--bogus"}, want: "unknown flag: --bogus"},
+		{name: "bad flag value", args: []string{"status", "--interval", "soon"}, want: `invalid argument "soon"`},
+		{name: "too many arguments", args: []string{"version", "extra"}, want: `unknown command "extra"`},
+		{name: "missing argument", args: []string{"pause"}, want: "accepts 1 arg(s), received 0"},
+		{name: "missing required flag", args: []string{"enqueue", "--path", "/x"}, want: `"upstream" not set`},
+		{name: "no config", args: []string{"work"}, want: "--config FILE (or $SHAPER_CONFIG) is required"},
+		{name: "invalid config", args: []string{"config", "validate", bad}, want: "rate 0: must be at least 1"},
+		{name: "unreachable API", args: []string{"enqueue", "--upstream", "s", "--path", "/x", "--api", "http://127.0.0.1:1", "--api-key", "k", "--retry", "0"}, want: "connection refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, code := run(t, nil, "", tc.args...)
+			if code == 0 {
+				t.Fatalf("exit 0, want a failure\nstdout: %s\nstderr: %s", out, errOut)
+			}
+			if n := strings.Count(errOut, tc.want); n != 1 {
+				t.Errorf("stderr has %q %d times, want once:\n%s", tc.want, n, errOut)
+			}
+			if n := strings.Count(errOut, "shaper: "); n > 1 {
+				t.Errorf("stderr has %d error lines, want at most one:\n%s", n, errOut)
+			}
+			for _, noise := range []string{"Error:", "Usage:"} {
+				if strings.Contains(out+errOut, noise) {
+					t.Errorf("output has cobra's %q:\nstdout: %s\nstderr: %s", noise, out, errOut)
+				}
+			}
+		})
+	}
+}
