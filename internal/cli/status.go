@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"os/signal"
 	"sort"
 	"strconv"
@@ -43,7 +44,8 @@ partitions have backlog and the busiest of them.
 Everything comes from Redis: workers record what they send there, so status
 needs no running worker or API. --json prints the same fields as
 GET /v1/upstreams, stable for scripts. --watch redraws in place until
-interrupted.`,
+interrupted; when stdout is not a terminal it prints plain snapshots, a
+blank line apart, with no escape codes.`,
 		Example: `  shaper status --config shaper.yaml
   shaper status --config shaper.yaml --watch --interval 1s
   shaper status --config shaper.yaml --json --upstream stripe | jq .upstreams[0].drain_rate`,
@@ -91,7 +93,10 @@ func statusRun(ctx context.Context, f *Factory, opts *statusOptions) error {
 	if len(names) == 0 {
 		names = st.Names()
 	}
-	for {
+	// Redraw in place only on a terminal; a pipe or file gets plain
+	// snapshots, a blank line apart, with no escape codes to strip.
+	redraw := isTerminal(f.Out)
+	for first := true; ; first = false {
 		var all []status.Upstream
 		for _, n := range names {
 			u, err := st.Upstream(ctx, n)
@@ -104,8 +109,13 @@ func statusRun(ctx context.Context, f *Factory, opts *statusOptions) error {
 			all = append(all, u)
 		}
 		if opts.watch && !opts.json {
-			// Home the cursor and clear, as top does.
-			fmt.Fprint(f.Out, "\x1b[H\x1b[2J")
+			switch {
+			case redraw:
+				// Home the cursor and clear, as top does.
+				fmt.Fprint(f.Out, "\x1b[H\x1b[2J")
+			case !first:
+				fmt.Fprintln(f.Out)
+			}
 			fmt.Fprintf(f.Out, "shaper status — %s (every %v, Ctrl-C to stop)\n\n", time.Now().Format("15:04:05"), opts.interval)
 		}
 		if opts.json {
@@ -280,4 +290,15 @@ func humanDuration(d time.Duration) string {
 		return strings.TrimSuffix(r.String(), "0s")
 	}
 	return fmt.Sprintf("%.0fd", math.Round(d.Hours()/24))
+}
+
+// isTerminal reports whether w is a terminal (a character device), where
+// escape codes may redraw the screen.
+func isTerminal(w io.Writer) bool {
+	file, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := file.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

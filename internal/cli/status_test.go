@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"bytes"
+	"context"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +88,44 @@ func TestLimitLines(t *testing.T) {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestStatusWatchPlain: --watch into something that is not a terminal (a
+// buffer, a pipe) prints plain snapshots a blank line apart, with no
+// escape codes.
+func TestStatusWatchPlain(t *testing.T) {
+	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
+	var out, errOut bytes.Buffer
+	f := &Factory{In: strings.NewReader(""), Out: &out, ErrOut: &errOut, LookupEnv: func(string) (string, bool) { return "", false }}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if code := f.execute(ctx, []string{"status", "--config", good, "--watch", "--interval", "200ms"}); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	got := out.String()
+	if strings.Contains(got, "\x1b") {
+		t.Fatalf("output holds escape codes: %q", got)
+	}
+	snapshots := strings.Split(got, "\n\nshaper status — ")
+	if len(snapshots) < 2 {
+		t.Fatalf("got %d snapshot(s), want at least 2 a blank line apart:\n%s", len(snapshots), got)
+	}
+	if !strings.HasPrefix(got, "shaper status — ") {
+		t.Errorf("output starts %q, want the first snapshot's header", got[:min(len(got), 40)])
+	}
+	for i, s := range snapshots {
+		if !strings.Contains(s, "UPSTREAM") || !strings.Contains(s, "stripe") {
+			t.Errorf("snapshot %d lacks the table:\n%s", i, s)
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if isTerminal(w) {
+		t.Errorf("isTerminal(pipe) = true, want false")
 	}
 }
