@@ -90,7 +90,8 @@ upstreams:
 		errOut  string // substring of stderr
 		notHave string
 	}{
-		{name: "version", args: []string{"version"}, out: "shaper dev (go1."},
+		{name: "version", args: []string{"version"}, out: "shaper dev (revision "},
+		{name: "version names go", args: []string{"version"}, out: ", go1."},
 		{name: "--version", args: []string{"--version"}, out: "shaper version dev"},
 		{name: "help lists every command", args: []string{"--help"}, out: "status"},
 		{name: "work help has examples", args: []string{"work", "--help"}, out: "shaper work --config shaper.yaml --upstream stripe"},

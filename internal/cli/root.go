@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shaperhq/shaper/config"
+	"github.com/shaperhq/shaper/metrics"
 )
 
 // Version is set at build time with -ldflags "-X ...cli.Version=v1.2.3".
@@ -94,8 +95,9 @@ jobs in; the status command shows drain rates, backlog and time to drain.
 Start with "shaper dev": everything in one process, no setup.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       Version,
 	}
+	buildVersion, _, _ := metrics.Build()
+	root.Version = shownVersion(Version, buildVersion)
 	root.SetIn(f.In)
 	root.SetOut(f.Out)
 	root.SetErr(f.ErrOut)
