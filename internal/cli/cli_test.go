@@ -503,3 +503,84 @@ func TestErrorsPrintedOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusThroughAPI: status --api reads a real API server and shows
+// what status --config reads from Redis, without a config.
+func TestStatusThroughAPI(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
+	ups := []shaper.Upstream{
+		{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: []leaky.Limit{leaky.PerSecond(100)}, Lanes: map[string]int{"default": 1, "bulk": 1}},
+	}
+	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	st, err := status.NewReader(rdb, q, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{{Name: "ops", Secret: "k1", Admin: true}},
+		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(s.Handler())
+	defer api.Close()
+	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
+	for i := 0; i < 3; i++ {
+		if _, errOut, code := run(t, env, "", "enqueue", "--upstream", "stripe", "--path", "/v1/refunds", "--lane", "bulk"); code != 0 {
+			t.Fatalf("enqueue: exit %d: %s", code, errOut)
+		}
+	}
+	if _, errOut, code := run(t, env, "", "pause", "stripe"); code != 0 {
+		t.Fatalf("pause: exit %d: %s", code, errOut)
+	}
+
+	want, errOut, code := run(t, nil, "", "status", "--config", good)
+	if code != 0 {
+		t.Fatalf("status --config: exit %d: %s", code, errOut)
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+	}{
+		{name: "flags", args: []string{"status", "--api", api.URL, "--api-key", "k1"}},
+		{name: "environment", env: env, args: []string{"status"}},
+		{name: "one upstream", env: env, args: []string{"status", "--upstream", "stripe"}},
+		{name: "--api wins over $SHAPER_CONFIG", env: map[string]string{"SHAPER_CONFIG": "/nonexistent.yaml", "SHAPER_API_KEY": "k1"}, args: []string{"status", "--api", api.URL}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, errOut, code := run(t, tc.env, "", tc.args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			if got != want {
+				t.Errorf("through the API:\n%s\nwant what Redis shows:\n%s", got, want)
+			}
+			if !strings.Contains(got, "bulk=3") || !strings.Contains(got, "until resumed") {
+				t.Errorf("got:\n%s\nwant the bulk backlog of 3 and the pause", got)
+			}
+		})
+	}
+
+	out, errOut, code := run(t, env, "", "status", "--json")
+	var doc struct {
+		Upstreams []status.Upstream `json:"upstreams"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &doc) != nil || len(doc.Upstreams) != 1 || doc.Upstreams[0].Backlog.Total != 3 || doc.Upstreams[0].PausedUntil == nil {
+		t.Fatalf("status --api --json: exit %d, %s %s: want stripe with backlog 3, paused", code, out, errOut)
+	}
+	_, errOut, code = run(t, env, "", "status", "--upstream", "twilio")
+	if code != 1 || !strings.Contains(errOut, "twilio") {
+		t.Errorf("unknown upstream through the API: exit %d, stderr %q", code, errOut)
+	}
+	_, errOut, code = run(t, map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "wrong"}, "", "status")
+	if code != 1 || strings.Count(errOut, "shaper: ") != 1 {
+		t.Errorf("wrong key: exit %d, stderr %q; want one error", code, errOut)
+	}
+}

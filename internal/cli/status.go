@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -17,12 +18,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shaperhq/shaper/client"
 	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/status"
 )
 
 type statusOptions struct {
 	configPath string
+	api        apiFlags
 	json       bool
 	watch      bool
 	interval   time.Duration
@@ -32,7 +35,7 @@ type statusOptions struct {
 func newCmdStatus(f *Factory) *cobra.Command {
 	opts := &statusOptions{}
 	cmd := &cobra.Command{
-		Use:   "status --config FILE [--json] [--watch]",
+		Use:   "status (--config FILE | --api URL) [--json] [--watch]",
 		Short: "Show each upstream's limits, drain rate, backlog and time to drain",
 		Long: `Show, per upstream and across all replicas: the configured limits, the rate
 jobs were sent at over the last 10 and 60 seconds, the backlog by lane, jobs
@@ -41,14 +44,20 @@ when), and how long the backlog takes to drain at the current rate. Below
 the table, an upstream whose jobs carry partitions gets a line with how many
 partitions have backlog and the busiest of them.
 
-Everything comes from Redis: workers record what they send there, so status
-needs no running worker or API. --json prints the same fields as
+With --config (or $SHAPER_CONFIG) everything comes from Redis: workers
+record what they send there, so status needs no running worker or API. With
+--api URL and --api-key (or $SHAPER_API_URL and $SHAPER_API_KEY) it reads a
+running "shaper serve" or "shaper dev" through GET /v1/upstreams instead, and
+needs no config. A --config flag wins over --api, and flags over the
+environment. --json prints the same fields as
 GET /v1/upstreams, stable for scripts. --watch redraws in place until
 interrupted; when stdout is not a terminal it prints plain snapshots, a
 blank line apart, with no escape codes.`,
 		Example: `  shaper status --config shaper.yaml
   shaper status --config shaper.yaml --watch --interval 1s
-  shaper status --config shaper.yaml --json --upstream stripe | jq .upstreams[0].drain_rate`,
+  shaper status --config shaper.yaml --json --upstream stripe | jq .upstreams[0].drain_rate
+  shaper status --api http://localhost:8080 --api-key "$KEY" --watch
+  SHAPER_CONFIG=/etc/shaper.yaml shaper status`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return statusRun(cmd.Context(), f, opts)
@@ -59,6 +68,7 @@ blank line apart, with no escape codes.`,
 	cmd.Flags().BoolVarP(&opts.watch, "watch", "w", false, "refresh in place until interrupted")
 	cmd.Flags().DurationVar(&opts.interval, "interval", 2*time.Second, "refresh interval for --watch")
 	cmd.Flags().StringArrayVar(&opts.upstreams, "upstream", nil, "show only this upstream (repeatable)")
+	opts.api.register(cmd)
 	return cmd
 }
 
@@ -66,47 +76,23 @@ func statusRun(ctx context.Context, f *Factory, opts *statusOptions) error {
 	if opts.interval < 100*time.Millisecond {
 		return fmt.Errorf("--interval %v: must be at least 100ms", opts.interval)
 	}
-	cfg, err := f.loadConfig(opts.configPath)
-	if err != nil {
-		return err
-	}
-	if _, err := selectUpstreams(cfg, opts.upstreams); err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rdb, err := f.redisClient(ctx, cfg)
+	read, done, err := statusSource(ctx, f, opts)
 	if err != nil {
 		return err
 	}
-	defer rdb.Close()
-	q, err := queue.New(rdb, queueConfig(cfg))
-	if err != nil {
-		return err
-	}
-	defer q.Close()
-	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
-	if err != nil {
-		return err
-	}
-	names := opts.upstreams
-	if len(names) == 0 {
-		names = st.Names()
-	}
+	defer done()
 	// Redraw in place only on a terminal; a pipe or file gets plain
 	// snapshots, a blank line apart, with no escape codes to strip.
 	redraw := isTerminal(f.Out)
 	for first := true; ; first = false {
-		var all []status.Upstream
-		for _, n := range names {
-			u, err := st.Upstream(ctx, n)
-			if err != nil {
-				if ctx.Err() != nil && opts.watch {
-					return nil
-				}
-				return err
+		all, err := read(ctx)
+		if err != nil {
+			if ctx.Err() != nil && opts.watch {
+				return nil
 			}
-			all = append(all, u)
+			return err
 		}
 		if opts.watch && !opts.json {
 			switch {
@@ -138,6 +124,94 @@ func statusRun(ctx context.Context, f *Factory, opts *statusOptions) error {
 		case <-time.After(opts.interval):
 		}
 	}
+}
+
+// statusSource picks where status reads from: Redis through the config
+// (--config, else --api, else $SHAPER_CONFIG, else $SHAPER_API_URL), or a
+// running API. done releases what it opened.
+func statusSource(ctx context.Context, f *Factory, opts *statusOptions) (read func(context.Context) ([]status.Upstream, error), done func(), err error) {
+	path := opts.configPath
+	if path == "" && opts.api.api == "" {
+		path = f.configPath("")
+	}
+	if path == "" && opts.api.url(f) != "" {
+		c, err := opts.api.client(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context) ([]status.Upstream, error) { return remoteStatus(ctx, c, opts.upstreams) }, func() {}, nil
+	}
+	if path == "" {
+		return nil, nil, errors.New("--config FILE (or $SHAPER_CONFIG) is required, or --api URL (or $SHAPER_API_URL) to read a running API")
+	}
+	cfg, err := f.loadConfig(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := selectUpstreams(cfg, opts.upstreams); err != nil {
+		return nil, nil, err
+	}
+	rdb, err := f.redisClient(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	q, err := queue.New(rdb, queueConfig(cfg))
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
+	if err != nil {
+		q.Close()
+		rdb.Close()
+		return nil, nil, err
+	}
+	names := opts.upstreams
+	if len(names) == 0 {
+		names = st.Names()
+	}
+	read = func(ctx context.Context) ([]status.Upstream, error) {
+		var all []status.Upstream
+		for _, n := range names {
+			u, err := st.Upstream(ctx, n)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, u)
+		}
+		return all, nil
+	}
+	return read, func() { q.Close(); rdb.Close() }, nil
+}
+
+// remoteStatus reads the named upstreams (all when none are named) from a
+// running API. The API's JSON is the one status --json prints, so it is
+// decoded into the same type the table is drawn from.
+func remoteStatus(ctx context.Context, c *client.Client, names []string) ([]status.Upstream, error) {
+	var got []client.UpstreamStatus
+	if len(names) == 0 {
+		all, err := c.Upstreams(ctx)
+		if err != nil {
+			return nil, err
+		}
+		got = all
+	}
+	for _, n := range names {
+		u, err := c.Upstream(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		got = append(got, *u)
+	}
+	b, err := json.Marshal(got)
+	if err != nil {
+		return nil, err
+	}
+	var all []status.Upstream
+	if err := json.Unmarshal(b, &all); err != nil {
+		return nil, fmt.Errorf("read the API's upstreams: %w", err)
+	}
+	return all, nil
 }
 
 // printStatus renders statuses as a table, one upstream per row, then a
