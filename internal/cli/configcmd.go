@@ -13,6 +13,11 @@ func newCmdConfig(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "config",
 		Short: "Work with config files",
+		Long: `Work with config files. "validate" checks one without starting anything:
+run it in CI, or before a deploy, on every config you ship.`,
+		Example: `  shaper config validate shaper.yaml
+  STRIPE_SECRET_KEY=x OPENAI_API_KEY=x shaper config validate deploy/shaper.example.yaml
+  for f in deploy/*.yaml; do shaper config validate "$f" || exit 1; done`,
 	}
 	cmd.AddCommand(newCmdConfigValidate(f))
 	return cmd

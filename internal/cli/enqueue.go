@@ -121,6 +121,9 @@ The request body comes from --data, or --data-file (- for stdin).`,
 	fl.BoolVar(&opts.json, "json", false, "print the job as JSON")
 	fl.IntVar(&opts.retry, "retry", 3, "retries of a 429 or 503, honouring Retry-After")
 	cmd.MarkFlagRequired("upstream")
+	// enqueue has no --config; $SHAPER_CONFIG or the API names upstreams.
+	var noConfig string
+	cmd.RegisterFlagCompletionFunc("upstream", f.upstreamCompleter(&noConfig, &opts.api))
 	return cmd
 }
 

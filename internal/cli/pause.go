@@ -40,6 +40,7 @@ admin key (--api-key or $SHAPER_API_KEY).`,
 	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to pause through Redis (default $SHAPER_CONFIG)")
 	cmd.Flags().DurationVar(&opts.duration, "for", 0, "how long to pause (default: until resumed)")
 	opts.api.register(cmd)
+	cmd.ValidArgsFunction = argsCompleter(f.upstreamCompleter(&opts.configPath, &opts.api))
 	return cmd
 }
 
@@ -59,6 +60,7 @@ it again at its configured rate.`,
 	}
 	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to resume through Redis (default $SHAPER_CONFIG)")
 	opts.api.register(cmd)
+	cmd.ValidArgsFunction = argsCompleter(f.upstreamCompleter(&opts.configPath, &opts.api))
 	return cmd
 }
 

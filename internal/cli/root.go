@@ -117,6 +117,7 @@ Start with "shaper dev": everything in one process, no setup.`,
 		newCmdConfig(f),
 		newCmdVersion(f),
 	)
+	addCompletionCmd(root)
 	return root
 }
 

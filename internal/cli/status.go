@@ -69,6 +69,7 @@ blank line apart, with no escape codes.`,
 	cmd.Flags().DurationVar(&opts.interval, "interval", 2*time.Second, "refresh interval for --watch")
 	cmd.Flags().StringArrayVar(&opts.upstreams, "upstream", nil, "show only this upstream (repeatable)")
 	opts.api.register(cmd)
+	cmd.RegisterFlagCompletionFunc("upstream", f.upstreamCompleter(&opts.configPath, &opts.api))
 	return cmd
 }
 

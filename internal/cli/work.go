@@ -58,6 +58,7 @@ them when named.`,
 	cmd.Flags().StringVarP(&opts.configPath, "config", "c", "", "config file (YAML) (default $SHAPER_CONFIG)")
 	cmd.Flags().StringArrayVar(&opts.upstreams, "upstream", nil, "drain only this upstream (repeatable)")
 	cmd.Flags().StringVar(&opts.metricsListen, "metrics-listen", "", "override work.metrics_listen (\"off\" disables)")
+	cmd.RegisterFlagCompletionFunc("upstream", f.upstreamCompleter(&opts.configPath, nil))
 	return cmd
 }
 
