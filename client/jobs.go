@@ -54,7 +54,8 @@ type JobRequest struct {
 	// Cost is the job's amounts by name, e.g. {"tokens": 1200}, counted
 	// against the upstream's limits that name them.
 	Cost map[string]int64
-	// Lane picks one of the upstream's queues; its first lane when empty.
+	// Lane picks one of the upstream's lanes; empty is the lane named
+	// "default", which every upstream has.
 	Lane string
 	// IdempotencyKey makes a repeat of the request return the first job
 	// (with Job.Existing set) instead of making another, and is sent to
@@ -378,8 +379,8 @@ func (c *Client) Get(ctx context.Context, id string) (*Job, error) {
 }
 
 // Cancel stops a job that has not been dispatched and returns it, now
-// cancelled. A job being dispatched or already finished cannot be
-// cancelled: that is ErrConflict.
+// cancelled. A job being dispatched or already finished (cancelled
+// included: a second Cancel) cannot be cancelled: that is ErrConflict.
 func (c *Client) Cancel(ctx context.Context, id string) (*Job, error) {
 	if id == "" {
 		return nil, errors.New("cancel job: empty id")

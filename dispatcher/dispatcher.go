@@ -142,6 +142,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 		}
 		d.ups[uc.Name] = u
 		d.order = append(d.order, uc.Name)
+		d.m.InitDispatch(uc.Name)
 	}
 	return d, nil
 }

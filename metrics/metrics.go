@@ -191,3 +191,60 @@ func Build() (version, revision, goversion string) {
 	}
 	return
 }
+
+// UnknownUpstream is the upstream label of jobs refused because they name
+// no configured upstream, so that a typo cannot mint a label.
+const UnknownUpstream = "unknown"
+
+// The label values below are the README's, listed next to the metrics so
+// that every documented series exists at 0 from the start: a rate() or an
+// alert over a series that appears only with its first event sees nothing
+// before it, and "no data" reads like "no trouble".
+
+// InitDispatch creates, at 0, every series a worker exports for upstream,
+// with each documented label value, so that they exist before their first
+// event.
+func (m *Metrics) InitDispatch(upstream string) {
+	for _, o := range []string{"succeeded", "retry", "dead", "deferred", "expired"} {
+		m.Dispatches.WithLabelValues(upstream, o)
+	}
+	for _, c := range []string{"2xx", "3xx", "4xx", "429", "5xx", "error"} {
+		m.UpstreamResponses.WithLabelValues(upstream, c)
+	}
+	// Workers place these blocks; a pause is placed through the API
+	// (InitEnqueue).
+	for _, r := range []string{"429", "quota_exhausted", "stated_limit"} {
+		m.UpstreamBlocks.WithLabelValues(upstream, r)
+	}
+	m.PacingWait.WithLabelValues(upstream)
+	m.RequestDuration.WithLabelValues(upstream)
+	m.LateSlots.WithLabelValues(upstream)
+	m.InFlight.WithLabelValues(upstream)
+	m.UpstreamPaused.WithLabelValues(upstream)
+}
+
+// InitEnqueue creates, at 0, every series the API exports for upstream and
+// its lanes: jobs enqueued per lane, jobs refused per documented reason,
+// and pauses placed through the API.
+func (m *Metrics) InitEnqueue(upstream string, lanes []string) {
+	for _, l := range lanes {
+		m.JobsEnqueued.WithLabelValues(upstream, l)
+	}
+	for _, r := range []string{"invalid", "rate_limited", "backlog_full", "store_error"} {
+		m.JobsRejected.WithLabelValues(upstream, r)
+	}
+	m.UpstreamBlocks.WithLabelValues(upstream, "pause")
+}
+
+// InitAPI creates, at 0, the API's series that belong to no upstream:
+// admission decisions by result, and jobs refused before their upstream
+// was known (a batch refused whole, a body that does not parse) or because
+// it is not configured.
+func (m *Metrics) InitAPI() {
+	for _, r := range []string{"allowed", "denied", "fail_open", "fail_closed", "local"} {
+		m.AdmissionDecisions.WithLabelValues(r)
+	}
+	for _, r := range []string{"unknown_upstream", "invalid", "rate_limited"} {
+		m.JobsRejected.WithLabelValues(UnknownUpstream, r)
+	}
+}

@@ -480,9 +480,9 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 	}
 	switch info.State {
 	case StateQueued, StateScheduled, StateRetrying:
-	case StateCancelled:
-		return info, nil
 	default:
+		// A cancelled job included: a second cancel is told it came too
+		// late, as for any finished job, and never reads as its success.
 		return info, fmt.Errorf("job %s is %s: %w", id, info.State, ErrNotCancellable)
 	}
 	ttl := q.ups[info.Upstream].DeadRetention

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -95,7 +96,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	if !s.admit(w, r, charge) {
 		if bad != nil {
-			s.m.JobsRejected.WithLabelValues("unknown", "rate_limited").Inc()
+			s.m.JobsRejected.WithLabelValues(metrics.UnknownUpstream, "rate_limited").Inc()
 		}
 		for _, it := range items {
 			s.m.JobsRejected.WithLabelValues(s.upstreamLabel(it.req.Upstream), "rate_limited").Inc()
@@ -103,7 +104,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if bad != nil {
-		s.m.JobsRejected.WithLabelValues("unknown", "invalid").Inc()
+		s.m.JobsRejected.WithLabelValues(metrics.UnknownUpstream, "invalid").Inc()
 		writeProblem(w, *bad)
 		return
 	}
@@ -233,7 +234,7 @@ func (s *Server) upstreamLabel(name string) string {
 	if _, ok := s.ups[name]; ok {
 		return name
 	}
-	return "unknown"
+	return metrics.UnknownUpstream
 }
 
 func summarize(errs []fieldError) string {

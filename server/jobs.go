@@ -75,32 +75,47 @@ func (p *fieldProblems) has(field string) bool {
 // for: 404 for an unknown upstream, else 400.
 func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix string) (*queue.Job, int, []fieldError) {
 	p := &fieldProblems{prefix: prefix}
-	if req.Upstream == "" {
-		p.add("upstream", "is required")
-		return nil, http.StatusBadRequest, p.list
-	}
+	status := http.StatusBadRequest
 	up, ok := s.ups[req.Upstream]
-	if !ok {
+	switch {
+	case req.Upstream == "":
+		p.add("upstream", "is required")
+	case !ok:
 		p.add("upstream", "no upstream %q is configured (have: %s)", req.Upstream, strings.Join(s.upstreamNames(), ", "))
-		return nil, http.StatusNotFound, p.list
+		status = http.StatusNotFound
 	}
 	job := &queue.Job{Tenant: k.Tenant, Upstream: req.Upstream, Lane: req.Lane, Headers: req.Headers,
 		Cost: req.Cost, IdempotencyKey: req.IdempotencyKey, MaxAttempts: req.MaxAttempts, CreatedAt: now.UTC()}
-	if up.BaseURL == "" {
+	// Without its upstream a job is still checked as far as it can be, so
+	// that a producer hears of every mistake in one answer rather than one
+	// per attempt.
+	switch {
+	case !ok:
+		checkMethod(p, req)
+	case up.BaseURL == "":
 		checkTask(p, up, req, job)
-	} else {
+	default:
 		checkRequest(p, up, req, job)
 	}
 	checkBody(p, req, job)
-	checkCost(p, up, req)
-	checkPartition(p, up, req, job)
-	checkLane(p, up, req)
+	if ok {
+		checkCost(p, up, req)
+		checkPartition(p, up, req, job)
+		checkLane(p, up, req)
+	}
 	checkAttempts(p, req)
 	checkSchedule(p, req, job, now)
 	if len(p.list) > 0 {
-		return nil, http.StatusBadRequest, p.list
+		return nil, status, p.list
 	}
 	return job, 0, nil
+}
+
+// checkMethod reads method, which must be one shaper sends.
+func checkMethod(p *fieldProblems, req *JobRequest) {
+	if req.Method != "" && !methodAllowed(strings.ToUpper(req.Method)) {
+		p.add("method", "%q: must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", req.Method)
+	}
 }
 
 // checkTask reads a job for a Go handler upstream: a named task, and no
@@ -131,11 +146,8 @@ func checkRequest(p *fieldProblems, up upstreamEntry, req *JobRequest, job *queu
 			p.add("path", "%v", err)
 		}
 	}
-	method := strings.ToUpper(req.Method)
-	if req.Method != "" && !methodAllowed(method) {
-		p.add("method", "%q: must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS", req.Method)
-	}
-	job.Method, job.Path = method, req.Path
+	checkMethod(p, req)
+	job.Method, job.Path = strings.ToUpper(req.Method), req.Path
 	// Header names and values must be sendable, and not the ones the HTTP
 	// client or the workers set.
 	names := slices.Sorted(maps.Keys(req.Headers))

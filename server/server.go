@@ -164,7 +164,9 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 			e.headers[http.CanonicalHeaderKey(h)] = true
 		}
 		s.ups[u.Name] = e
+		s.m.InitEnqueue(u.Name, u.LaneNames())
 	}
+	s.m.InitAPI()
 	tb, err := tokenbucket.New(rdb, cfg.Admission, tokenbucket.Config{Prefix: cfg.Prefix})
 	if err != nil {
 		return nil, fmt.Errorf("server: admission: %w", err)

@@ -32,7 +32,7 @@ references. Every problem is listed with its line and field, and the exit
 status is 1 if there is any. A valid config is summarised: each upstream's
 limits and the rate a full backlog drains at.`,
 		Example: `  shaper config validate shaper.yaml
-  STRIPE_SECRET_KEY=sk_test_x shaper config validate deploy/shaper.example.yaml`,
+  STRIPE_SECRET_KEY=sk_test_x OPENAI_API_KEY=sk-x shaper config validate deploy/shaper.example.yaml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := config.Load(args[0], f.LookupEnv)
