@@ -32,6 +32,7 @@ import (
 
 const (
 	rulesFile     = "prometheus/shaper-alerts.yaml"
+	rulesTestFile = "prometheus/shaper-alerts.test.yaml"
 	dashboardFile = "grafana/shaper-dashboard.json"
 )
 
@@ -54,6 +55,15 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 	out, err := exec.Command(promtool(t), "check", "rules", rulesFile).CombinedOutput()
 	if err != nil {
 		t.Fatalf("promtool check rules %s: %v\n%s", rulesFile, err, out)
+	}
+}
+
+// The rules' own tests: each alert fires on series that should raise it,
+// with its labels and annotations, and not on those beside them.
+func TestAlertRulesFireWhenTheyShould(t *testing.T) {
+	out, err := exec.Command(promtool(t), "test", "rules", rulesTestFile).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool test rules %s: %v\n%s", rulesTestFile, err, out)
 	}
 }
 
