@@ -233,6 +233,39 @@ func TestDashboardPanels(t *testing.T) {
 
 var metricName = regexp.MustCompile(`\bshaper_[a-z0-9_]+`)
 
+// selector is a metric name and its label matchers, if any.
+var selector = regexp.MustCompile(`\b(shaper_[a-z0-9_]+)(\{[^}]*\})?`)
+
+// perUpstream are the metrics with an upstream label (the README's Metrics
+// table), which every panel must filter by the $upstream variable.
+var perUpstream = []string{
+	"shaper_jobs_enqueued_total", "shaper_jobs_rejected_total", "shaper_dispatches_total",
+	"shaper_upstream_responses_total", "shaper_upstream_request_duration_seconds_bucket",
+	"shaper_pacing_wait_seconds_bucket", "shaper_pacing_late_slots_total", "shaper_backlog_jobs",
+	"shaper_dispatch_in_flight", "shaper_upstream_paused", "shaper_upstream_blocks_total",
+	"shaper_upstream_limit_rate",
+}
+
+func TestDashboardFiltersByUpstream(t *testing.T) {
+	filtered := 0
+	for _, p := range allPanels(readDashboard(t).Panels) {
+		for _, tg := range p.Targets {
+			for _, m := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+				if !slices.Contains(perUpstream, m[1]) {
+					continue
+				}
+				if !strings.Contains(m[2], `upstream=~"$upstream"`) {
+					t.Errorf("panel %q, target %s: %s%s is not filtered by $upstream", p.Title, tg.RefID, m[1], m[2])
+				}
+				filtered++
+			}
+		}
+	}
+	if filtered < 10 {
+		t.Errorf("found %d per-upstream selectors in the panels, want at least 10", filtered)
+	}
+}
+
 // queried is every shaper metric named by a rule's expression or a panel's
 // query (and the $upstream variable's), with where it is used.
 func queried(t *testing.T) map[string][]string {
