@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine as root or on a developer's.
-# Installs redis-server and redis-cli from Debian's packages when missing,
+# Installs redis-server, redis-cli and promtool from Debian's packages when missing,
 # then runs every package's tests with the race detector and vets the bench module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 need_install=()
 command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_install+=(redis-tools)
+command -v promtool >/dev/null 2>&1 || need_install+=(prometheus)
 if [ ${#need_install[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "test.sh: ${need_install[*]} missing; run as root or: sudo apt-get install -y ${need_install[*]}" >&2
@@ -19,6 +20,10 @@ if [ ${#need_install[@]} -gt 0 ]; then
     apt-get update >/dev/null
     apt-get install -y "${need_install[@]}" >/dev/null
   }
+  # Only promtool is used; the services the prometheus package starts are not.
+  if [[ " ${need_install[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1; then
+    systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  fi
 fi
 # The package's own service is not needed: the tests start their own servers.
 if command -v systemctl >/dev/null 2>&1; then systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
