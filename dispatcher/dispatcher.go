@@ -144,6 +144,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 		d.order = append(d.order, uc.Name)
 		d.m.InitDispatch(uc.Name)
 	}
+	d.m.InitRedisErrors("pacing", "secrets", "results")
 	return d, nil
 }
 

@@ -244,7 +244,16 @@ func (m *Metrics) InitAPI() {
 	for _, r := range []string{"allowed", "denied", "fail_open", "fail_closed", "local"} {
 		m.AdmissionDecisions.WithLabelValues(r)
 	}
+	m.InitRedisErrors("admission", "enqueue", "jobs", "pacing", "status")
 	for _, r := range []string{"unknown_upstream", "invalid", "rate_limited"} {
 		m.JobsRejected.WithLabelValues(UnknownUpstream, r)
+	}
+}
+
+// InitRedisErrors creates, at 0, the Redis error series of the components
+// a process has, so that an alert on their increase sees the first error.
+func (m *Metrics) InitRedisErrors(components ...string) {
+	for _, c := range components {
+		m.RedisErrors.WithLabelValues(c)
 	}
 }
