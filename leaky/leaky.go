@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -109,11 +110,18 @@ type BucketConfig struct {
 
 // Bucket paces one upstream. Build it with Pacer.Bucket.
 type Bucket struct {
-	p        *Pacer
-	name     string
-	cfg      BucketConfig
-	params   []gcra.Params
-	keys     []string // block, leases, one TAT per limit
+	p      *Pacer
+	name   string
+	cfg    BucketConfig
+	params []gcra.Params
+	keys   []string // block, leases, one TAT per limit
+	// reserveKeys are keys plus the dynamic limits' (dynKeys), stateKeys
+	// keys plus the dyn hash: built once, since a shared slice appended to
+	// on every call could be written by two calls at once.
+	reserveKeys, stateKeys []string
+	// spin is how long before a slot Wait watches the clock: strictSpin
+	// for a bucket with a strictly spaced limit, else 0.
+	spin     time.Duration
 	clock    *offsetEstimator
 	batch    *script.Batcher[reserveReq, reserveRes]
 	releases *script.Batcher[string, struct{}]
@@ -172,6 +180,11 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 		}
 		b.params = append(b.params, prm)
 		b.keys = append(b.keys, p.key(name, "tat:"+limitID(l)))
+	}
+	b.reserveKeys = append(slices.Clone(b.keys), b.dynKeys()...)
+	b.stateKeys = append(slices.Clone(b.keys), b.dynKey())
+	if b.strictSlack() > 0 {
+		b.spin = strictSpin
 	}
 	return b, nil
 }
@@ -365,7 +378,7 @@ func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq
 		}
 	}
 	issued := time.Now()
-	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, append(b.keys, b.dynKeys()...), args...)
+	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, b.reserveKeys, args...)
 	if err != nil {
 		fail(err)
 		return
@@ -537,7 +550,7 @@ type State struct {
 
 // State reads the bucket without changing it.
 func (b *Bucket) State(ctx context.Context) (State, error) {
-	v, err := script.Run(ctx, b.p.rdb, "leaky.state", stateScript, append(b.keys, b.dynKey()), script.NowArg(b.p.now))
+	v, err := script.Run(ctx, b.p.rdb, "leaky.state", stateScript, b.stateKeys, script.NowArg(b.p.now))
 	if err != nil {
 		return State{}, fmt.Errorf("state of %s: %w", b.name, err)
 	}

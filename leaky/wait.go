@@ -83,18 +83,12 @@ func sleepUntil(ctx context.Context, t time.Time, spin time.Duration) error {
 // could put this send within one window of a later one. For a bucket with
 // a strictly spaced limit (capacity 1, at most 100 per Per at the default
 // guard) Wait watches the clock for the last 1.5ms instead of
-// trusting a timer, and a send may be late only by the limit's slack (at
-// least 1ms past SendAt), so that it does not arrive within Per/Rate of the
-// next one.
+// trusting a timer, so that sends leave as evenly as the host allows.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.OK {
 		return fmt.Errorf("wait on %s: reservation was not booked", r.bucket.name)
 	}
-	spin := time.Duration(0)
-	if r.bucket.strictSlack() > 0 {
-		spin = strictSpin
-	}
-	if err := sleepUntil(ctx, r.SendAt(), spin); err != nil {
+	if err := sleepUntil(ctx, r.SendAt(), r.bucket.spin); err != nil {
 		// Give the slot back with a fresh context: ours is done.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		r.bucket.Cancel(cctx, r)
