@@ -182,7 +182,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name),
 		store: taskstore.For(sched.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
 		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[taskstore.Zset]time.Time{}}
-	u.setSpacing(uc.Limits, nil)
+	u.setSpacing(configuredLimits(u))
 	d.setLimitGauges(u, configuredLimits(u))
 	for _, l := range uc.Limits {
 		u.adaptive = u.adaptive || l.Adaptive

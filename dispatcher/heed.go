@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -56,18 +57,22 @@ func configuredLimits(u *upstream) []leaky.LimitState {
 	return out
 }
 
-// setSpacing records how far apart the request limits space sends, the
-// configured ones and those the upstream states: a quota that frees its
-// next unit sooner than this needs no pause.
-func (u *upstream) setSpacing(configured, stated []leaky.Limit) {
+// setSpacing records how far apart the request limits among ls, at the
+// rates they are paced at, space sends: a quota that frees its next unit
+// sooner than this needs no pause.
+func (u *upstream) setSpacing(ls []leaky.LimitState) {
 	guard := u.bucket.Guard()
 	var out int64
-	for _, l := range append(slices.Clone(configured), stated...) {
-		if l.Cost == "" {
-			out = max(out, l.Params(guard).Interval)
+	for _, l := range ls {
+		if l.Limit.Cost != "" || l.Rate <= 0 {
+			continue
 		}
+		iv := l.Limit.Params(guard).Interval
+		out = max(out, int64(float64(iv)*float64(l.Limit.Rate)/l.Rate))
 	}
-	u.spacingUs.Store(out)
+	if out > 0 {
+		u.spacingUs.Store(out)
+	}
 }
 
 // spacing is what setSpacing recorded last.
@@ -87,20 +92,11 @@ func statedLimits(rd *ratelimit.Reading) []leaky.Limit {
 			out = append(out, l)
 		}
 	}
+	// In one order, so that an answer stating the same compares equal.
 	slices.SortFunc(out, func(a, b leaky.Limit) int {
-		if c := a.Per - b.Per; c != 0 {
-			return int(c / max(1, abs(c)))
-		}
-		return int(a.Rate - b.Rate)
+		return cmp.Or(cmp.Compare(a.Per, b.Per), cmp.Compare(a.Rate, b.Rate))
 	})
 	return out
-}
-
-func abs(d time.Duration) time.Duration {
-	if d < 0 {
-		return -d
-	}
-	return d
 }
 
 // heed acts on an answer's word for the whole fleet: it learns stated
@@ -170,7 +166,11 @@ func (d *Dispatcher) learn(ctx context.Context, u *upstream, stated []leaky.Limi
 	u.heard.mu.Lock()
 	u.heard.stated, u.heard.learnedAt = stated, time.Now()
 	u.heard.mu.Unlock()
-	u.setSpacing(u.cfg.Limits, stated)
+	ls := configuredLimits(u)
+	for _, l := range stated {
+		ls = append(ls, leaky.LimitState{Limit: l, Rate: float64(l.Rate), Source: leaky.SourceStated})
+	}
+	u.setSpacing(ls)
 	if !changed {
 		return
 	}
@@ -260,18 +260,7 @@ func (d *Dispatcher) showLimits(ctx context.Context, u *upstream) {
 	d.setLimitGauges(u, st.Limits)
 	// The spacing follows an adaptive limit's current rate and the
 	// stated limits, whichever replica learned them.
-	guard := u.bucket.Guard()
-	var out int64
-	for _, l := range st.Limits {
-		if l.Limit.Cost != "" || l.Rate <= 0 {
-			continue
-		}
-		iv := l.Limit.Params(guard).Interval
-		out = max(out, int64(float64(iv)*float64(l.Limit.Rate)/l.Rate))
-	}
-	if out > 0 {
-		u.spacingUs.Store(out)
-	}
+	u.setSpacing(st.Limits)
 }
 
 // setLimitGauges shows each limit's rate in units per second, labelled by
