@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
@@ -343,22 +345,7 @@ func TestEnqueuePartition(t *testing.T) {
 	rdb.FlushAll(ctx)
 	ups := []shaper.Upstream{{Name: "mail", BaseURL: "https://relay.example.com", Limits: []leaky.Limit{leaky.PerSecond(200)},
 		PartitionLimits: []leaky.Limit{leaky.PerMinute(100)}}}
-	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	st, err := status.NewReader(rdb, q, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{{Name: "billing", Secret: "k1"}},
-		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := httptest.NewServer(s.Handler())
-	defer api.Close()
+	api, q := startAPI(t, rdb, ups, server.Key{Name: "billing", Secret: "k1"})
 
 	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
 	out, errOut, code := run(t, env, "", "enqueue", "--upstream", "mail", "--path", "/v1/send", "--partition", "example.org", "--json")
@@ -389,22 +376,7 @@ func TestEnqueueImpossibleCost(t *testing.T) {
 	rdb.FlushAll(context.Background())
 	ups := []shaper.Upstream{{Name: "llm", BaseURL: "https://llm.example.com",
 		Limits: []leaky.Limit{leaky.PerSecond(10), {Rate: 2000, Per: time.Second, Cost: "tokens"}}}}
-	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	st, err := status.NewReader(rdb, q, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{{Name: "billing", Secret: "k1"}},
-		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := httptest.NewServer(s.Handler())
-	defer api.Close()
+	api, _ := startAPI(t, rdb, ups, server.Key{Name: "billing", Secret: "k1"})
 
 	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
 	out, errOut, code := run(t, env, "", "enqueue", "--upstream", "llm", "--path", "/v1/chat", "--cost", "tokens=5000")
@@ -514,22 +486,7 @@ func TestStatusThroughAPI(t *testing.T) {
 	ups := []shaper.Upstream{
 		{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: []leaky.Limit{leaky.PerSecond(100)}, Lanes: map[string]int{"default": 1, "bulk": 1}},
 	}
-	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	st, err := status.NewReader(rdb, q, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{{Name: "ops", Secret: "k1", Admin: true}},
-		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := httptest.NewServer(s.Handler())
-	defer api.Close()
+	api, _ := startAPI(t, rdb, ups, server.Key{Name: "ops", Secret: "k1", Admin: true})
 	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
 	for i := 0; i < 3; i++ {
 		if _, errOut, code := run(t, env, "", "enqueue", "--upstream", "stripe", "--path", "/v1/refunds", "--lane", "bulk"); code != 0 {
@@ -583,4 +540,27 @@ func TestStatusThroughAPI(t *testing.T) {
 	if code != 1 || strings.Count(errOut, "shaper: ") != 1 {
 		t.Errorf("wrong key: exit %d, stderr %q; want one error", code, errOut)
 	}
+}
+
+// startAPI serves shaper's API for ups on rdb with one key, as `shaper
+// serve` would, until the test ends.
+func startAPI(t *testing.T, rdb *redis.Client, ups []shaper.Upstream, key server.Key) (*httptest.Server, *queue.Queue) {
+	t.Helper()
+	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	st, err := status.NewReader(rdb, q, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{key},
+		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(s.Handler())
+	t.Cleanup(api.Close)
+	return api, q
 }

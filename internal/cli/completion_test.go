@@ -1,18 +1,13 @@
 package cli
 
 import (
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/leaky"
-	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/server"
-	"github.com/shaperhq/shaper/status"
-	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 const twoUpstreams = `
@@ -82,22 +77,7 @@ func TestCompleteUpstreamsThroughAPI(t *testing.T) {
 		{Name: "mail", BaseURL: "https://relay.example.com", Limits: []leaky.Limit{leaky.PerSecond(10)}},
 		{Name: "maps", BaseURL: "https://maps.example.com", Limits: []leaky.Limit{leaky.PerSecond(10)}},
 	}
-	q, err := queue.New(rdb, queue.Config{Upstreams: ups})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
-	st, err := status.NewReader(rdb, q, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := server.New(rdb, q, st, server.Config{Keys: []server.Key{{Name: "ops", Secret: "k1"}},
-		Admission: tokenbucket.Limit{Capacity: 100, Refill: 100, Per: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := httptest.NewServer(s.Handler())
-	defer api.Close()
+	api, _ := startAPI(t, rdb, ups, server.Key{Name: "ops", Secret: "k1"})
 	env := map[string]string{"SHAPER_API_URL": api.URL, "SHAPER_API_KEY": "k1"}
 	if got, want := completions(t, env, "enqueue", "--upstream", "ma"), []string{"mail", "maps"}; !slices.Equal(got, want) {
 		t.Errorf("enqueue: got %q, want %q", got, want)
