@@ -120,12 +120,13 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 	}
 	switch {
 	case v.bare:
-		until, dur, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), "429", v.sentAt)
-		if err != nil {
+		until, dur, paused, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), "429", v.sentAt)
+		switch {
+		case err != nil:
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()
 			d.log.Error("could not pause upstream after a 429", "upstream", u.cfg.Name, "err", err)
 			dur = u.cfg.PushbackDefault
-		} else {
+		case paused:
 			d.m.UpstreamBlocks.WithLabelValues(u.cfg.Name, "429").Inc()
 			d.log.Warn("upstream answered 429 without a time; paused fleet-wide", "upstream", u.cfg.Name,
 				"for", dur, "until", until.Format(time.RFC3339Nano))

@@ -342,7 +342,7 @@ func (b *Bucket) PartitionTAT(partition string, l Limit) string {
 // A refusal of a request sent before the last pushback began was already
 // on its way: it neither grows nor renews the pushback.
 //
-// Returns {until µs, now µs, pushback µs}.
+// Returns {until µs, now µs, pushback µs, 1 if this call paused}.
 var pushbackScript = script.New(`
 local now = shaper_now(ARGV[1])
 local base, ceil = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -350,7 +350,7 @@ local sent = tonumber(ARGV[7])
 local f = redis.call('HMGET', KEYS[1], 'until', 'pb', 'pbat')
 local cur, prev, at = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
 if prev > 0 and sent > 0 and sent < at then
-  return {math.max(cur, now), now, prev}
+  return {math.max(cur, now), now, prev, 0}
 end
 local d = base
 if prev > 0 then
@@ -375,7 +375,7 @@ if want > cur then
 end
 -- Kept long enough to tell a repeat from a fresh start.
 redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(cur - now, 0) + 8 * d) / 1000) + 1)
-return {cur, now, d}
+return {cur, now, d, 1}
 `)
 
 // Pushback blocks the bucket fleet-wide after a refusal that said nothing
@@ -384,11 +384,12 @@ return {cur, now, d}
 // ceiling, shrinking again once they stop. sent is when the refused
 // request was sent on Redis's clock (its slot; zero if unknown): a refusal
 // of a request sent before the last pushback began was already in flight
-// and changes nothing. It returns the block's end and the length of the
-// pushback in force.
-func (b *Bucket) Pushback(ctx context.Context, base, ceiling time.Duration, reason string, sent time.Time) (time.Time, time.Duration, error) {
+// and changes nothing. It returns the block's end, the length of the
+// pushback in force, and whether this call paused (false for one already
+// in flight).
+func (b *Bucket) Pushback(ctx context.Context, base, ceiling time.Duration, reason string, sent time.Time) (time.Time, time.Duration, bool, error) {
 	if base <= 0 || ceiling < base {
-		return time.Time{}, 0, fmt.Errorf("pushback %s: want 0 < base (%v) <= ceiling (%v)", b.name, base, ceiling)
+		return time.Time{}, 0, false, fmt.Errorf("pushback %s: want 0 < base (%v) <= ceiling (%v)", b.name, base, ceiling)
 	}
 	var sentUs int64
 	if !sent.IsZero() {
@@ -397,14 +398,14 @@ func (b *Bucket) Pushback(ctx context.Context, base, ceiling time.Duration, reas
 	v, err := script.Run(ctx, b.p.rdb, "leaky.pushback", pushbackScript, b.keys[:1], script.NowArg(b.p.now),
 		base.Microseconds(), ceiling.Microseconds(), reason, b.p.blocksChannel(), b.name, sentUs)
 	if err != nil {
-		return time.Time{}, 0, fmt.Errorf("pushback %s: %w", b.name, err)
+		return time.Time{}, 0, false, fmt.Errorf("pushback %s: %w", b.name, err)
 	}
-	out, err := script.Ints(v, 3)
+	out, err := script.Ints(v, 4)
 	if err != nil {
-		return time.Time{}, 0, fmt.Errorf("pushback %s: %w", b.name, err)
+		return time.Time{}, 0, false, fmt.Errorf("pushback %s: %w", b.name, err)
 	}
 	b.p.blocks.set(b.name, out[0])
-	return time.UnixMicro(out[0]), time.Duration(out[2]) * time.Microsecond, nil
+	return time.UnixMicro(out[0]), time.Duration(out[2]) * time.Microsecond, out[3] == 1, nil
 }
 
 // dynKey is the hash of the bucket's dynamic limits.

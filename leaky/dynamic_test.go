@@ -204,7 +204,7 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	base, ceiling := 25*time.Millisecond, time.Second
 	var got []time.Duration
 	for i := 0; i < 7; i++ {
-		_, d, err := b.Pushback(ctx, base, ceiling, "429", clock.Now())
+		_, d, _, err := b.Pushback(ctx, base, ceiling, "429", clock.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,13 +219,16 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	}
 	// Quiet for 3.2s after the last: 2×1s halves it, 2×0.5s again.
 	clock.Advance(2200 * time.Millisecond)
-	if _, d, _ := b.Pushback(ctx, base, ceiling, "429", clock.Now()); d != 250*time.Millisecond {
+	if _, d, _, _ := b.Pushback(ctx, base, ceiling, "429", clock.Now()); d != 250*time.Millisecond {
 		t.Errorf("after 3s of quiet: got %v, want 250ms", d)
 	}
 	// An isolated one long after costs only the base.
 	clock.Advance(time.Minute)
 	sent := clock.Now()
-	until, d, _ := b.Pushback(ctx, base, ceiling, "429", sent)
+	until, d, paused, _ := b.Pushback(ctx, base, ceiling, "429", sent)
+	if !paused {
+		t.Error("an isolated refusal: got paused false, want true")
+	}
 	if d != base {
 		t.Errorf("isolated: got %v, want %v", d, base)
 	}
@@ -237,12 +240,12 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	// flight: however many come back, they neither grow nor renew it.
 	clock.Advance(time.Millisecond)
 	for i := 0; i < 5; i++ {
-		u2, d2, _ := b.Pushback(ctx, base, ceiling, "429", sent.Add(-time.Millisecond))
-		if d2 != base || !u2.Equal(until) {
+		u2, d2, p2, _ := b.Pushback(ctx, base, ceiling, "429", sent.Add(-time.Millisecond))
+		if d2 != base || !u2.Equal(until) || p2 {
 			t.Fatalf("in-flight refusal %d: got pushback %v until %v, want %v until %v unchanged", i, d2, u2, base, until)
 		}
 	}
-	if _, _, err := b.Pushback(ctx, 0, ceiling, "x", time.Time{}); err == nil {
+	if _, _, _, err := b.Pushback(ctx, 0, ceiling, "x", time.Time{}); err == nil {
 		t.Error("a zero base: got no error")
 	}
 }
