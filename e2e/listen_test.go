@@ -33,10 +33,10 @@ const listenWorkers = 3
 
 // hostRan is how much of a span the host ran, from a stall monitor stopped
 // at its end: what a throughput bound over the span is owed for.
-func hostRan(span time.Duration, m *stall.Monitor) (time.Duration, string) {
+func hostRan(span time.Duration, m *stall.Monitor) (time.Duration, time.Duration, string) {
 	stalled, longest, n := m.Stop()
 	ran := max(0, span-stalled+time.Duration(n)*stall.Threshold)
-	return ran, fmt.Sprintf("host stalls: %d, %v in all, longest %v", n, stalled, longest)
+	return ran, longest, fmt.Sprintf("host stalls: %d, %v in all, longest %v", n, stalled, longest)
 }
 
 // within counts the records with From <= At < To, and of them the ones
@@ -87,7 +87,9 @@ type drained struct {
 	first  time.Duration // when the first request arrived, on the fake's clock
 	ran    time.Duration // how much of the run the host ran
 	stalls string
-	ws     []*worker
+	// longest is the host's longest stall.
+	longest time.Duration
+	ws      []*worker
 }
 
 // drainFor starts the workers, waits for the first request and lets them
@@ -106,7 +108,7 @@ func (e *env) drainFor(runFor time.Duration, workerArgs ...[]string) drained {
 	d.first = e.fake.Records()[0].At
 	host := stall.Start()
 	time.Sleep(runFor)
-	d.ran, d.stalls = hostRan(runFor, host)
+	d.ran, d.longest, d.stalls = hostRan(runFor, host)
 	return d
 }
 
@@ -226,9 +228,19 @@ upstreams:
 	// The stall excuse applies to the whole run's stalls: the monitor does
 	// not say when they fell, and charging them all to the late span only
 	// ever lowers what is owed by what the host stood still.
-	owed := 37 * max(0, lateSpan-(runFor-ran)).Seconds() / lateSpan.Seconds()
+	// A stall longer than the guard (20 ms) can let one send too many into
+	// a window, which no pacer can prevent while the machine stands still;
+	// the upstream's Retry-After (1 s here) then holds the fleet, and that
+	// second is not owed either, once per refusal in the late span. The
+	// bound on refusals above stands as it is.
+	var excused time.Duration
+	if d.longest > 20*time.Millisecond {
+		_, lateRejected := within(recs, first+learned, first+runFor)
+		excused = time.Duration(lateRejected) * time.Second
+	}
+	owed := 37 * max(0, lateSpan-(runFor-ran)-excused).Seconds() / lateSpan.Seconds()
 	if rate < owed {
-		t.Errorf("after learning, the upstream received %.1f/s, want at least 37/s over the time the host ran (%.1f/s)", rate, owed)
+		t.Errorf("after learning, the upstream received %.1f/s, want at least 37/s over the time the host ran (%.1f/s; %v excused for refusals after a stall longer than the guard)", rate, owed, excused)
 	}
 
 	// The stated limit as the fleet shows it: `shaper status --json` (the
@@ -501,7 +513,7 @@ upstreams:
 		}
 		host := stall.Start()
 		time.Sleep(time.Second + 100*time.Millisecond)
-		ran, stalls := hostRan(time.Second+100*time.Millisecond, host)
+		ran, _, stalls := hostRan(time.Second+100*time.Millisecond, host)
 		_, before := up.count(hit-3*time.Second, hit)
 		_, after := up.count(hit, hit+time.Second)
 		base := float64(before) / 3
