@@ -9,6 +9,7 @@ import (
 
 	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/stall"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -49,7 +50,9 @@ upstreams:
 	}
 	waitUntil(t, 30*time.Second, "the first request", func() bool { return e.fake.Report().Total > 0 })
 	first := arrivals(e.fake)[0]
+	host := stall.Start()
 	time.Sleep(runFor)
+	ran, _, stalls := hostRan(runFor, host)
 	e.stopAll()
 
 	var window []time.Duration
@@ -61,16 +64,48 @@ upstreams:
 	rep := e.fake.Report()
 	most := fakeupstream.MaxInWindow(window, time.Second)
 	rate := float64(len(window)) / runFor.Seconds()
-	t.Logf("L=%d/s for %v: received %d (%.1f/s, %.1f%%), most in any 1s %d, in any 100ms %d, rejected %d; gaps %+v",
-		L, runFor, len(window), rate, 100*rate/L, most, fakeupstream.MaxInWindow(window, 100*time.Millisecond), rep.Rejected, fakeupstream.GapPercentiles(window))
-	if rep.Rejected != 0 {
-		t.Errorf("the upstream rejected %d requests, want none", rep.Rejected)
+	t.Logf("L=%d/s for %v: received %d (%.1f/s, %.1f%%), most in any 1s %d, in any 100ms %d, rejected %d; gaps %+v; %s",
+		L, runFor, len(window), rate, 100*rate/L, most, fakeupstream.MaxInWindow(window, 100*time.Millisecond), rep.Rejected, fakeupstream.GapPercentiles(window), stalls)
+
+	// A window over the limit, and the upstream's refusal of it, are
+	// shaper's fault unless the machine stood still, longer than half the
+	// guard (the part of it left for the trip), while that window's
+	// requests were on their way: a send that leaves on time and then
+	// stands still arrives late, next to the one after it, and no pacer
+	// can prevent that. Only such windows are excused, each named; the
+	// upstream's 1 s Retry-After that follows is then not owed either.
+	const tripSlack = 10 * time.Millisecond // guard/2 at the default 20ms
+	events := host.Events()
+	at := func(d time.Duration) time.Time { return e.fake.Started().Add(d) }
+	var excused time.Duration
+	for _, r := range e.fake.Records() {
+		if r.Status != 429 {
+			continue
+		}
+		if evs := stall.Overlapping(events, tripSlack, at(r.At-time.Second-tripSlack), at(r.At)); len(evs) > 0 {
+			t.Logf("excused: the 429 at %v follows a host stall of %v", r.At.Round(time.Millisecond), evs[0].Dur.Round(time.Millisecond))
+			excused += time.Second
+			continue
+		}
+		t.Errorf("the upstream rejected a request at %v with no host stall over %v in the second before it", r.At.Round(time.Millisecond), tripSlack)
 	}
-	if most > L {
-		t.Errorf("the upstream received %d requests in one second, want at most %d", most, L)
+	logged := 0
+	for i := 0; i+L < len(window); i++ {
+		if window[i+L]-window[i] >= time.Second {
+			continue
+		}
+		if evs := stall.Overlapping(events, tripSlack, at(window[i]-tripSlack), at(window[i+L])); len(evs) > 0 {
+			if logged++; logged <= 3 {
+				t.Logf("excused: %d requests in the second from %v, during a host stall of %v", L+1, window[i].Round(time.Millisecond), evs[0].Dur.Round(time.Millisecond))
+			}
+			continue
+		}
+		t.Errorf("the upstream received %d requests in the second from %v, want at most %d", L+1, window[i].Round(time.Millisecond), L)
+		break
 	}
-	if rate < 0.97*L {
-		t.Errorf("the upstream received %.1f/s, want at least 97%% of %d", rate, L)
+	owed := 0.97 * L * max(0, ran-excused).Seconds() / runFor.Seconds()
+	if rate < owed {
+		t.Errorf("the upstream received %.1f/s, want at least 97%% of %d over the time the host ran and was not held by an excused refusal (%.1f/s)", rate, L, owed)
 	}
 }
 

@@ -166,6 +166,9 @@ func (s *Server) Reset() {
 	s.clear()
 }
 
+// Started is when the server started: Record.At counts from it.
+func (s *Server) Started() time.Time { return s.start }
+
 // Config is the configuration in effect, with defaults filled in.
 func (s *Server) Config() Config { return s.cfg }
 

@@ -21,7 +21,18 @@ type Monitor struct {
 	stalled time.Duration
 	longest time.Duration
 	count   int
+	events  []Event
 }
+
+// Event is one stall: the span in which the monitor's 1ms sleep overshot
+// by more than Threshold.
+type Event struct {
+	Start time.Time
+	Dur   time.Duration
+}
+
+// End is when the stall ended.
+func (e Event) End() time.Time { return e.Start.Add(e.Dur) }
 
 // Threshold is the overshoot of a 1ms sleep that counts as a stall: well
 // above the timer slack of an idle Linux host (tens of µs to ~1ms).
@@ -51,6 +62,7 @@ func (m *Monitor) run() {
 			m.stalled += over
 			m.longest = max(m.longest, over)
 			m.count++
+			m.events = append(m.events, Event{Start: now.Add(-over), Dur: over})
 			m.mu.Unlock()
 		}
 		last = now
@@ -65,4 +77,22 @@ func (m *Monitor) Stop() (total, longest time.Duration, count int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.stalled, m.longest, m.count
+}
+
+// Events are the stalls seen so far, oldest first.
+func (m *Monitor) Events() []Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Event(nil), m.events...)
+}
+
+// Overlapping are the stalls longer than min that overlap [from, to].
+func Overlapping(events []Event, min time.Duration, from, to time.Time) []Event {
+	var out []Event
+	for _, e := range events {
+		if e.Dur > min && !e.End().Before(from) && !e.Start.After(to) {
+			out = append(out, e)
+		}
+	}
+	return out
 }

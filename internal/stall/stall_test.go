@@ -17,10 +17,32 @@ func TestSeesAStarvedProcess(t *testing.T) {
 	busy := time.Now()
 	for time.Since(busy) < 60*time.Millisecond {
 	}
+	end := time.Now()
 	time.Sleep(20 * time.Millisecond)
 	total, longest, n := m.Stop()
 	if n < 1 || total < 40*time.Millisecond {
 		t.Errorf("got %d stalls totalling %v (longest %v), want at least 40ms", n, total, longest)
+	}
+	evs := m.Events()
+	if len(evs) != n {
+		t.Fatalf("got %d events for %d stalls", len(evs), n)
+	}
+	// Each stall lies within the busy loop, give or take a sleep step
+	// and the threshold.
+	slop := Threshold + 2*time.Millisecond
+	for _, e := range evs {
+		if e.Start.Before(busy.Add(-slop)) || e.End().After(end.Add(slop)) {
+			t.Errorf("stall %v+%v is outside the busy loop %v..%v", e.Start.Sub(busy), e.Dur, time.Duration(0), end.Sub(busy))
+		}
+	}
+	if got := Overlapping(evs, 0, busy, end); len(got) != n {
+		t.Errorf("Overlapping the busy loop: %d stalls, want %d", len(got), n)
+	}
+	if got := Overlapping(evs, 0, end.Add(time.Second), end.Add(2*time.Second)); len(got) != 0 {
+		t.Errorf("Overlapping a later second: %d stalls, want none", len(got))
+	}
+	if got := Overlapping(evs, time.Hour, busy, end); len(got) != 0 {
+		t.Errorf("stalls longer than an hour: %d, want none", len(got))
 	}
 }
 
