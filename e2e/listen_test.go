@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,8 +26,9 @@ import (
 // three `shaper work` processes against an upstream that speaks one of the
 // quota-header dialects and checks what the upstream received. They measure
 // throughput, so none runs in parallel with another; a host that stands
-// still (a descheduled VM) is excused from throughput bounds only, by the
-// time internal/stall saw it stand still, never from a bound on 429s.
+// still (a descheduled VM) is excused from throughput bounds by the time
+// internal/stall saw it stand still, and from a "no 429s" bound only for a
+// 429 whose window such a stall overlaps (stalledRefusals).
 
 // listenWorkers is how many `shaper work` processes every test runs.
 const listenWorkers = 3
@@ -89,7 +91,9 @@ type drained struct {
 	stalls string
 	// longest is the host's longest stall.
 	longest time.Duration
-	ws      []*worker
+	// events are the host's stalls, to excuse refusals (stalledRefusals).
+	events []stall.Event
+	ws     []*worker
 }
 
 // drainFor starts the workers, waits for the first request and lets them
@@ -109,7 +113,57 @@ func (e *env) drainFor(runFor time.Duration, workerArgs ...[]string) drained {
 	host := stall.Start()
 	time.Sleep(runFor)
 	d.ran, d.longest, d.stalls = hostRan(runFor, host)
+	d.events = host.Events()
 	return d
+}
+
+// tripSlack is the part of the default 20 ms guard left for a send's trip
+// to the upstream (the other half is how late it may leave).
+const tripSlack = 10 * time.Millisecond
+
+// stalledRefusals splits the 429s in recs into those the host excuses and
+// those it does not. A window over the limit is shaper's fault unless the
+// machine stood still, longer than tripSlack, while that window's requests
+// were on their way: a send that leaves on time and then stands still
+// arrives late, next to the one after it, and no pacer can prevent that.
+// So a 429 is excused only when such a stall overlaps the window of length
+// per that ends with it. started is the fake's Started.
+func stalledRefusals(recs []fakeupstream.Record, started time.Time, events []stall.Event, per time.Duration) (excused, blamed []fakeupstream.Record) {
+	at := func(d time.Duration) time.Time { return started.Add(d) }
+	for _, r := range recs {
+		if r.Status != http.StatusTooManyRequests {
+			continue
+		}
+		if len(stall.Overlapping(events, tripSlack, at(r.At-per-tripSlack), at(r.At))) > 0 {
+			excused = append(excused, r)
+		} else {
+			blamed = append(blamed, r)
+		}
+	}
+	return excused, blamed
+}
+
+// checkRefusals fails t for every 429 no host stall excuses and logs the
+// excused ones. It returns how long the excused ones held the fleet, at
+// most hold each (the upstream's Retry-After), for throughput bounds.
+func checkRefusals(t *testing.T, recs []fakeupstream.Record, started time.Time, events []stall.Event, per, hold time.Duration) time.Duration {
+	t.Helper()
+	excused, blamed := stalledRefusals(recs, started, events, per)
+	for _, r := range excused {
+		t.Logf("excused: the 429 at %v follows a host stall longer than %v in the %v before it", r.At.Round(time.Millisecond), tripSlack, per)
+	}
+	if len(blamed) > 0 {
+		// Explain the blamed ones only: the excused keep their arrival in
+		// the windows shown but are not explained themselves.
+		shown := slices.Clone(recs)
+		for i, r := range shown {
+			if r.Status == http.StatusTooManyRequests && !slices.ContainsFunc(blamed, func(b fakeupstream.Record) bool { return b.At == r.At }) {
+				shown[i].Status = 0
+			}
+		}
+		t.Errorf("the upstream answered %d requests 429 with no host stall to excuse them, want none:\n%s", len(blamed), explain429s(shown, per))
+	}
+	return time.Duration(len(excused)) * hold
 }
 
 // logs is the output of workers that have stopped (stopAll forgets
@@ -169,10 +223,9 @@ upstreams:
 			rate := float64(got) / runFor.Seconds()
 			t.Logf("%s (%s), shaper at %d/s, %d replicas for %v: received %d (%.1f/s, %.1f%% of %d/s), 429s %d of %d; most in any 1s %d; %s; owed 97%% over %v",
 				tc.alg, rep.Limit, L, listenWorkers, runFor, got, rate, 100*rate/L, L, rep.Rejected, rep.Total, rep.MaxInWindow, stalls, ran.Round(time.Millisecond))
-			if rep.Rejected != 0 {
-				t.Errorf("the upstream answered %d requests 429, want none:\n%s", rep.Rejected, explain429s(recs, time.Second))
-			}
-			if owed := 0.97 * L * ran.Seconds() / runFor.Seconds(); rate < owed {
+			// The fake's OpenAI-style reset holds the fleet at most a second.
+			excused := checkRefusals(t, recs, e.fake.Started(), d.events, time.Second, time.Second)
+			if owed := 0.97 * L * max(0, ran-excused).Seconds() / runFor.Seconds(); rate < owed {
 				t.Errorf("the upstream received %.1f/s, want at least 97%% of %d/s over the %v the host ran (%.1f/s)", rate, L, ran.Round(time.Millisecond), owed)
 			}
 		})
@@ -383,10 +436,8 @@ upstreams:
 	jobs := float64(n-rej) / runFor.Seconds()
 	t.Logf("2000 tokens/1s, jobs estimating 400 and using 40, %d replicas for %v: %d answered (%.1f jobs/s, %.0f tokens/s charged), 429s %d of %d (by limit %v); cost declared %d, charged %d; %s",
 		listenWorkers, runFor, n-rej, jobs, jobs*40, rep.Rejected, rep.Total, rep.RejectedBy, rep.CostDeclared, rep.CostCharged, stalls)
-	if rep.Rejected != 0 {
-		t.Errorf("the upstream answered %d requests 429, want none:\n%s", rep.Rejected, explain429s(recs, time.Second))
-	}
-	if owed := 30 * ran.Seconds() / runFor.Seconds(); jobs < owed {
+	excused := checkRefusals(t, recs, e.fake.Started(), d.events, time.Second, time.Second)
+	if owed := 30 * max(0, ran-excused).Seconds() / runFor.Seconds(); jobs < owed {
 		t.Errorf("got %.1f jobs/s, want at least 30 over the time the host ran (%.1f)", jobs, owed)
 	}
 }
