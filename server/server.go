@@ -2,8 +2,8 @@
 // jobs, each API key passes a token-bucket admission check shared by every
 // replica through Redis, jobs are validated against the upstream's config
 // and enqueued, and producers read them back. It also serves upstream
-// status, fleet-wide pause and resume for admin keys, /metrics, /healthz and
-// /readyz. Errors are RFC 9457 problem+json that name the field at fault.
+// status, fleet-wide pause and resume for admin keys, /metrics, /healthz,
+// /readyz, and the status page at /ui/ (package internal/ui). Errors are RFC 9457 problem+json that name the field at fault.
 package server
 
 import (
