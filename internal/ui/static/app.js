@@ -142,6 +142,15 @@
       begin();
     });
     $("forget").addEventListener("click", () => showLogin(""));
+    // A link with another key, opened in this tab, only changes the
+    // fragment: the page is not loaded again, so it switches keys here.
+    window.addEventListener("hashchange", () => {
+      const before = loadKey();
+      keyFromFragment();
+      if (loadKey() !== before) {
+        begin();
+      }
+    });
     if (loadKey()) {
       begin();
     } else {
@@ -150,6 +159,11 @@
   }
 
   function begin() {
+    clearTimeout(page.timer);
+    for (const card of page.cards.values()) {
+      card.root.remove();
+    }
+    page.cards.clear();
     page.key = loadKey();
     page.generation++;
     page.adminRefusal = "";
