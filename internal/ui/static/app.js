@@ -515,7 +515,7 @@
         if (gen !== page.generation) {
           return;
         }
-        if (err.status === 404 || err.status === 405) {
+        if ((err.status === 404 && err.title !== "Unknown upstream") || err.status === 405) {
           // No such route: a server without the job listing.
           page.jobsMissing = true;
           for (const card of page.cards.values()) {
