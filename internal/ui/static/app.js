@@ -211,8 +211,9 @@
         return;
       }
       const now = Date.now();
-      render((data && data.upstreams) || [], now);
-      setConnection("Live: read every " + POLL_MS / 1000 + " s.");
+      const upstreams = (data && data.upstreams) || [];
+      render(upstreams, now);
+      setConnection(upstreams.length ? "Live: read every " + POLL_MS / 1000 + " s." : "Live: no upstreams are configured.");
       $("updated").textContent = "Last read " + clock(now) + ".";
     } catch (err) {
       if (gen !== page.generation) {
@@ -230,9 +231,6 @@
   function render(upstreams, now) {
     const container = $("upstreams");
     const seen = new Set();
-    if (upstreams.length === 0) {
-      setConnection("Live: no upstreams are configured.");
-    }
     for (const u of upstreams) {
       seen.add(u.name);
       let card = page.cards.get(u.name);
