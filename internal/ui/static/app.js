@@ -451,7 +451,8 @@
       const line = (cls, pick) => {
         const coords = pts.filter((p) => pick(p) !== null).map((p) => x(p.t).toFixed(1) + "," + y(pick(p)).toFixed(1));
         if (coords.length === 1) {
-          coords.push((x(now) + 0.1).toFixed(1) + "," + coords[0].split(",")[1]);
+          // One reading: a short stroke ending now, so it can be seen.
+          coords.unshift((x(now) - 8).toFixed(1) + "," + coords[0].split(",")[1]);
         }
         return svg("polyline", { class: cls, points: coords.join(" ") });
       };
@@ -711,14 +712,15 @@
     return isNaN(t) ? s : new Date(t).toLocaleString("en-GB", { hour12: false });
   }
 
-  // niceCeil rounds up to 1, 2 or 5 times a power of ten, so the axis reads
-  // in round numbers; at least 1.
+  // niceCeil rounds up to a round number (1, 1.2, 1.5, 2, … 8 or 10 times a
+  // power of ten), whose half is round too, so the axis reads well; at
+  // least 1.
   function niceCeil(v) {
     if (!(v > 1)) {
       return 1;
     }
     const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 5, 10]) {
+    for (const m of [1, 1.2, 1.6, 2, 3, 4, 5, 6, 8, 10]) {
       if (m * p >= v) {
         return m * p;
       }
