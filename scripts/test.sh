@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine as root or on a developer's.
-# Installs redis-server, redis-cli and promtool from Debian's packages when missing,
-# then runs every package's tests with the race detector and vets the bench module.
+# Installs redis-server, redis-cli, promtool and chromium (for the status
+# page's browser test) from Debian's packages when missing, then runs every
+# package's tests with the race detector and vets the bench module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,8 @@ need_install=()
 command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_install+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || need_install+=(prometheus)
+# Debian's package installs the browser as chromium; other systems may call it chromium-browser.
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need_install+=(chromium)
 if [ ${#need_install[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "test.sh: ${need_install[*]} missing; run as root or: sudo apt-get install -y ${need_install[*]}" >&2

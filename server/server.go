@@ -2,8 +2,8 @@
 // jobs, each API key passes a token-bucket admission check shared by every
 // replica through Redis, jobs are validated against the upstream's config
 // and enqueued, and producers read them back. It also serves upstream
-// status, fleet-wide pause and resume for admin keys, /metrics, /healthz and
-// /readyz. Errors are RFC 9457 problem+json that name the field at fault.
+// status, fleet-wide pause and resume for admin keys, /metrics, /healthz,
+// /readyz, and the status page at /ui/ (package internal/ui). Errors are RFC 9457 problem+json that name the field at fault.
 package server
 
 import (
@@ -25,6 +25,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/httplimit"
+	"github.com/shaperhq/shaper/internal/ui"
 	"github.com/shaperhq/shaper/internal/wire"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
@@ -192,14 +193,18 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 	}
 	s.maxBatch = int(min(int64(cfg.MaxBatch), cfg.Admission.Capacity))
 	s.policy = httplimit.Policy{Name: "enqueue", Quota: cfg.Admission.Capacity, Window: cfg.Admission.Window()}
-	s.routes()
+	page, err := ui.New()
+	if err != nil {
+		return nil, fmt.Errorf("server: status page: %w", err)
+	}
+	s.routes(page)
 	return s, nil
 }
 
 // Handler serves the API.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-func (s *Server) routes() {
+func (s *Server) routes(page http.Handler) {
 	mux := http.NewServeMux()
 	handle := func(pattern string, h http.Handler) { mux.Handle(pattern, s.measured(pattern, h)) }
 	handle("POST /v1/jobs", s.authed(s.handleEnqueue))
@@ -212,6 +217,9 @@ func (s *Server) routes() {
 	handle("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
 	handle("GET /readyz", http.HandlerFunc(s.handleReady))
+	// The status page is public: its files hold no data, and the page
+	// sends its key to the API routes above like any client.
+	handle("GET "+ui.Prefix, page)
 	if s.cfg.Registry != nil {
 		handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{Registry: s.cfg.Registry}))
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -39,7 +40,8 @@ Redis-compatible store (or a real Redis with --redis), the enqueue API,
 workers, and a built-in upstream named "demo": a fake third-party API that
 allows only --demo-rate requests per second and answers 429 beyond that.
 
-It prints the API key (random unless --api-key is given) and curl lines that
+It prints the API key (random unless --api-key is given), the link to the
+status page (/ui/, with the key in the link's #fragment) and curl lines that
 work as printed. Data lives in memory and is gone when the process ends;
 for anything else run "shaper serve" and "shaper work" against Redis.`,
 		Example: `  shaper dev
@@ -262,6 +264,7 @@ func printDevBanner(f *Factory, addr net.Addr, key, store, demoURL string, rate 
 
   API       %s
   API key   %s
+  status    %s/ui/#key=%s (open in a browser; the key after # never leaves it)
   store     %s
   upstream  demo -> %s (a fake API allowing %d requests/s; shaper paces at that rate)
 
@@ -277,5 +280,5 @@ Watch the upstream drain:
 
   curl -s %s/v1/upstreams/demo -H 'Authorization: Bearer %s'
 
-`, base, key, store, demoURL, rate, base, key, base, key, base, key)
+`, base, key, base, url.QueryEscape(key), store, demoURL, rate, base, key, base, key, base, key)
 }
