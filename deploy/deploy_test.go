@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -525,5 +526,83 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, 
 			t.Fatalf("waited %s for %s; logs:\n%s", within, what, strings.Join(all, "\n"))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// shippedConfigEnv is, for each shaper config shipped under deploy/, where
+// its environment comes from in the deployment it belongs to: the
+// variables it reads must be there. A config added without an entry fails
+// TestShippedConfigsValidate.
+var shippedConfigEnv = map[string]func(t *testing.T) map[string]string{
+	"shaper.example.yaml": func(*testing.T) map[string]string {
+		// As its header and `config validate --help` say.
+		return map[string]string{"STRIPE_SECRET_KEY": "sk_test_x", "OPENAI_API_KEY": "sk-x"}
+	},
+	"compose/shaper.yaml": func(t *testing.T) map[string]string {
+		return composeEnv(t, readCompose(t).Services["serve-1"])
+	},
+	"kubernetes/base/shaper.yaml": func(t *testing.T) map[string]string {
+		return secretExampleEnv(t)
+	},
+}
+
+// envVar is a ${NAME} or ${NAME:-default} in a config.
+var envVar = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}`)
+
+// TestShippedConfigsValidate runs `shaper config validate` on every shaper
+// config under deploy/ (a YAML file with upstreams at its top), with the
+// environment its deployment gives it and nothing else of the test's.
+func TestShippedConfigsValidate(t *testing.T) {
+	var found []string
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || (filepath.Ext(path) != ".yaml" && filepath.Ext(path) != ".yml") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var top map[string]yaml.Node
+		if yaml.Unmarshal(b, &top) == nil {
+			if _, ok := top["upstreams"]; ok {
+				found = append(found, filepath.ToSlash(path))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range shippedConfigEnv {
+		if !slices.Contains(found, p) {
+			t.Errorf("%s: not found as a shaper config under deploy/", p)
+		}
+	}
+	for _, path := range found {
+		t.Run(path, func(t *testing.T) {
+			envOf, ok := shippedConfigEnv[path]
+			if !ok {
+				t.Fatalf("%s is a shaper config shipped without an entry in shippedConfigEnv: say where its environment comes from", path)
+			}
+			env := envOf(t)
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A variable of the developer's own must not stand in for one
+			// the deployment lacks.
+			for _, m := range envVar.FindAllStringSubmatch(string(b), -1) {
+				t.Setenv(m[1], "")
+				os.Unsetenv(m[1])
+			}
+			for k, v := range env {
+				t.Setenv(k, v)
+			}
+			var out, errOut bytes.Buffer
+			code := cli.Main(context.Background(), []string{"config", "validate", path}, strings.NewReader(""), &out, &errOut)
+			if code != 0 || !strings.Contains(out.String(), path+": valid") {
+				t.Fatalf("shaper config validate %s with %v: exit %d\n%s%s", path, slices.Sorted(maps.Keys(env)), code, out.String(), errOut.String())
+			}
+		})
 	}
 }
