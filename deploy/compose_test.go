@@ -591,6 +591,11 @@ func TestComposeGrafanaProvisionsDashboard(t *testing.T) {
 	if !loaded {
 		t.Errorf("no dashboard provider's folder holds the mounted %s", dashboardFile)
 	}
+	if home, ok := g.Environment["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]; ok {
+		if src, ok := hostPath(g, home); !ok || filepath.Clean(src) != filepath.Clean(dashboardFile) {
+			t.Errorf("Grafana's home dashboard %s is not the mounted %s", home, dashboardFile)
+		}
+	}
 }
 
 // The demo upstream's service runs examples/thirdparty with flags it
