@@ -177,3 +177,64 @@ func TestDockerfileBuildLine(t *testing.T) {
 		t.Errorf("the thirdparty target's binary: %v", err)
 	}
 }
+
+// The build context's ignore file leaves out .git and nothing the image's
+// builds need: every Go file, embedded file, go.mod and go.sum of the
+// packages shaper and thirdparty are built from.
+func TestDockerignoreKeepsWhatTheBuildNeeds(t *testing.T) {
+	b, err := os.ReadFile(dockerfile + ".dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.HasPrefix(line, "!") || strings.Contains(line, "**") {
+			t.Fatalf("pattern %q: this test reads plain patterns only", line)
+		}
+		patterns = append(patterns, filepath.Clean(line))
+	}
+	// ignored is Docker's rule for plain patterns: a path is left out when
+	// a pattern matches it or a folder above it.
+	ignored := func(path string) bool {
+		for p := path; p != "." && p != "/"; p = filepath.Dir(p) {
+			for _, pat := range patterns {
+				if ok, _ := filepath.Match(pat, p); ok {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if !ignored(".git") {
+		t.Error(".git is in the build context")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "list", "-deps", "-f",
+		`{{if .Module}}{{if .Module.Main}}{{$d := .Dir}}{{range .GoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{range .EmbedFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{end}}{{end}}`,
+		"./cmd/shaper", "./examples/thirdparty/cmd/thirdparty")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	needed := append(strings.Fields(string(out)), filepath.Join(root, "go.mod"), filepath.Join(root, "go.sum"))
+	if len(needed) < 20 {
+		t.Fatalf("go list found %d files the build needs, want many: %v", len(needed), needed)
+	}
+	for _, f := range needed {
+		rel, err := filepath.Rel(root, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ignored(rel) {
+			t.Errorf("%s is needed by the build but left out of its context", rel)
+		}
+	}
+}
