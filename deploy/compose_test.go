@@ -726,9 +726,29 @@ func TestComposeShaperServicesStart(t *testing.T) {
 	rs := redistest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel() // before run's clean-ups, which wait for the commands to end
-	for cmdName, names := range shaperServices(t, c) {
-		name := names[0]
+	var names []string
+	for _, ns := range shaperServices(t, c) {
+		names = append(names, ns...)
+	}
+	slices.Sort(names)
+	// Each service gets its own environment and nothing else: not another
+	// service's, nor a variable of the developer's that the config reads.
+	var clear []byte // what clearConfigEnv reads: the configs, and KEY= of every env
+	for _, name := range names {
 		s := c.Services[name]
+		for k := range composeEnv(t, s) {
+			clear = fmt.Appendf(clear, "${%s}\n", k)
+		}
+		for _, m := range binds(s) {
+			if b, err := os.ReadFile(m.host); err == nil {
+				clear = append(clear, b...)
+			}
+		}
+	}
+	for _, name := range names {
+		s := c.Services[name]
+		cmdName := s.Command[0]
+		clearConfigEnv(t, clear)
 		for k, v := range composeEnv(t, s) {
 			t.Setenv(k, v)
 		}
@@ -751,9 +771,13 @@ func TestComposeShaperServicesStart(t *testing.T) {
 		}
 		args = append(args, "--redis", rs.URL())
 		log := run(t, ctx, args...)
+		// The process has read its environment once it answers.
 		for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 			waitFor(t, 30*time.Second, fmt.Sprintf("%s to answer %s", name, p), func() bool { return get("http://"+addr+p) == nil }, log)
 		}
+	}
+	if len(names) != 4 {
+		t.Errorf("ran %v, want two serve and two work", names)
 	}
 }
 

@@ -547,8 +547,25 @@ func shippedConfigEnv(t *testing.T, path string) (map[string]string, bool) {
 	return nil, false
 }
 
-// envVar is a ${NAME} or ${NAME:-default} in a config.
-var envVar = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}`)
+// envVar is a ${NAME} or ${NAME:-default} in a config; keyEnv an API
+// key's key_env.
+var (
+	envVar = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}`)
+	keyEnv = regexp.MustCompile(`key_env:\s*"?([A-Za-z_][A-Za-z0-9_]*)`)
+)
+
+// clearConfigEnv unsets, for the rest of the test, every environment
+// variable a config may read, so that one of the developer's own cannot
+// stand in for one the deployment lacks.
+func clearConfigEnv(t *testing.T, config []byte) {
+	t.Helper()
+	for _, re := range []*regexp.Regexp{envVar, keyEnv} {
+		for _, m := range re.FindAllSubmatch(config, -1) {
+			t.Setenv(string(m[1]), "")
+			os.Unsetenv(string(m[1]))
+		}
+	}
+}
 
 // TestShippedConfigsValidate runs `shaper config validate` on every shaper
 // config under deploy/ (a YAML file with upstreams at its top), with the
@@ -589,12 +606,7 @@ func TestShippedConfigsValidate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// A variable of the developer's own must not stand in for one
-			// the deployment lacks.
-			for _, m := range envVar.FindAllStringSubmatch(string(b), -1) {
-				t.Setenv(m[1], "")
-				os.Unsetenv(m[1])
-			}
+			clearConfigEnv(t, b)
 			for k, v := range env {
 				t.Setenv(k, v)
 			}

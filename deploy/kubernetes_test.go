@@ -86,6 +86,11 @@ func TestKubernetesProbesAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs := redistest.New(t)
+	cfg, err := os.ReadFile(filepath.Join(kubeBase, "shaper.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clearConfigEnv(t, cfg)
 	env := secretExampleEnv(t)
 	env["REDIS_URL"] = rs.URL()
 	for k, v := range env {
