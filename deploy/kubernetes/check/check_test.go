@@ -360,7 +360,8 @@ func containerPort(c *corev1.Container, p intstr.IntOrString) (int32, bool) {
 // The probes ask the shaper process on the port it really listens on (the
 // config's, or the flag's), at the paths both serve and work answer:
 // /healthz (alive) for liveness, /readyz (Redis answers) for readiness.
-// deploy/deploy_test.go asks a running serve and work those paths.
+// deploy/kubernetes_test.go asks a running serve and work those paths. The
+// prometheus.io/port annotation names the same port.
 func TestProbesReachTheProcess(t *testing.T) {
 	b := loadBase(t)
 	for _, cmd := range []string{"serve", "work"} {
@@ -372,6 +373,10 @@ func TestProbesReachTheProcess(t *testing.T) {
 		}
 		if !declared {
 			t.Errorf("%s: no container port %d, where the process listens", cmd, want)
+		}
+		// The annotation-driven scrape asks the same port.
+		if a, ok := b.deployments[cmd].Spec.Template.Annotations["prometheus.io/port"]; ok && a != strconv.Itoa(int(want)) {
+			t.Errorf("%s: prometheus.io/port %s, want %d where /metrics is served", cmd, a, want)
 		}
 		for _, p := range []struct {
 			kind  string
