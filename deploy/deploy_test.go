@@ -1,7 +1,12 @@
 // Package deploy holds no code: it tests what deploy/ ships for running
-// shaper (the Prometheus alert rules and the Grafana dashboard) against the
-// real thing. Promtool checks the rules, and every metric a rule or a panel
-// queries must be exported by a running `shaper serve` or `shaper work`.
+// shaper against the real thing. Promtool checks the Prometheus alert
+// rules, and every metric a rule or a Grafana panel queries must be
+// exported by a running `shaper serve` or `shaper work`; every shipped
+// config passes `shaper config validate`; the compose stack's commands are
+// checked against the real command tree and run (compose_test.go); the
+// Kubernetes Deployments' processes answer their probes (kubernetes_test.go;
+// the manifests themselves are checked in the kubernetes/check module);
+// and the Dockerfile's build line runs (dockerfile_test.go).
 package deploy
 
 import (
