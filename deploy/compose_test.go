@@ -330,6 +330,32 @@ func TestComposeRedisAOF(t *testing.T) {
 	}
 }
 
+// A stop gives each shaper process its whole shutdown_timeout before
+// Docker's SIGKILL (the default stop_grace_period is 10s).
+func TestComposeStopGracePeriod(t *testing.T) {
+	c := readCompose(t)
+	for cmd, names := range shaperServices(t, c) {
+		for _, name := range names {
+			cfg := composeConfig(t, c, name)
+			shutdown := time.Duration(cfg.API.ShutdownTimeout)
+			if cmd == "work" {
+				shutdown = time.Duration(cfg.Work.ShutdownTimeout)
+			}
+			grace := 10 * time.Second
+			if g := c.Services[name].StopGracePeriod; g != "" {
+				var err error
+				if grace, err = time.ParseDuration(g); err != nil {
+					t.Errorf("%s: stop_grace_period %q: %v", name, g, err)
+					continue
+				}
+			}
+			if grace <= shutdown {
+				t.Errorf("%s: stop_grace_period %v, want above its shutdown_timeout %v", name, grace, shutdown)
+			}
+		}
+	}
+}
+
 // composeConfig loads the shaper config a compose service runs with, in
 // the environment compose gives it.
 func composeConfig(t *testing.T, c compose, service string) *config.Config {
