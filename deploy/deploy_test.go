@@ -1,7 +1,12 @@
 // Package deploy holds no code: it tests what deploy/ ships for running
-// shaper (the Prometheus alert rules and the Grafana dashboard) against the
-// real thing. Promtool checks the rules, and every metric a rule or a panel
-// queries must be exported by a running `shaper serve` or `shaper work`.
+// shaper against the real thing. Promtool checks the Prometheus alert
+// rules, and every metric a rule or a Grafana panel queries must be
+// exported by a running `shaper serve` or `shaper work`; every shipped
+// config passes `shaper config validate`; the compose stack's commands are
+// checked against the real command tree and run (compose_test.go); the
+// Kubernetes Deployments' processes answer their probes (kubernetes_test.go;
+// the manifests themselves are checked in the kubernetes/check module);
+// and the Dockerfile's build line runs (dockerfile_test.go).
 package deploy
 
 import (
@@ -10,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -525,5 +531,95 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, 
 			t.Fatalf("waited %s for %s; logs:\n%s", within, what, strings.Join(all, "\n"))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// shippedConfigEnv is, for each shaper config shipped under deploy/, where
+// its environment comes from in the deployment it belongs to: the
+// variables it reads must be there. A config added without an entry fails
+// TestShippedConfigsValidate.
+func shippedConfigEnv(t *testing.T, path string) (map[string]string, bool) {
+	t.Helper()
+	switch path {
+	case "shaper.example.yaml":
+		// As its header and `config validate --help` say.
+		return map[string]string{"STRIPE_SECRET_KEY": "sk_test_x", "OPENAI_API_KEY": "sk-x"}, true
+	case "compose/shaper.yaml":
+		return composeEnv(t, readCompose(t).Services["serve-1"]), true
+	case "kubernetes/base/shaper.yaml":
+		return secretExampleEnv(t), true
+	}
+	return nil, false
+}
+
+// envVar is a ${NAME} or ${NAME:-default} in a config; keyEnv an API
+// key's key_env.
+var (
+	envVar = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}`)
+	keyEnv = regexp.MustCompile(`key_env:\s*"?([A-Za-z_][A-Za-z0-9_]*)`)
+)
+
+// clearConfigEnv unsets, for the rest of the test, every environment
+// variable a config may read, so that one of the developer's own cannot
+// stand in for one the deployment lacks.
+func clearConfigEnv(t *testing.T, config []byte) {
+	t.Helper()
+	for _, re := range []*regexp.Regexp{envVar, keyEnv} {
+		for _, m := range re.FindAllSubmatch(config, -1) {
+			t.Setenv(string(m[1]), "")
+			os.Unsetenv(string(m[1]))
+		}
+	}
+}
+
+// TestShippedConfigsValidate runs `shaper config validate` on every shaper
+// config under deploy/ (a YAML file with upstreams at its top), with the
+// environment its deployment gives it and nothing else of the test's.
+func TestShippedConfigsValidate(t *testing.T) {
+	var found []string
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || (filepath.Ext(path) != ".yaml" && filepath.Ext(path) != ".yml") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var top map[string]yaml.Node
+		if yaml.Unmarshal(b, &top) == nil {
+			if _, ok := top["upstreams"]; ok {
+				found = append(found, filepath.ToSlash(path))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"shaper.example.yaml", "compose/shaper.yaml", "kubernetes/base/shaper.yaml"} {
+		if !slices.Contains(found, p) {
+			t.Errorf("%s: not found as a shaper config under deploy/", p)
+		}
+	}
+	for _, path := range found {
+		t.Run(path, func(t *testing.T) {
+			env, ok := shippedConfigEnv(t, path)
+			if !ok {
+				t.Fatalf("%s is a shaper config shipped without an entry in shippedConfigEnv: say where its environment comes from", path)
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clearConfigEnv(t, b)
+			for k, v := range env {
+				t.Setenv(k, v)
+			}
+			var out, errOut bytes.Buffer
+			code := cli.Main(context.Background(), []string{"config", "validate", path}, strings.NewReader(""), &out, &errOut)
+			if code != 0 || !strings.Contains(out.String(), path+": valid") {
+				t.Fatalf("shaper config validate %s with %v: exit %d\n%s%s", path, slices.Sorted(maps.Keys(env)), code, out.String(), errOut.String())
+			}
+		})
 	}
 }

@@ -2,7 +2,8 @@
 # The whole test suite, on a fresh Debian machine as root or on a developer's.
 # Installs redis-server, redis-cli, promtool and chromium (for the status
 # page's browser test) from Debian's packages when missing, then runs every
-# package's tests with the race detector and vets the bench module.
+# package's tests with the race detector, vets the bench module, and vets
+# and tests the module that checks the Kubernetes manifests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,4 +44,9 @@ go test -race -count=1 -timeout 15m "$@" $others
 go test -race -count=1 -p 1 -timeout 15m "$@" "${timing[@]}"
 if [ -f bench/go.mod ]; then
   (cd bench && go vet ./...)
+fi
+# The Kubernetes manifests' checks: a module of their own, so that k8s.io's
+# dependencies stay out of shaper's go.mod.
+if [ -f deploy/kubernetes/check/go.mod ]; then
+  (cd deploy/kubernetes/check && go vet ./... && go test -count=1 ./...)
 fi
