@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"debug/elf"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/shaperhq/shaper/internal/cli"
 )
 
 // Docker is not available here, so the Dockerfile is read as text: its
@@ -114,15 +115,16 @@ func TestDockerfileFinalImage(t *testing.T) {
 	}
 }
 
-// The Dockerfile's go build line, run here as the build stage runs it (its
-// cache mounts dropped, its output folder a temporary one), makes a static
-// binary without this machine's paths that reports the VERSION build
-// argument: so the -X names the real variable (a wrong one is silently
-// ignored by the linker).
+// The Dockerfile's go build line, dry-run here (go build -n) as the build
+// stage runs it, its cache mounts dropped: its flags, environment and
+// packages are real. A full cgo-free -trimpath build would rebuild the
+// standard library (minutes on a cold cache), so the properties it buys
+// are checked from the line itself: CGO_ENABLED=0 (nothing to link
+// against libc, so static), -trimpath, and a -X naming the variable
+// `shaper version` reports (a wrong name is silently ignored by the
+// linker, so the name is compared with the real one, which this file
+// refers to so that renaming it breaks the build here).
 func TestDockerfileBuildLine(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds shaper without cgo; skipped under -short")
-	}
 	var run string
 	for _, in := range readDockerfile(t) {
 		if in.cmd == "RUN" && strings.Contains(in.args, "go build") {
@@ -132,7 +134,8 @@ func TestDockerfileBuildLine(t *testing.T) {
 	if run == "" {
 		t.Fatal("no RUN with go build")
 	}
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "internal/cli.Version=${VERSION}"} {
+	_ = cli.Version // the variable the -X below must name
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-X github.com/shaperhq/shaper/internal/cli.Version=${VERSION}", "./cmd/shaper", "./examples/thirdparty/cmd/thirdparty"} {
 		if !strings.Contains(run, want) {
 			t.Errorf("build line lacks %s: %s", want, run)
 		}
@@ -140,41 +143,12 @@ func TestDockerfileBuildLine(t *testing.T) {
 	out := t.TempDir()
 	script := regexp.MustCompile(`--mount=\S+\s*`).ReplaceAllString(run, "")
 	script = strings.ReplaceAll(script, "/out/", out+"/")
-	const version = "v0.0.0-dockerfile-test"
+	script = strings.ReplaceAll(script, "go build ", "go build -n ")
 	cmd := exec.Command("sh", "-ec", script)
 	cmd.Dir = ".."
-	cmd.Env = append(os.Environ(), "TARGETOS="+runtime.GOOS, "TARGETARCH="+runtime.GOARCH, "VERSION="+version)
+	cmd.Env = append(os.Environ(), "TARGETOS="+runtime.GOOS, "TARGETARCH="+runtime.GOARCH, "VERSION=v0.0.0-dockerfile-test")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", script, err, b)
-	}
-	bin := filepath.Join(out, "shaper")
-	b, err := exec.Command(bin, "version").CombinedOutput()
-	if err != nil || !strings.HasPrefix(string(b), "shaper "+version+" ") {
-		t.Errorf("shaper version: %q (%v), want it to start with shaper %s", b, err, version)
-	}
-	f, err := elf.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			t.Error("the binary names a dynamic loader: not static")
-		}
-	}
-	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
-		t.Errorf("the binary needs %v: not static", libs)
-	}
-	wd, _ := filepath.Abs("..")
-	raw, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(raw), wd) {
-		t.Errorf("the binary holds this machine's path %s: not built with -trimpath", wd)
-	}
-	if _, err := os.Stat(filepath.Join(out, "thirdparty")); err != nil {
-		t.Errorf("the thirdparty target's binary: %v", err)
 	}
 }
 
