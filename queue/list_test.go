@@ -356,3 +356,46 @@ func TestPageScriptTies(t *testing.T) {
 		t.Fatalf("got %v,\nwant %v", got, want)
 	}
 }
+
+// TestPageScriptList: a list (asynq's active list, newest pushed on the
+// left) is read from the left, and its cursor survives entries leaving
+// before it, at it, or after it.
+func TestPageScriptList(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	keys := taskstore.For("shaper.x")
+	key := keys.Active()
+	var want []string
+	for i := range 20 {
+		m := fmt.Sprintf("x.default.m%02d", i)
+		rdb.LPush(ctx, key, m)
+		want = append([]string{m}, want...)
+	}
+	var got []string
+	cur := cursor{}
+	for round := 0; ; round++ {
+		page, err := readIndex(ctx, rdb, keys, key, "l", cur, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range page {
+			got = append(got, e.id)
+			cur.Score, cur.Member = e.score, e.id
+		}
+		if len(page) < 3 {
+			break
+		}
+		switch round % 3 {
+		case 0: // one read long ago leaves (a job finishes)
+			rdb.LRem(ctx, key, 1, got[0])
+		case 1: // a new one is taken, pushed on the left
+			rdb.LPush(ctx, key, fmt.Sprintf("x.default.n%02d", round))
+		case 2: // the cursor's own entry leaves
+			rdb.LRem(ctx, key, 1, cur.Member)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v,\nwant %v", got, want)
+	}
+}

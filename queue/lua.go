@@ -17,7 +17,7 @@ import "github.com/shaperhq/shaper/internal/script"
 //
 // A list (active, where the newest is pushed on the left) is read from the
 // left. Its cursor is (position, member): after the member if it is still
-// there, else from the position it had.
+// within n places of that position, else from the position it had.
 //
 //	KEYS[1] -> the index (sorted set or list)
 //	ARGV[1] -> "z" for a sorted set, "l" for a list
@@ -64,8 +64,14 @@ if kind == 'z' then
   rows = redis.call('ZREVRANGE', key, start, start + n - 1, 'WITHSCORES')
 else
   if cs ~= '' then
-    local pos = redis.call('LPOS', key, cm)
-    if pos then start = pos + 1 else start = tonumber(cs) end
+    -- Where the member was, or near it: entries before it come and go.
+    -- (LRANGE rather than LPOS, which needs Redis 6.0.6.)
+    local at = tonumber(cs)
+    start = at
+    local from = math.max(0, at - n)
+    for i, id in ipairs(redis.call('LRANGE', key, from, at + n)) do
+      if id == cm then start = from + i break end
+    end
   end
   local ids = redis.call('LRANGE', key, start, start + n - 1)
   rows = {}
