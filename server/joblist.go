@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -22,7 +23,7 @@ type JobPage struct {
 }
 
 // listParams are the query parameters GET /v1/jobs takes.
-var listParams = []string{"upstream", "state", "lane", "partition", "limit", "cursor"}
+func listParams() []string { return []string{"upstream", "state", "lane", "partition", "limit", "cursor"} }
 
 // handleList answers GET /v1/jobs: one page of an upstream's jobs of the
 // caller's tenant (see queue.List), each as GET /v1/jobs/{id} shows it.
@@ -53,10 +54,11 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listOptions(r *http.Request) (queue.ListOptions, *problem) {
 	q := r.URL.Query()
 	p := &fieldProblems{}
-	for name, vs := range q {
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		vs := q[name]
 		switch {
-		case !slices.Contains(listParams, name):
-			p.add(name, "unknown parameter (known: %s)", strings.Join(listParams, ", "))
+		case !slices.Contains(listParams(), name):
+			p.add(name, "unknown parameter (known: %s)", strings.Join(listParams(), ", "))
 		case len(vs) > 1:
 			p.add(name, "given %d times; give it once", len(vs))
 		}
