@@ -23,7 +23,9 @@ type JobPage struct {
 }
 
 // listParams are the query parameters GET /v1/jobs takes.
-func listParams() []string { return []string{"upstream", "state", "lane", "partition", "limit", "cursor"} }
+func listParams() []string {
+	return []string{"upstream", "state", "lane", "partition", "limit", "cursor"}
+}
 
 // handleList answers GET /v1/jobs: one page of an upstream's jobs of the
 // caller's tenant (see queue.List), each as GET /v1/jobs/{id} shows it.
