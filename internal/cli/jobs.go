@@ -36,7 +36,13 @@ retry-dead needs an admin key. Tables by default, --json for scripts.`,
   shaper jobs get stripe.default.3fa9c1d2-k4xq7m...
   shaper jobs retry stripe.default.3fa9c1d2-k4xq7m...
   shaper jobs retry-dead stripe --api-key "$ADMIN_KEY"`,
-		Args: cobra.NoArgs,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("unknown command %q for \"shaper jobs\" (have: ls, get, retry, retry-dead, cancel)", args[0])
+			}
+			return cmd.Help()
+		},
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&opts.api.api, "api", "", "API base URL (default $SHAPER_API_URL)")

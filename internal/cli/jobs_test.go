@@ -150,6 +150,7 @@ func TestJobsCommands(t *testing.T) {
 		{"bad limit", env, []string{"jobs", "ls", "--upstream", "stripe", "--limit", "500"}, "--limit 500"},
 		{"unknown job", env, []string{"jobs", "get", "stripe.default.nope"}, "404"},
 		{"no api", nil, []string{"jobs", "get", "x"}, "--api URL"},
+		{"unknown subcommand", env, []string{"jobs", "show"}, `unknown command "show"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errOut, code := run(t, tc.env, "", tc.args...)
