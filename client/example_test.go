@@ -172,3 +172,46 @@ func ExampleClient_Pause() {
 	// true paused by operator
 	// false
 }
+
+// An operator finds the dead jobs of an upstream, page by page, and sends
+// them back to the queue with fresh attempts.
+func ExampleClient_ListJobs() {
+	srv := newFake()
+	defer srv.Close()
+	srv.setStates("dead")
+
+	c, err := client.New(srv.URL(), "sk_producer")
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for range 3 {
+		job, err := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe", Path: "/v1/refunds"})
+		if err != nil {
+			panic(err)
+		}
+		c.Get(ctx, job.ID) // the fake's workers move it along
+	}
+	opts := client.ListJobsOptions{Upstream: "stripe", State: client.StateDead, Limit: 2}
+	for {
+		page, err := c.ListJobs(ctx, opts)
+		if err != nil {
+			panic(err)
+		}
+		for _, j := range page.Jobs {
+			again, err := c.RetryJob(ctx, j.ID)
+			if err != nil {
+				panic(err)
+			}
+			fmt.Println(again.ID, again.State, again.Attempts, again.Retries)
+		}
+		if page.NextCursor == "" {
+			break
+		}
+		opts.Cursor = page.NextCursor
+	}
+	// Output:
+	// stripe.default.j3 queued 0 1
+	// stripe.default.j2 queued 0 1
+	// stripe.default.j1 queued 0 1
+}

@@ -68,6 +68,7 @@ type fakeJob struct {
 type fakeRequest struct {
 	Method string
 	Path   string // escaped, as sent
+	Query  string // raw, as sent
 	Header http.Header
 	Body   []byte
 }
@@ -106,6 +107,9 @@ func newFake() *fake {
 	mux.HandleFunc("POST /v1/jobs/batch", f.batch)
 	mux.HandleFunc("GET /v1/jobs/{id}", f.get)
 	mux.HandleFunc("DELETE /v1/jobs/{id}", f.cancel)
+	mux.HandleFunc("GET /v1/jobs", f.list)
+	mux.HandleFunc("POST /v1/jobs/{id}/retry", f.retry)
+	mux.HandleFunc("POST /v1/upstreams/{name}/retry-dead", f.retryDead)
 	mux.HandleFunc("GET /v1/upstreams", f.listUpstreams)
 	mux.HandleFunc("GET /v1/upstreams/{name}", f.getUpstream)
 	mux.HandleFunc("POST /v1/upstreams/{name}/pause", f.pause)
@@ -125,7 +129,7 @@ func (f *fake) front(next http.Handler) http.Handler {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		f.mu.Lock()
-		f.requests = append(f.requests, fakeRequest{Method: r.Method, Path: r.URL.EscapedPath(), Header: r.Header.Clone(), Body: body})
+		f.requests = append(f.requests, fakeRequest{Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, Header: r.Header.Clone(), Body: body})
 		var c *canned
 		if len(f.canned) > 0 {
 			c = &f.canned[0]
@@ -740,4 +744,119 @@ func (f *fake) jobCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.jobs)
+}
+
+// seqOf is the number at the end of a fake job's ID ("stripe.default.j7").
+func seqOf(id string) int {
+	n, _ := strconv.Atoi(id[strings.LastIndex(id, ".j")+2:])
+	return n
+}
+
+// list answers GET /v1/jobs: the tenant's jobs of an upstream, newest
+// first; its cursor is the number of the last job of the page.
+func (f *fake) list(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q := r.URL.Query()
+	name := q.Get("upstream")
+	if name == "" {
+		writeProblem(w, http.StatusBadRequest, "Invalid request", "upstream is required", []problemField{{"upstream", "is required"}})
+		return
+	}
+	if _, ok := f.upstreams[name]; !ok {
+		writeProblem(w, http.StatusNotFound, "Unknown upstream", fmt.Sprintf("no upstream %q", name), nil)
+		return
+	}
+	limit := 50
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 200 {
+			writeProblem(w, http.StatusBadRequest, "Invalid request", "limit must be 1 to 200", []problemField{{"limit", "must be 1 to 200"}})
+			return
+		}
+		limit = n
+	}
+	after := 1 << 30
+	if c := q.Get("cursor"); c != "" {
+		n, err := strconv.Atoi(c)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, "Invalid request", "bad cursor", []problemField{{"cursor", "bad"}})
+			return
+		}
+		after = n
+	}
+	tenant := f.key(r).tenant
+	var found []*fakeJob
+	for id, j := range f.jobs {
+		if j.tenant != tenant || j.wire["upstream"] != name || seqOf(id) >= after ||
+			q.Get("state") != "" && j.wire["state"] != q.Get("state") ||
+			q.Get("lane") != "" && j.wire["lane"] != q.Get("lane") ||
+			q.Get("partition") != "" && j.wire["partition"] != q.Get("partition") {
+			continue
+		}
+		found = append(found, j)
+	}
+	sort.Slice(found, func(a, b int) bool { return seqOf(found[a].wire["id"].(string)) > seqOf(found[b].wire["id"].(string)) })
+	page := map[string]any{"jobs": []any{}, "next_cursor": ""}
+	if len(found) > limit {
+		found = found[:limit]
+		page["next_cursor"] = strconv.Itoa(seqOf(found[limit-1].wire["id"].(string)))
+	}
+	jobs := []any{}
+	for _, j := range found {
+		jobs = append(jobs, j.wire)
+	}
+	page["jobs"] = jobs
+	writeJSON(w, http.StatusOK, page)
+}
+
+// revive queues a dead or cancelled job again with fresh attempts.
+func revive(j *fakeJob) bool {
+	switch j.wire["state"] {
+	case "dead", "cancelled":
+	default:
+		return false
+	}
+	if e, ok := j.wire["last_error"]; ok {
+		j.wire["previous_error"] = e
+	}
+	delete(j.wire, "last_error")
+	delete(j.wire, "last_failed_at")
+	retries, _ := j.wire["retries"].(int)
+	j.wire["retries"] = retries + 1
+	j.wire["retried_at"] = time.Now().UTC().Format(time.RFC3339Nano)
+	j.wire["attempts"] = 0
+	j.wire["state"] = "queued"
+	j.states = nil
+	return true
+}
+
+func (f *fake) retry(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	j := f.job(w, r)
+	if j == nil {
+		return
+	}
+	if !revive(j) {
+		writeProblem(w, http.StatusConflict, "Job cannot be retried", fmt.Sprintf("job %s is %s", j.wire["id"], j.wire["state"]), nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, j.wire)
+}
+
+func (f *fake) retryDead(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.adminUpstream(w, r) == nil {
+		return
+	}
+	name := r.PathValue("name")
+	n := 0
+	for _, j := range f.jobs {
+		if j.wire["upstream"] == name && j.wire["state"] == "dead" && revive(j) {
+			n++
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"upstream": name, "retried": n, "skipped": 0})
 }

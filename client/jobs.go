@@ -200,6 +200,14 @@ type Job struct {
 	LastFailedAt  time.Time `json:"last_failed_at,omitzero"`
 	CompletedAt   time.Time `json:"completed_at,omitzero"`
 
+	// RetriedAt is when the job was last sent back to the queue by
+	// RetryJob or RetryDead, Retries how often that happened, and
+	// PreviousError the error it had died with then (a retry resets
+	// Attempts and LastError).
+	RetriedAt     time.Time `json:"retried_at,omitzero"`
+	Retries       int       `json:"retries,omitempty"`
+	PreviousError string    `json:"previous_error,omitempty"`
+
 	// Response is what the upstream answered the last attempt; nil until
 	// there is an answer.
 	Response *Response `json:"response,omitempty"`

@@ -112,3 +112,48 @@ func ExampleQueue_MigrateLegacy() {
 	// 0 moved from []
 	// queued
 }
+
+// An operator lists an upstream's cancelled jobs and sends one back to the
+// queue: same ID and idempotency key, fresh attempts.
+func ExampleQueue_Retry() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe"}}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer q.Close()
+
+	ctx := context.Background()
+	info, _, err := q.Enqueue(ctx, &queue.Job{Tenant: "acme", Upstream: "stripe", Path: "/v1/refunds", IdempotencyKey: "refund-42"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := q.Cancel(ctx, info.ID, "acme"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	page, err := q.List(ctx, queue.ListOptions{Upstream: "stripe", Tenant: "acme", State: queue.StateCancelled})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, j := range page.Jobs {
+		again, err := q.Retry(ctx, j.ID, "acme")
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println(again.ID == info.ID, again.IdempotencyKey, again.State, again.Attempts, again.Retries)
+	}
+	// Output:
+	// true refund-42 queued 0 1
+}

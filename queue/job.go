@@ -65,6 +65,12 @@ type Job struct {
 	// been dispatched by then.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	CreatedAt time.Time `json:"created_at"`
+	// RetriedAt is when an operator last sent the dead or cancelled job
+	// back to the queue (Retry), Retries how often, and PreviousError the
+	// last error it had then; Retry resets its attempts and last error.
+	RetriedAt     time.Time `json:"retried_at,omitzero"`
+	Retries       int       `json:"retries,omitempty"`
+	PreviousError string    `json:"previous_error,omitempty"`
 }
 
 // State is where a job is in its life.

@@ -245,7 +245,7 @@ func TestMigrateLegacy(t *testing.T) {
 		{retried.ID, StateRetrying, 1, "upstream said 503", "Bearer r"},
 		{dead.ID, StateDead, 1, "upstream said 400", ""},
 		{lastTry.ID, StateDead, 1, taskstore.LeaseExpiredError, ""},
-		{cancelled.ID, StateCancelled, 1, "", ""},
+		{cancelled.ID, StateCancelled, 0, "", ""},
 		{done.ID, StateSucceeded, 1, "", ""},
 	} {
 		info, err := q.Get(ctx, tc.id, "")

@@ -418,7 +418,10 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 			return nil, fmt.Errorf("get job %s: %w", id, err)
 		}
 		if cancelled == 1 {
+			// Cancelled while it waited: the attempt a dead job is
+			// counted for was never made.
 			info.State = StateCancelled
+			info.Attempts = max(info.Attempts-1, 0)
 		}
 	}
 	return info, nil

@@ -404,6 +404,8 @@ func (s *Server) jobError(w http.ResponseWriter, r *http.Request, err error) {
 			Detail: fmt.Sprintf("no job %q for this key's tenant", r.PathValue("id"))})
 	case errors.Is(err, queue.ErrNotCancellable):
 		writeProblem(w, problem{Type: problemConflict, Title: "Job cannot be cancelled", Status: http.StatusConflict, Detail: err.Error()})
+	case errors.Is(err, queue.ErrNotRetryable):
+		writeProblem(w, problem{Type: problemConflict, Title: "Job cannot be retried", Status: http.StatusConflict, Detail: err.Error()})
 	default:
 		s.internalError(w, r, "jobs", err)
 	}
@@ -431,7 +433,13 @@ type JobView struct {
 	NextAttemptAt  *time.Time       `json:"next_attempt_at,omitempty"`
 	LastFailedAt   *time.Time       `json:"last_failed_at,omitempty"`
 	CompletedAt    *time.Time       `json:"completed_at,omitempty"`
-	Response       *ResponseView    `json:"response,omitempty"`
+	// RetriedAt, Retries and PreviousError tell of retries by an operator
+	// (POST /v1/jobs/{id}/retry): when the last was, how many, and the
+	// error the job had died with then.
+	RetriedAt     *time.Time    `json:"retried_at,omitempty"`
+	Retries       int           `json:"retries,omitempty"`
+	PreviousError string        `json:"previous_error,omitempty"`
+	Response      *ResponseView `json:"response,omitempty"`
 }
 
 // ResponseView is the upstream's answer; the body is text when it is UTF-8,
@@ -459,6 +467,7 @@ func jobView(i *queue.Info) JobView {
 		Path: i.Path, Task: i.Task, Cost: i.Cost, CreatedAt: i.CreatedAt.UTC(),
 		NotBefore: timePtr(i.NotBefore), ExpiresAt: timePtr(i.ExpiresAt), NextAttemptAt: timePtr(i.NextAttemptAt),
 		LastFailedAt: timePtr(i.LastFailedAt), CompletedAt: timePtr(i.CompletedAt),
+		RetriedAt: timePtr(i.RetriedAt), Retries: i.Retries, PreviousError: i.PreviousError,
 	}
 	if i.Response != nil {
 		rv := &ResponseView{Status: i.Response.Status, Headers: i.Response.Headers, Truncated: i.Response.Truncated}

@@ -210,11 +210,14 @@ func (s *Server) routes(page http.Handler) {
 	handle("POST /v1/jobs", s.authed(s.handleEnqueue))
 	handle("POST /v1/jobs/batch", s.authed(s.handleBatch))
 	handle("GET /v1/jobs/{id}", s.authed(s.handleGet))
+	handle("GET /v1/jobs", s.authed(s.handleList))
 	handle("DELETE /v1/jobs/{id}", s.authed(s.handleCancel))
+	handle("POST /v1/jobs/{id}/retry", s.authed(s.handleRetry))
 	handle("GET /v1/upstreams", s.authed(s.handleUpstreams))
 	handle("GET /v1/upstreams/{name}", s.authed(s.handleUpstream))
 	handle("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
 	handle("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
+	handle("POST /v1/upstreams/{name}/retry-dead", s.authed(s.admin(s.handleRetryDead)))
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
 	handle("GET /readyz", http.HandlerFunc(s.handleReady))
 	// The status page is public: its files hold no data, and the page
@@ -309,7 +312,7 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !caller(r).Admin {
 			writeProblem(w, problem{Type: problemForbidden, Title: "Forbidden", Status: http.StatusForbidden,
-				Detail: fmt.Sprintf("key %s is not an admin key; pausing and resuming upstreams needs one", caller(r).Name)})
+				Detail: fmt.Sprintf("key %s is not an admin key; pausing, resuming and retrying every dead job of an upstream need one", caller(r).Name)})
 			return
 		}
 		h(w, r)

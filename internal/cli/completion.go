@@ -79,9 +79,10 @@ func addCompletionCmd(root *cobra.Command) {
 	for _, c := range root.Commands() {
 		if c.Name() == "completion" {
 			c.Long += `
-Upstream names complete for pause, resume and every --upstream flag, read
-from the config that --config or $SHAPER_CONFIG names (or, for enqueue,
-from the API that --api or $SHAPER_API_URL names).`
+Upstream names complete for pause, resume, jobs retry-dead and every
+--upstream flag, read from the config that --config or $SHAPER_CONFIG names
+(or, for enqueue and jobs, from the API that --api or $SHAPER_API_URL
+names).`
 			c.Example = completionExamples
 		}
 	}

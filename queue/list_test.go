@@ -1,0 +1,401 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// finishAll takes every ready job of an upstream as a worker does and
+// ends each with the outcome end picks (nil: leave it active). It returns
+// the IDs it took.
+func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream string, end func(id string) *taskstore.Finished) []string {
+	t.Helper()
+	ctx := context.Background()
+	u, _ := q.Upstream(upstream)
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName(upstream), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000000)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	space := sched.For("", upstream)
+	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for {
+		tk, err := taker.Take(ctx, 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tk.Jobs) == 0 {
+			return ids
+		}
+		var items []taskstore.Finished
+		for _, j := range tk.Jobs {
+			ids = append(ids, j.ID)
+			f := end(j.ID)
+			if f == nil {
+				continue
+			}
+			msg, err := taskstore.Unmarshal(j.Msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var job Job
+			if err := json.Unmarshal(msg.Payload, &job); err != nil {
+				t.Fatal(err)
+			}
+			f.ID, f.Msg, f.Partition = j.ID, msg, job.Partition
+			if f.Lane == "" {
+				_, f.Lane, _ = ParseID(j.ID)
+			}
+			items = append(items, *f)
+		}
+		if _, err := taskstore.Finish(ctx, rdb, taskstore.For(QueueName(upstream)), space.CountsKey(), space.BacklogKey(), items); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func die(string) *taskstore.Finished {
+	return &taskstore.Finished{Outcome: taskstore.Dead, ErrMsg: "upstream said 400"}
+}
+
+// listAll follows a listing's cursors to the end, calling between (if
+// set) after each page; it fails on a page that holds more than the limit.
+func listAll(t *testing.T, q *Queue, o ListOptions, between func()) []*Info {
+	t.Helper()
+	var all []*Info
+	for pages := 0; ; pages++ {
+		if pages > 1000 {
+			t.Fatal("more than 1000 pages: the cursor does not advance")
+		}
+		p, err := q.List(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if limit := cmpOr(o.Limit, DefaultListLimit); len(p.Jobs) > limit {
+			t.Fatalf("page of %d jobs, want at most %d", len(p.Jobs), limit)
+		}
+		all = append(all, p.Jobs...)
+		if p.NextCursor == "" {
+			return all
+		}
+		o.Cursor = p.NextCursor
+		if between != nil {
+			between()
+		}
+	}
+}
+
+func cmpOr(a, b int) int {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func ids(infos []*Info) []string {
+	out := make([]string, len(infos))
+	for i, in := range infos {
+		out[i] = in.ID
+	}
+	return out
+}
+
+// TestListPagesEachJobOnce: a tenant's queued jobs, spread over lanes and
+// partitions (so over many flows), come back newest first, each exactly
+// once, while more jobs are enqueued between pages; another tenant's never
+// do. It holds whatever the upstream's jobs are fair by, since the flows'
+// names differ with it.
+func TestListPagesEachJobOnce(t *testing.T) {
+	for _, by := range []string{shaper.FairByTenant, shaper.FairByPartition, shaper.FairByNone} {
+		t.Run(by, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := srv.Client(t)
+			rdb.FlushAll(ctx)
+			ups := upstreams(0)
+			ups[0].Fairness.By = by
+			q := newQueue(t, rdb, ups)
+			var want []string
+			n := 0
+			enqueue := func(tenant string) string {
+				n++
+				lane := []string{"default", "bulk"}[(n/2)%2]
+				info, _, err := q.Enqueue(ctx, &Job{Tenant: tenant, Upstream: "stripe", Lane: lane, Partition: fmt.Sprintf("p%d", n%7)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return info.ID
+			}
+			for range 60 {
+				want = append(want, enqueue("a"))
+				enqueue("b")
+			}
+			slices.Reverse(want)
+			got := listAll(t, q, ListOptions{Upstream: "stripe", Tenant: "a", Limit: 7}, func() {
+				enqueue("a")
+				enqueue("b")
+			})
+			if !slices.Equal(ids(got), want) {
+				t.Fatalf("got %d jobs %v,\nwant the %d first ones newest first %v", len(got), ids(got), len(want), want)
+			}
+			for _, info := range got {
+				if info.Tenant != "a" || info.State != StateQueued {
+					t.Fatalf("listed %+v, want only tenant a's queued jobs", info)
+				}
+			}
+			// The filters: one lane, one partition, both.
+			for _, o := range []ListOptions{{Lane: "bulk"}, {Partition: "p3"}, {Lane: "bulk", Partition: "p3"}} {
+				o.Upstream, o.Tenant, o.Limit = "stripe", "b", 5
+				got := listAll(t, q, o, nil)
+				if len(got) == 0 {
+					t.Fatalf("%+v: listed nothing", o)
+				}
+				for _, info := range got {
+					if info.Tenant != "b" || o.Lane != "" && info.Lane != o.Lane || o.Partition != "" && info.Partition != o.Partition {
+						t.Fatalf("%+v: listed %s (lane %s, partition %s)", o, info.ID, info.Lane, info.Partition)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestListStates: each state lists its jobs and only them; every state
+// together lists every job once.
+func TestListStates(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(0))
+	byState := map[State][]string{}
+	add := func(s State, id string) { byState[s] = append(byState[s], id) }
+	var toKill, toSucceed []string
+	for i := range 6 {
+		info, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe", Path: fmt.Sprint("/", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			toKill = append(toKill, info.ID)
+		} else {
+			toSucceed = append(toSucceed, info.ID)
+		}
+	}
+	finishAll(t, q, rdb, "stripe", func(id string) *taskstore.Finished {
+		if slices.Contains(toKill, id) {
+			add(StateDead, id)
+			return die(id)
+		}
+		add(StateSucceeded, id)
+		return &taskstore.Finished{Outcome: taskstore.Succeeded, Retention: time.Hour}
+	})
+	for i := range 3 {
+		info, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe", NotBefore: time.Now().Add(time.Duration(i+1) * time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(StateScheduled, info.ID)
+	}
+	c, _, _ := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe", NotBefore: time.Now().Add(time.Hour)})
+	if _, err := q.Cancel(ctx, c.ID, "t"); err != nil {
+		t.Fatal(err)
+	}
+	add(StateCancelled, c.ID)
+	for range 2 {
+		info, _, _ := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe"})
+		add(StateQueued, info.ID)
+	}
+	var every []string
+	for _, s := range []State{StateQueued, StateScheduled, StateRetrying, StateActive, StateSucceeded, StateDead, StateCancelled} {
+		got := ids(listAll(t, q, ListOptions{Upstream: "stripe", Tenant: "t", State: s, Limit: 2}, nil))
+		want := slices.Clone(byState[s])
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("state %s: got %v, want %v", s, got, want)
+		}
+		every = append(every, want...)
+	}
+	got := ids(listAll(t, q, ListOptions{Upstream: "stripe", Tenant: "t", Limit: 3}, nil))
+	slices.Sort(got)
+	slices.Sort(every)
+	if !slices.Equal(got, every) {
+		t.Errorf("every state: got %v, want %v", got, every)
+	}
+	// Scheduled jobs come latest due first.
+	sched := listAll(t, q, ListOptions{Upstream: "stripe", Tenant: "t", State: StateScheduled}, nil)
+	for i := 1; i < len(sched); i++ {
+		if sched[i].NextAttemptAt.After(sched[i-1].NextAttemptAt) {
+			t.Errorf("scheduled jobs out of order: %v before %v", sched[i-1].NextAttemptAt, sched[i].NextAttemptAt)
+		}
+	}
+}
+
+// TestListBoundsWork: a page examines at most ListScanFactor × limit
+// entries, so a tenant with one dead job behind many of another tenant's
+// gets short pages with cursors, and then its job, once.
+func TestListBoundsWork(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(0))
+	mine, _, _ := q.Enqueue(ctx, &Job{Tenant: "a", Upstream: "stripe"})
+	finishAll(t, q, rdb, "stripe", die)
+	// Later deaths score higher: b's 100 jobs come first, newest first.
+	time.Sleep(5 * time.Millisecond)
+	for range 100 {
+		q.Enqueue(ctx, &Job{Tenant: "b", Upstream: "stripe"})
+	}
+	finishAll(t, q, rdb, "stripe", die)
+	o := ListOptions{Upstream: "stripe", Tenant: "a", State: StateDead, Limit: 5}
+	p, err := q.List(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Jobs) != 0 || p.NextCursor == "" {
+		t.Fatalf("first page: got %d jobs and cursor %q, want none and a cursor (20 of b's 100 jobs examined)", len(p.Jobs), p.NextCursor)
+	}
+	got := listAll(t, q, o, nil)
+	if len(got) != 1 || got[0].ID != mine.ID {
+		t.Fatalf("got %v, want only %s", ids(got), mine.ID)
+	}
+}
+
+// TestListRefusesBadOptions: each bad option is refused with its sentinel.
+func TestListRefusesBadOptions(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(0))
+	for range 3 {
+		q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe"})
+	}
+	p, err := q.List(ctx, ListOptions{Upstream: "stripe", Tenant: "t", Limit: 1})
+	if err != nil || p.NextCursor == "" {
+		t.Fatalf("got %+v, %v; want a page with a cursor", p, err)
+	}
+	for _, tc := range []struct {
+		o    ListOptions
+		want error
+	}{
+		{ListOptions{Upstream: "twilio"}, ErrUnknownUpstream},
+		{ListOptions{Upstream: "stripe", State: "sleeping"}, shaper.ErrInvalid},
+		{ListOptions{Upstream: "stripe", Lane: "vip"}, ErrUnknownLane},
+		{ListOptions{Upstream: "stripe", Partition: "a\nb"}, shaper.ErrInvalid},
+		{ListOptions{Upstream: "stripe", Limit: MaxListLimit + 1}, shaper.ErrInvalid},
+		{ListOptions{Upstream: "stripe", Limit: -1}, shaper.ErrInvalid},
+		{ListOptions{Upstream: "stripe", Cursor: "!!"}, ErrBadCursor},
+		{ListOptions{Upstream: "stripe", Tenant: "t", State: StateDead, Cursor: p.NextCursor}, ErrBadCursor},
+		{ListOptions{Upstream: "stripe", Tenant: "u", Cursor: p.NextCursor}, ErrBadCursor},
+	} {
+		if _, err := q.List(ctx, tc.o); !errors.Is(err, tc.want) {
+			t.Errorf("%+v: got %v, want %v", tc.o, err, tc.want)
+		}
+	}
+}
+
+// TestPageScriptTies: entries sharing a score are read in order even when
+// the cursor's own entry left the set meanwhile.
+func TestPageScriptTies(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	keys := taskstore.For("shaper.x")
+	key := keys.Archived()
+	var members []string
+	for i := range 30 {
+		m := fmt.Sprintf("x.default.m%02d", i)
+		members = append(members, m)
+		score := 100.0
+		if i >= 20 {
+			score = 50
+		}
+		rdb.ZAdd(ctx, key, redis.Z{Score: score, Member: m})
+	}
+	var got []string
+	cur := cursor{}
+	for {
+		page, err := readIndex(ctx, rdb, keys, key, "z", cur, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range page {
+			got = append(got, e.id)
+			cur.Score, cur.Member = e.score, e.id
+		}
+		if len(page) < 4 {
+			break
+		}
+		// The cursor's entry leaves, as a retried job does.
+		rdb.ZRem(ctx, key, cur.Member)
+	}
+	// ZREVRANGE order: score 100 (m19..m00), then 50 (m29..m20).
+	var want []string
+	for i := 19; i >= 0; i-- {
+		want = append(want, members[i])
+	}
+	for i := 29; i >= 20; i-- {
+		want = append(want, members[i])
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v,\nwant %v", got, want)
+	}
+}
+
+// TestPageScriptList: a list (asynq's active list, newest pushed on the
+// left) is read from the left, and its cursor survives entries leaving
+// before it, at it, or after it.
+func TestPageScriptList(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	keys := taskstore.For("shaper.x")
+	key := keys.Active()
+	var want []string
+	for i := range 20 {
+		m := fmt.Sprintf("x.default.m%02d", i)
+		rdb.LPush(ctx, key, m)
+		want = append([]string{m}, want...)
+	}
+	var got []string
+	cur := cursor{}
+	for round := 0; ; round++ {
+		page, err := readIndex(ctx, rdb, keys, key, "l", cur, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range page {
+			got = append(got, e.id)
+			cur.Score, cur.Member = e.score, e.id
+		}
+		if len(page) < 3 {
+			break
+		}
+		switch round % 3 {
+		case 0: // one read long ago leaves (a job finishes)
+			rdb.LRem(ctx, key, 1, got[0])
+		case 1: // a new one is taken, pushed on the left
+			rdb.LPush(ctx, key, fmt.Sprintf("x.default.n%02d", round))
+		case 2: // the cursor's own entry leaves
+			rdb.LRem(ctx, key, 1, cur.Member)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v,\nwant %v", got, want)
+	}
+}

@@ -1,0 +1,169 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/taskstore"
+)
+
+// ErrNotRetryable: the job is not dead or cancelled (or it is, but its
+// sensitive headers are gone, so it could not be sent as given).
+var ErrNotRetryable = errors.New("job cannot be retried")
+
+// Retry sends a dead or cancelled job back to its queue: queued again
+// under the same ID and idempotency key, at the back of its flow, with
+// fresh attempts. What it keeps and resets:
+//
+//   - attempts 0, no last error, no last_failed_at, no stored response;
+//   - created_at and idempotency_key as they were;
+//   - retried_at now, retries one more, previous_error the last error the
+//     job died with (empty for a cancelled job that never failed);
+//   - expires_at cleared: a job given up for its ttl would otherwise die
+//     again at once, and retrying it is the operator's decision.
+//
+// Tenant scopes it as for Get. A job in another state is ErrNotRetryable;
+// so is one whose sensitive headers were deleted when it finished (they
+// are deleted then, see DeleteSecrets): enqueue it again with them. The
+// move is one script, atomic against workers and other retries; the
+// upstream's sleeping workers are woken.
+func (q *Queue) Retry(ctx context.Context, id, tenant string) (*Info, error) {
+	info, err := q.Get(ctx, id, tenant)
+	if err != nil {
+		return nil, err
+	}
+	if info.State != StateDead && info.State != StateCancelled {
+		return info, fmt.Errorf("job %s is %s: %w", id, info.State, ErrNotRetryable)
+	}
+	if err := q.revive(ctx, info.Upstream, id, tenant, true); err != nil {
+		return nil, err
+	}
+	return q.Get(ctx, id, tenant)
+}
+
+// RetryDeadResult is what RetryDead did.
+type RetryDeadResult struct {
+	// Retried jobs are queued again.
+	Retried int `json:"retried"`
+	// Skipped jobs stay dead: their sensitive headers are gone.
+	Skipped int `json:"skipped"`
+}
+
+// RetryDead retries (as Retry does) every dead job of an upstream, of
+// every tenant, newest first; cancelled jobs stay cancelled. Each job
+// moves in its own script, so workers and concurrent retries see each one
+// either dead or queued; a job that dies while RetryDead runs is left for
+// the next call. It stops at ctx's end, returning what it did so far.
+func (q *Queue) RetryDead(ctx context.Context, upstream string) (RetryDeadResult, error) {
+	var res RetryDeadResult
+	if _, ok := q.ups[upstream]; !ok {
+		return res, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+	}
+	keys := taskstore.For(QueueName(upstream))
+	cur := cursor{}
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		v, err := readIndex(ctx, q.rdb, keys, keys.Archived(), "z", cur, 200)
+		if err != nil {
+			return res, fmt.Errorf("retry dead jobs of %s: %w", upstream, err)
+		}
+		for _, e := range v {
+			cur.Score, cur.Member = e.score, e.id
+			if e.state != "archived" {
+				continue
+			}
+			err := q.revive(ctx, upstream, e.id, "", false)
+			switch {
+			case err == nil:
+				res.Retried++
+			case errors.Is(err, errSecretsGone):
+				res.Skipped++
+			case errors.Is(err, ErrNotRetryable), errors.Is(err, ErrNotFound), errors.Is(err, errCancelled):
+				// Taken by another retry, trimmed, or cancelled.
+			default:
+				return res, fmt.Errorf("retry dead jobs of %s: %w", upstream, err)
+			}
+		}
+		if len(v) < 200 {
+			return res, nil
+		}
+	}
+}
+
+var (
+	errCancelled   = errors.New("job was cancelled")
+	errSecretsGone = errors.New("its sensitive headers were deleted when it finished; enqueue it again with them")
+)
+
+// revive moves one archived job back to its flow (see Retry). With
+// cancelled false, a cancelled job is left alone (errCancelled).
+func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancelled bool) error {
+	space := sched.For(q.prefix, upstream)
+	// A few tries: the message is rewritten in Go and set only if it is
+	// unchanged, and a concurrent retry, trim or cancel can change it.
+	for try := 0; ; try++ {
+		var msgCmd *redis.StringCmd
+		var markCmd *redis.IntCmd
+		_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			msgCmd = p.HGet(ctx, space.TaskKey(id), "msg")
+			markCmd = p.Exists(ctx, q.cancelKey(id))
+			return nil
+		})
+		if errors.Is(msgCmd.Err(), redis.Nil) {
+			return fmt.Errorf("job %s: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("retry %s: %w", id, err)
+		}
+		if markCmd.Val() == 1 && !cancelled {
+			return fmt.Errorf("job %s: %w", id, errCancelled)
+		}
+		was := []byte(msgCmd.Val())
+		msg, err := taskstore.Unmarshal(was)
+		if err != nil {
+			return fmt.Errorf("retry %s: %w", id, err)
+		}
+		var job Job
+		if err := json.Unmarshal(msg.Payload, &job); err != nil {
+			return fmt.Errorf("retry %s: undecodable payload: %w", id, err)
+		}
+		if tenant != "" && job.Tenant != tenant {
+			return fmt.Errorf("job %s: %w", id, ErrNotFound)
+		}
+		job.RetriedAt = time.Now().UTC()
+		job.Retries++
+		job.PreviousError = ""
+		if !deferred(msg.ErrorMsg) {
+			job.PreviousError = msg.ErrorMsg
+		}
+		job.ExpiresAt = time.Time{}
+		if msg.Payload, err = json.Marshal(&job); err != nil {
+			return fmt.Errorf("retry %s: encode job: %w", id, err)
+		}
+		msg.Retried, msg.ErrorMsg, msg.LastFailedAt, msg.CompletedAt = 0, "", 0, 0
+		err = space.Revive(ctx, q.rdb, sched.Revival{ID: id, Was: was, Msg: msg.Marshal(),
+			Forget: q.cancelKey(id), Needs: SecretsKey(q.prefix, &job)})
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, redis.Nil):
+			return fmt.Errorf("job %s: %w", id, ErrNotFound)
+		case errors.Is(err, sched.ErrNotArchived):
+			return fmt.Errorf("job %s: %v: %w", id, err, ErrNotRetryable)
+		case errors.Is(err, sched.ErrNeedMissing):
+			return fmt.Errorf("job %s: %w: %w", id, errSecretsGone, ErrNotRetryable)
+		case errors.Is(err, sched.ErrChanged) && try < 3:
+			continue
+		default:
+			return fmt.Errorf("retry %s: %w", id, err)
+		}
+	}
+}
