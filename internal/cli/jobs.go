@@ -15,8 +15,9 @@ import (
 )
 
 type jobsOptions struct {
-	api  apiFlags
-	json bool
+	configPath string
+	api        apiFlags
+	json       bool
 
 	// ls
 	list client.ListJobsOptions
@@ -27,12 +28,15 @@ func newCmdJobs(f *Factory) *cobra.Command {
 	opts := &jobsOptions{}
 	cmd := &cobra.Command{
 		Use:   "jobs",
-		Short: "List, read, retry and cancel jobs through the API",
-		Long: `List, read, retry and cancel jobs through a running API (shaper serve or
-shaper dev), with --api URL and --api-key KEY (or $SHAPER_API_URL and
-$SHAPER_API_KEY). A key sees and acts on its own tenant's jobs only;
-retry-dead needs an admin key. Tables by default, --json for scripts.`,
-		Example: `  shaper jobs ls --upstream stripe --state dead
+		Short: "List, read, retry and cancel jobs",
+		Long: `List, read, retry and cancel jobs, directly on Redis with --config (or
+$SHAPER_CONFIG), as the operator: every tenant's jobs. Or through a running
+API (shaper serve or shaper dev) with --api URL and --api-key KEY (or
+$SHAPER_API_URL and $SHAPER_API_KEY): a key sees and acts on its own
+tenant's jobs only, and retry-dead needs an admin key. --config wins over
+--api. Tables by default, --json for scripts.`,
+		Example: `  shaper jobs ls --upstream stripe --state dead --config shaper.yaml
+  shaper jobs ls --upstream demo --api http://localhost:8080 --api-key "$KEY"
   shaper jobs get stripe.default.3fa9c1d2-k4xq7m...
   shaper jobs retry stripe.default.3fa9c1d2-k4xq7m...
   shaper jobs retry-dead stripe --api-key "$ADMIN_KEY"`,
@@ -45,6 +49,7 @@ retry-dead needs an admin key. Tables by default, --json for scripts.`,
 		},
 	}
 	pf := cmd.PersistentFlags()
+	pf.StringVarP(&opts.configPath, "config", "c", "", "config file (YAML), to act through Redis on every tenant's jobs (default $SHAPER_CONFIG)")
 	pf.StringVar(&opts.api.api, "api", "", "API base URL (default $SHAPER_API_URL)")
 	pf.StringVar(&opts.api.apiKey, "api-key", "", "API key (default $SHAPER_API_KEY)")
 	pf.BoolVar(&opts.json, "json", false, "print JSON")
@@ -58,7 +63,8 @@ func newCmdJobsList(f *Factory, opts *jobsOptions) *cobra.Command {
 		Use:     "ls --upstream NAME [--state STATE] [--lane LANE] [--partition P] [--limit N] [--cursor C | --all]",
 		Aliases: []string{"list"},
 		Short:   "List an upstream's jobs, newest first",
-		Long: `List one upstream's jobs of the key's tenant, newest first within each state:
+		Long: `List one upstream's jobs (of the key's tenant through the API, of every
+tenant with --config), newest first within each state:
 being sent, queued (newest enqueued first), scheduled and retrying (latest
 due first), dead and cancelled (latest died first), succeeded (latest
 finished first). --state keeps one state: queued, scheduled, active,
@@ -85,8 +91,7 @@ the command prints the cursor of the next page on stderr; pass it back with
 	fl.StringVar(&opts.list.Cursor, "cursor", "", "start at this cursor, printed by the page before")
 	fl.BoolVar(&opts.all, "all", false, "follow every page")
 	cmd.MarkFlagRequired("upstream")
-	var noConfig string
-	cmd.RegisterFlagCompletionFunc("upstream", f.upstreamCompleter(&noConfig, &opts.api))
+	cmd.RegisterFlagCompletionFunc("upstream", f.upstreamCompleter(&opts.configPath, &opts.api))
 	cmd.RegisterFlagCompletionFunc("state", cobra.FixedCompletions([]cobra.Completion{"queued", "scheduled", "active", "retrying", "succeeded", "dead", "cancelled"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -98,15 +103,16 @@ func jobsListRun(ctx context.Context, f *Factory, opts *jobsOptions) error {
 	if opts.list.Limit < 0 || opts.list.Limit > 200 {
 		return fmt.Errorf("--limit %d: want 1 to 200", opts.list.Limit)
 	}
-	c, err := opts.api.client(f)
+	b, err := opts.openJobs(ctx, f)
 	if err != nil {
 		return err
 	}
+	defer b.close()
 	var jobs []client.Job
 	lo := opts.list
 	next := ""
 	for {
-		page, err := c.ListJobs(ctx, lo)
+		page, err := b.list(ctx, lo)
 		if err != nil {
 			return err
 		}
@@ -161,11 +167,12 @@ func newCmdJobsGet(f *Factory, opts *jobsOptions) *cobra.Command {
   shaper jobs get stripe.default.3fa9c1d2-k4xq7m... --json | jq .response`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := opts.api.client(f)
+			b, err := opts.openJobs(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
-			job, err := c.Get(cmd.Context(), args[0])
+			defer b.close()
+			job, err := b.get(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -191,7 +198,7 @@ died. For every dead job of an upstream at once, see "shaper jobs retry-dead".`,
   shaper jobs ls --upstream stripe --state dead --all --json | jq -r '.jobs[].id' | xargs shaper jobs retry`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return eachJob(cmd.Context(), f, opts, args, "retried", (*client.Client).RetryJob)
+			return eachJob(cmd.Context(), f, opts, args, "retried", jobsBackend.retry)
 		},
 	}
 }
@@ -206,22 +213,23 @@ refused (409).`,
 		Example: `  shaper jobs cancel stripe.default.3fa9c1d2-k4xq7m...`,
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return eachJob(cmd.Context(), f, opts, args, "cancelled", (*client.Client).Cancel)
+			return eachJob(cmd.Context(), f, opts, args, "cancelled", jobsBackend.cancel)
 		},
 	}
 }
 
 // eachJob acts on each job in turn, printing each outcome; it goes on
 // past a refused job and fails at the end if any was refused.
-func eachJob(ctx context.Context, f *Factory, opts *jobsOptions, ids []string, verb string, act func(*client.Client, context.Context, string) (*client.Job, error)) error {
-	c, err := opts.api.client(f)
+func eachJob(ctx context.Context, f *Factory, opts *jobsOptions, ids []string, verb string, act func(jobsBackend, context.Context, string) (*client.Job, error)) error {
+	b, err := opts.openJobs(ctx, f)
 	if err != nil {
 		return err
 	}
+	defer b.close()
 	failed := 0
 	var done []*client.Job
 	for _, id := range ids {
-		job, err := act(c, ctx, id)
+		job, err := act(b, ctx, id)
 		if err != nil {
 			if len(ids) == 1 {
 				return err
@@ -253,15 +261,18 @@ func newCmdJobsRetryDead(f *Factory, opts *jobsOptions) *cobra.Command {
 		Short: "Queue every dead job of an upstream again (admin key)",
 		Long: `Send every dead job of one upstream, of every tenant, back to its queue with
 fresh attempts, as "shaper jobs retry" does for one; cancelled jobs stay
-cancelled. Needs an admin key. Prints how many jobs went back.`,
-		Example: `  shaper jobs retry-dead stripe --api http://localhost:8080 --api-key "$ADMIN_KEY"`,
-		Args:    cobra.ExactArgs(1),
+cancelled. Through the API it needs an admin key. Prints how many jobs
+went back.`,
+		Example: `  shaper jobs retry-dead stripe --config shaper.yaml
+  shaper jobs retry-dead stripe --api http://localhost:8080 --api-key "$ADMIN_KEY"`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := opts.api.client(f)
+			b, err := opts.openJobs(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
-			n, err := c.RetryDead(cmd.Context(), args[0])
+			defer b.close()
+			n, err := b.retryDead(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -272,8 +283,7 @@ cancelled. Needs an admin key. Prints how many jobs went back.`,
 			return nil
 		},
 	}
-	var noConfig string
-	cmd.ValidArgsFunction = argsCompleter(f.upstreamCompleter(&noConfig, &opts.api))
+	cmd.ValidArgsFunction = argsCompleter(f.upstreamCompleter(&opts.configPath, &opts.api))
 	return cmd
 }
 

@@ -160,3 +160,68 @@ func TestJobsCommands(t *testing.T) {
 		})
 	}
 }
+
+// TestJobsThroughRedis: with --config (or $SHAPER_CONFIG) shaper jobs acts
+// on Redis directly as the operator: every tenant's jobs are listed, read,
+// cancelled and retried, and the output is the API's.
+func TestJobsThroughRedis(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	cfg := writeFile(t, "jobs.yaml", strings.ReplaceAll(`
+redis: {url: "%REDIS%"}
+upstreams:
+  stripe:
+    base_url: https://api.stripe.com
+    limits: [{rate: 100, per: 1s}]
+`, "%REDIS%", srv.URL()))
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe", BaseURL: "https://api.stripe.com", Limits: []leaky.Limit{leaky.PerSecond(100)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	var ids []string
+	for _, tenant := range []string{"acme", "globex"} {
+		info, _, err := q.Enqueue(ctx, &queue.Job{Tenant: tenant, Upstream: "stripe", Path: "/v1/refunds", NotBefore: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.ID)
+	}
+
+	out, errOut, code := run(t, nil, "", "jobs", "ls", "--upstream", "stripe", "--config", cfg, "--json")
+	var page client.JobPage
+	if code != 0 || json.Unmarshal([]byte(out), &page) != nil || len(page.Jobs) != 2 {
+		t.Fatalf("ls --config: exit %d\n%s%s; want both tenants' jobs", code, out, errOut)
+	}
+	tenants := map[string]bool{}
+	for _, j := range page.Jobs {
+		tenants[j.Tenant] = true
+	}
+	if !tenants["acme"] || !tenants["globex"] {
+		t.Errorf("ls --config listed tenants %v, want acme and globex", tenants)
+	}
+
+	env := map[string]string{"SHAPER_CONFIG": cfg}
+	out, _, code = run(t, env, "", "jobs", "cancel", ids[1])
+	if code != 0 || out != "cancelled "+ids[1]+": cancelled\n" {
+		t.Fatalf("cancel through $SHAPER_CONFIG: exit %d %q", code, out)
+	}
+	out, _, code = run(t, env, "", "jobs", "retry", ids[1])
+	if code != 0 || out != "retried "+ids[1]+": queued\n" {
+		t.Fatalf("retry through $SHAPER_CONFIG: exit %d %q", code, out)
+	}
+	out, _, code = run(t, env, "", "jobs", "get", ids[1], "--json")
+	var got client.Job
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || got.State != client.StateQueued || got.Retries != 1 || got.Tenant != "globex" {
+		t.Fatalf("get after retry: exit %d\n%s", code, out)
+	}
+	out, _, code = run(t, env, "", "jobs", "retry-dead", "stripe")
+	if code != 0 || out != "retried 0 dead jobs of stripe\n" {
+		t.Fatalf("retry-dead with none dead: exit %d %q", code, out)
+	}
+	_, errOut, code = run(t, nil, "", "jobs", "ls", "--upstream", "stripe")
+	if code != 1 || !strings.Contains(errOut, "--config") || !strings.Contains(errOut, "--api") {
+		t.Fatalf("ls with neither --config nor --api: exit %d, stderr %q", code, errOut)
+	}
+}
