@@ -681,6 +681,21 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 	return moved, nil
 }
 
+// ClearAsynqPause lifts a pause placed on the upstream's queue through
+// asynq (Inspector.PauseQueue), as asynq's UnpauseQueue does; it reports
+// whether there was one. (Workers see it gone at their next look, within
+// sched.PausedPoll, or at once if woken.)
+func (q *Queue) ClearAsynqPause(ctx context.Context, upstream string) (bool, error) {
+	if _, ok := q.ups[upstream]; !ok {
+		return false, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+	}
+	n, err := q.rdb.Del(ctx, sched.For(q.prefix, upstream).PausedKey()).Result()
+	if err != nil {
+		return false, fmt.Errorf("unpause %s in asynq: %w", upstream, err)
+	}
+	return n == 1, nil
+}
+
 // TrimDead deletes an upstream's dead and cancelled jobs older than its dead
 // retention (asynq itself keeps at most 10,000 for 90 days). It returns how
 // many it deleted.
