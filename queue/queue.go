@@ -245,10 +245,10 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		Retention: int64(u.ResultRetention.Seconds()),
 		GroupKey:  job.Lane + "|" + fk + "|" + job.Partition,
 	}
-	created, err := space.Enqueue(ctx, rdb, sched.Entry{
+	created, held, err := space.EnqueueHeld(ctx, rdb, sched.Entry{
 		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
 		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
-	})
+	}, q.blocks[job.Upstream])
 	if err == nil && !created && secret != nil {
 		// The repeat found the first job, which has its own side key: this
 		// one names no task. (After an error the task may or may not
@@ -270,6 +270,13 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 	info := &Info{Job: stored, State: StateQueued}
 	if !job.NotBefore.IsZero() && job.NotBefore.After(time.Now()) {
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
+	}
+	if held {
+		// Rare (a pause, a pushback, a parked partition): say by what, as
+		// GET would, at the cost of a read.
+		if err := q.describeWait(ctx, info); err != nil {
+			info.State = StateScheduled
+		}
 	}
 	return info, true, nil
 }

@@ -253,3 +253,60 @@ func TestWaitingFor(t *testing.T) {
 		})
 	}
 }
+
+// The enqueue's answer already says a job is held back, as GET would.
+func TestEnqueueAnswerSaysHeld(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		before     func(r *waitRig)
+		job        Job
+		state      State
+		waitingFor string
+	}{
+		{"free", func(*waitRig) {}, Job{Path: "/a"}, StateQueued, ""},
+		{"paused", func(r *waitRig) {
+			if _, err := r.bucket.Block(context.Background(), time.Hour, "paused by ops"); err != nil {
+				r.t.Fatal(err)
+			}
+		}, Job{Path: "/a"}, StateScheduled, WaitingPause},
+		{"pushback", func(r *waitRig) {
+			if _, err := r.bucket.Block(context.Background(), time.Minute, BlockRefused); err != nil {
+				r.t.Fatal(err)
+			}
+		}, Job{Path: "/a"}, StateScheduled, WaitingPushback},
+		{"paused through asynq", func(r *waitRig) {
+			if err := asynq.NewInspectorFromRedisClient(r.q.rdb).PauseQueue(QueueName("stripe")); err != nil {
+				r.t.Fatal(err)
+			}
+		}, Job{Path: "/a"}, StateScheduled, WaitingPause},
+		{"partition parked", func(r *waitRig) {
+			r.enqueue(Job{Path: "/1", Partition: "p"})
+			r.enqueue(Job{Path: "/2", Partition: "p"})
+			r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
+				f.Outcome = taskstore.Succeeded
+				return true
+			})
+		}, Job{Path: "/3", Partition: "p"}, StateScheduled, WaitingLimit},
+		{"another partition free", func(r *waitRig) {
+			r.enqueue(Job{Path: "/1", Partition: "p"})
+			r.enqueue(Job{Path: "/2", Partition: "p"})
+			r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
+				f.Outcome = taskstore.Succeeded
+				return true
+			})
+		}, Job{Path: "/3", Partition: "q"}, StateQueued, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newWaitRig(t)
+			tc.before(r)
+			info := r.enqueue(tc.job)
+			if info.State != tc.state || info.WaitingFor != tc.waitingFor {
+				t.Fatalf("enqueue answered %s waiting for %q, want %s waiting for %q", info.State, info.WaitingFor, tc.state, tc.waitingFor)
+			}
+			got, err := r.q.Get(context.Background(), info.ID, "")
+			if err != nil || got.State != info.State || got.WaitingFor != info.WaitingFor {
+				t.Fatalf("GET: %+v, %v; want what the enqueue answered", got, err)
+			}
+		})
+	}
+}

@@ -379,8 +379,12 @@ func testScheduledAndRetryComeDue(t *testing.T, failure bool, counter string) {
 	}
 	r.check("retry due")
 	tk = r.take(10)
-	waitNext(t, tk, 0, 150*time.Millisecond)
-	if got := r.takeIDs(10); !slices.Equal(got, []string{"s1"}) {
+	got := ids(tk)
+	if len(got) == 0 {
+		waitNext(t, tk, 0, 150*time.Millisecond)
+		got = r.takeIDs(10)
+	} // else s1 came due already (a slow host): this take moved and took it.
+	if !slices.Equal(got, []string{"s1"}) {
 		t.Fatalf("took %v when s1 came due, want [s1]", got)
 	}
 	r.check("scheduled due")

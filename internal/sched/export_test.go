@@ -16,6 +16,7 @@ import (
 func (s Space) VKey() string                    { return s.vKey() }
 func (s Space) FairKeysKey() string             { return s.fKey() }
 func (s Space) CalendarKey() string             { return s.calKey() }
+func (s Space) ParkedKey() string               { return s.parkedKey() }
 func (s Space) LanesKey(fk string) string       { return s.our + "l:" + fk }
 func (s Space) ReadyKey(lane, fk string) string { return s.our + "r:" + lane + "|" + fk }
 func (s Space) GroupKey(lane, fk, pk string) string {

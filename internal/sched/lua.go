@@ -88,9 +88,13 @@ end
 //	ARGV[7] process at, Unix seconds ("" = now)  ARGV[8] our prefix
 //	ARGV[9] asynq group prefix  ARGV[10] asynq task prefix
 //	ARGV[11] wake channel  ARGV[12] upstream name
+//	KEYS[9] leaky block hash, KEYS[10] asynq paused key: optional, to learn
+//	whether a job stored ready is held back
 //
 // Returns 0 if a job with this id exists (nothing changed), 1 if stored
-// ready, 2 if stored scheduled.
+// ready, 2 if stored scheduled, 3 if stored ready but held back (with
+// KEYS[9..10]: the upstream is blocked or paused through asynq, or the
+// job's partition is parked).
 var enqueueScript = script.New(`
 local P, G, T = ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
@@ -115,6 +119,13 @@ if ARGV[7] ~= '' and tonumber(ARGV[7]) * 1000000 > now then
 else
   push(id, lane, fk, pk, seq, now)
   count(KEYS[5], 'pending:' .. lane, 1)
+  if KEYS[10] then
+    local parked = redis.call('ZSCORE', P .. 'r:' .. lane .. '|' .. fk, pk)
+    if tonumber(redis.call('HGET', KEYS[9], 'until') or '0') > now or redis.call('EXISTS', KEYS[10]) == 1
+        or (parked and tonumber(parked) > now) then
+      out = 3
+    end
+  end
 end
 if redis.call('HDEL', K_V, 'sleep') == 1 then
   redis.call('PUBLISH', ARGV[11], ARGV[12])

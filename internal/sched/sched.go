@@ -136,20 +136,37 @@ func unixSeconds(t time.Time) string {
 // with nothing changed, if a job with e.ID exists. rdb may be a pipeline
 // or an autopipeliner.
 func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (created bool, err error) {
+	n, err := s.enqueue(ctx, rdb, e, "")
+	return n != 0, err
+}
+
+// EnqueueHeld is Enqueue that also reports whether a job stored ready is
+// held back at once: its upstream blocked (blockKey is the bucket's block
+// hash) or paused through asynq, or its partition parked. It costs the
+// enqueue no round trip.
+func (s Space) EnqueueHeld(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (created, held bool, err error) {
+	n, err := s.enqueue(ctx, rdb, e, blockKey)
+	return n != 0, n == 3, err
+}
+
+func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (int64, error) {
 	at := ""
 	if !e.ProcessAt.IsZero() {
 		at = unixSeconds(e.ProcessAt)
 	}
 	keys := []string{s.TaskKey(e.ID), s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.BacklogKey(),
 		s.a.Scheduled(), s.a.Groups()}
+	if blockKey != "" {
+		keys = append(keys, blockKey, s.PausedKey())
+	}
 	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys,
 		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
 		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	n, _ := v.(int64)
-	return n != 0, nil
+	return n, nil
 }
 
 // Requeue puts active jobs that were never sent back at the head of their
