@@ -54,9 +54,12 @@ func BlockWaitsFor(reason string) string {
 // waitingPrefix starts a hand-back's message in asynq's last error, which
 // is all asynq keeps of it, so asynq's own tools read it plainly:
 // "waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z
-// (429 from upstream)". legacyDeferredPrefix started it before.
+// (429 from upstream)"; waitingBare starts one that waits for none of
+// those ("waiting: sensitive headers unreadable"). legacyDeferredPrefix
+// started every one before.
 const (
 	waitingPrefix        = "waiting for "
+	waitingBare          = "waiting: "
 	legacyDeferredPrefix = "deferred: "
 )
 
@@ -71,7 +74,7 @@ type Deferral struct {
 	// sensitive headers to outlast it (RenewSecrets).
 	Delay time.Duration
 	// For is what it waits for (WaitingPushback, ...); "" for a wait of
-	// shaper's own (its store unreachable), shown as "waiting for retry".
+	// shaper's own (its store unreachable).
 	For string
 	// Why says what it waits for in words ("upstream blocked until ...
 	// (429 from upstream)"); it becomes the job's last error, after
@@ -80,11 +83,10 @@ type Deferral struct {
 }
 
 func (d *Deferral) Error() string {
-	what := d.For
-	if what == "" {
-		what = "retry"
+	if d.For == "" {
+		return waitingBare + d.Why
 	}
-	return waitingPrefix + what + ": " + d.Why
+	return waitingPrefix + d.For + ": " + d.Why
 }
 
 // IsFailure is asynq's Config.IsFailure for shaper's workers: every error
@@ -108,7 +110,7 @@ func deferredFor(lastErr string) (string, bool) {
 	if strings.HasPrefix(lastErr, legacyDeferredPrefix) {
 		return WaitingPushback, true
 	}
-	return "", false
+	return "", strings.HasPrefix(lastErr, waitingBare)
 }
 
 // deferred reports whether asynq's last error of a task was a Deferral.

@@ -27,6 +27,7 @@ func TestDeferralProtocol(t *testing.T) {
 		{d.Error(), true, WaitingPushback},
 		{"waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z (429 from upstream)", true, WaitingPushback},
 		{(&Deferral{Why: "sensitive headers unreadable"}).Error(), true, ""},
+		{"waiting: sensitive headers unreadable", true, ""},
 		{"deferred: upstream blocked until 2026-11-30T14:02:07Z", true, WaitingPushback}, // stored before
 		{"upstream answered 500", false, ""},
 		{"attempt 1 of 3: waiting for pushback: x", false, ""},

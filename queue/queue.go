@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -532,8 +531,7 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 // parked, and a job handed back, are scheduled with WaitingFor and, when
 // known, NextAttemptAt the hold's end. Other states are left as they are.
 func (q *Queue) describeWait(ctx context.Context, info *Info) error {
-	handedBack := info.State == StateScheduled && info.WaitingFor != ""
-	if info.State != StateQueued && !handedBack {
+	if info.State != StateQueued && info.State != StateScheduled {
 		return nil
 	}
 	h, err := sched.For(q.prefix, info.Upstream).ReadJobHold(ctx, q.rdb, q.blocks[info.Upstream], info.ID)
@@ -550,7 +548,7 @@ func (q *Queue) describeWait(ctx context.Context, info *Info) error {
 		info.State, info.WaitingFor, info.NextAttemptAt = StateScheduled, all, until
 	case h.State == "aggregating" && !h.ParkedUntil.IsZero():
 		info.State, info.WaitingFor, info.NextAttemptAt = StateScheduled, WaitingLimit, h.ParkedUntil
-	case h.State == "retry" && handedBack && all != "":
+	case h.State == "retry" && h.Deferred && all != "":
 		info.WaitingFor = all
 		if until.After(info.NextAttemptAt) {
 			info.NextAttemptAt = until
@@ -577,7 +575,7 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 		info.State, info.NextAttemptAt = StateRetrying, ti.NextProcessAt
 		if handedBack {
 			// Handed back: no attempt spent, it waits for its upstream.
-			info.State, info.WaitingFor = StateScheduled, cmp.Or(waits, WaitingPushback)
+			info.State, info.WaitingFor = StateScheduled, waits
 		}
 	case asynq.TaskStateActive:
 		info.State = StateActive
