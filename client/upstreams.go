@@ -187,10 +187,14 @@ type Backlog struct {
 	Lanes map[string]LaneCounts `json:"lanes"`
 }
 
-// LaneCounts are one lane's jobs by state.
+// LaneCounts are one lane's jobs by state, as Job.State reads each.
 type LaneCounts struct {
-	Pending   int64 `json:"pending"`
-	Scheduled int64 `json:"scheduled"`
+	Pending int64 `json:"pending"`
+	// Scheduled counts jobs delayed by not_before or held back; WaitingFor
+	// counts the held ones by cause ("pause", "pushback", "limit").
+	Scheduled  int64            `json:"scheduled"`
+	WaitingFor map[string]int64 `json:"waiting_for,omitempty"`
+	// Retry counts jobs waiting after a failed attempt.
 	Retry     int64 `json:"retry"`
 	Active    int64 `json:"active"`
 	Dead      int64 `json:"dead"`
