@@ -1153,7 +1153,7 @@ func TestUpstreams(t *testing.T) {
 		st.Retrying != 2 || st.Dead != 2 || st.Succeeded != 80 || !st.PausedUntil.IsZero() || st.Paused(time.Now()) {
 		t.Errorf("got %+v, want the fake's numbers", st)
 	}
-	if st.Backlog.Total != 1 || st.Backlog.Lanes["bulk"].Pending != 1 || st.Backlog.Lanes["default"] != (client.LaneCounts{Dead: 1, Succeeded: 40}) {
+	if st.Backlog.Total != 1 || st.Backlog.Lanes["bulk"].Pending != 1 || !reflect.DeepEqual(st.Backlog.Lanes["default"], client.LaneCounts{Dead: 1, Succeeded: 40}) {
 		t.Errorf("got backlog %+v, want 1 pending in bulk", st.Backlog)
 	}
 	if d, ok := st.TimeToDrain(); !ok || d <= 0 {

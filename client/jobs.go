@@ -182,6 +182,9 @@ type Job struct {
 	// Partition is the job's partition, empty if it has none.
 	Partition string `json:"partition,omitempty"`
 	State     State  `json:"state"`
+	// WaitingFor, for a scheduled job held back, says by what: "pause",
+	// "pushback" or "limit" (its partition's); empty otherwise.
+	WaitingFor string `json:"waiting_for,omitempty"`
 	// Attempts counts the calls made to the upstream so far.
 	Attempts    int `json:"attempts,omitempty"`
 	MaxAttempts int `json:"max_attempts,omitempty"`

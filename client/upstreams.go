@@ -25,9 +25,14 @@ type UpstreamStatus struct {
 	DrainRate   DrainRate `json:"drain_rate"`
 	Backlog     Backlog   `json:"backlog"`
 	InFlight    int64     `json:"in_flight"`
-	Retrying    int64     `json:"retrying"`
-	Dead        int64     `json:"dead"`
-	Succeeded   int64     `json:"succeeded"`
+	// Retrying counts jobs waiting after a failed attempt.
+	Retrying int64 `json:"retrying"`
+	// Scheduled counts jobs not yet due (not_before, or held back), and
+	// WaitingFor those held back by cause: "pause", "pushback", "limit".
+	Scheduled  int64            `json:"scheduled"`
+	WaitingFor map[string]int64 `json:"waiting_for,omitempty"`
+	Dead       int64            `json:"dead"`
+	Succeeded  int64            `json:"succeeded"`
 	// PausedUntil is when a pause or the upstream's own pushback ends; zero
 	// when the upstream is not paused.
 	PausedUntil time.Time `json:"paused_until,omitzero"`
@@ -182,10 +187,14 @@ type Backlog struct {
 	Lanes map[string]LaneCounts `json:"lanes"`
 }
 
-// LaneCounts are one lane's jobs by state.
+// LaneCounts are one lane's jobs by state, as Job.State reads each.
 type LaneCounts struct {
-	Pending   int64 `json:"pending"`
-	Scheduled int64 `json:"scheduled"`
+	Pending int64 `json:"pending"`
+	// Scheduled counts jobs delayed by not_before or held back; WaitingFor
+	// counts the held ones by cause ("pause", "pushback", "limit").
+	Scheduled  int64            `json:"scheduled"`
+	WaitingFor map[string]int64 `json:"waiting_for,omitempty"`
+	// Retry counts jobs waiting after a failed attempt.
 	Retry     int64 `json:"retry"`
 	Active    int64 `json:"active"`
 	Dead      int64 `json:"dead"`

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/internal/ratelimit"
+	"github.com/shaperhq/shaper/queue"
 )
 
 // kind is what to do with a job after an attempt.
@@ -36,9 +37,13 @@ func (k kind) String() string {
 // verdict is the reading of one upstream answer.
 type verdict struct {
 	kind kind
-	// block, when positive, pauses the whole upstream for every replica.
+	// block, when positive, pauses the whole upstream for every replica,
+	// with one of queue's Block reasons.
 	block       time.Duration
 	blockReason string
+	// until is when the fleet-wide block this answer placed (or found in
+	// force) ends, once heed has placed it; zero when it placed none.
+	until time.Time
 	// bare is a 429 that said nothing about when to come back: the
 	// upstream is paused by a pushback that grows while they repeat
 	// (leaky.Bucket.Pushback), and the job waits as long.
@@ -71,7 +76,7 @@ func classify(status int, h http.Header, rd ratelimit.Reading, spacing time.Dura
 	case status >= 200 && status < 300:
 		v := verdict{kind: kindDone}
 		if next := rd.NextUnit(); next > spacing {
-			v.block, v.blockReason = next, "quota_exhausted"
+			v.block, v.blockReason = next, queue.BlockQuota
 		}
 		return v
 	case status == http.StatusTooManyRequests:
@@ -98,7 +103,7 @@ func classify(status int, h http.Header, rd ratelimit.Reading, spacing time.Dura
 		}
 		v.refused = true
 		if wait > 0 {
-			v.block, v.blockReason = wait, "429"
+			v.block, v.blockReason = wait, queue.BlockRefused
 		} else {
 			v.bare = true
 		}

@@ -313,8 +313,10 @@ func TestShutdownHandsBackWaitingJobs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.State != queue.StateQueued || info.Attempts != 0 {
-			t.Errorf("job %s after shutdown: %s with %d attempts; want queued with none spent", id, info.State, info.Attempts)
+		// Back in their flows, untaken, which the block still holds.
+		if info.State != queue.StateScheduled || info.WaitingFor != queue.WaitingPause || info.Attempts != 0 {
+			t.Errorf("job %s after shutdown: %s waiting for %q with %d attempts; want scheduled, waiting for the pause, with none spent",
+				id, info.State, info.WaitingFor, info.Attempts)
 		}
 	}
 	if n := h.fake.Report().Total; n != 0 {
@@ -350,8 +352,9 @@ func TestLongBlockHoldsNoJob(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.State != queue.StateQueued || info.Attempts != 0 {
-			t.Fatalf("job %s after a second of a long block: %s with %d attempts; want queued with none spent", id, info.State, info.Attempts)
+		if info.State != queue.StateScheduled || info.WaitingFor != queue.WaitingPause || info.Attempts != 0 {
+			t.Fatalf("job %s after a second of a long block: %s waiting for %q with %d attempts; want scheduled, waiting for the pause, with none spent",
+				id, info.State, info.WaitingFor, info.Attempts)
 		}
 	}
 	start := time.Now()

@@ -65,7 +65,7 @@ func handlerVerdict(err error) verdict {
 			// No time given: a bare pushback, growing while repeated.
 			return verdict{kind: kindPushback, bare: true, refused: true, reason: err.Error()}
 		}
-		return verdict{kind: kindPushback, wait: pb.wait, block: pb.wait, blockReason: "429", refused: true, reason: err.Error()}
+		return verdict{kind: kindPushback, wait: pb.wait, block: pb.wait, blockReason: queue.BlockRefused, refused: true, reason: err.Error()}
 	case errors.As(err, &pe):
 		return verdict{kind: kindDead, reason: err.Error()}
 	default:

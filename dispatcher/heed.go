@@ -120,20 +120,23 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 	}
 	switch {
 	case v.bare:
-		until, dur, paused, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), "429", v.sentAt)
+		until, dur, paused, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), queue.BlockRefused, v.sentAt)
 		switch {
 		case err != nil:
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()
 			d.log.Error("could not pause upstream after a 429", "upstream", u.cfg.Name, "err", err)
 			dur = u.cfg.PushbackDefault
 		case paused:
-			d.m.UpstreamBlocks.WithLabelValues(u.cfg.Name, "429").Inc()
+			d.m.UpstreamBlocks.WithLabelValues(u.cfg.Name, queue.BlockRefused).Inc()
 			d.log.Warn("upstream answered 429 without a time; paused fleet-wide", "upstream", u.cfg.Name,
 				"for", dur, "until", until.Format(time.RFC3339Nano))
 		}
 		v.wait = max(v.wait, dur)
+		if err == nil {
+			v.until = until
+		}
 	case v.block > 0:
-		d.block(bg, u, v.block, v.blockReason)
+		v.until = d.block(bg, u, v.block, v.blockReason)
 	}
 	if resp != nil && len(u.cfg.Settle) > 0 {
 		d.settle(bg, u, job, resp)
@@ -182,7 +185,7 @@ func (d *Dispatcher) learn(ctx context.Context, u *upstream, stated []leaky.Limi
 			// Slots booked at the old pace up to the horizon ahead, here
 			// and on other replicas, would still go out at it: a block
 			// over them hands their jobs back, to be booked anew.
-			d.block(ctx, u, d.cfg.Horizon, "stated_limit")
+			d.block(ctx, u, d.cfg.Horizon, queue.BlockStatedLimit)
 		}
 	} else if len(stated) > 0 {
 		d.log.Info("upstream states its limits", "upstream", u.cfg.Name, "stated", describe(stated))

@@ -573,7 +573,7 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		return nil, stored
 	case kindPushback:
 		d.m.Dispatches.WithLabelValues(name, "deferred").Inc()
-		return &queue.Deferral{Delay: v.wait, Why: v.reason}, stored
+		return pushedBack(v, time.Now()), stored
 	case kindRetry:
 		if !queue.LastAttempt(job, attempt) {
 			d.m.Dispatches.WithLabelValues(name, "retry").Inc()

@@ -100,24 +100,43 @@ func (d *Dispatcher) forgetSecrets(ctx context.Context, job *queue.Job) {
 	}
 }
 
-// block pauses the upstream for every replica.
-func (d *Dispatcher) block(ctx context.Context, u *upstream, dur time.Duration, reason string) {
+// block pauses the upstream for every replica; it returns the block's
+// end (zero if it could not be placed).
+func (d *Dispatcher) block(ctx context.Context, u *upstream, dur time.Duration, reason string) time.Time {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	until, err := u.bucket.Block(bctx, dur, reason)
 	if err != nil {
 		d.m.RedisErrors.WithLabelValues("pacing").Inc()
 		d.log.Error("could not block upstream after pushback", "upstream", u.cfg.Name, "for", dur, "err", err)
-		return
+		return time.Time{}
 	}
 	d.m.UpstreamBlocks.WithLabelValues(u.cfg.Name, reason).Inc()
 	d.log.Warn("upstream pushed back; blocked fleet-wide", "upstream", u.cfg.Name, "reason", reason, "until", until.Format(time.RFC3339Nano))
+	return until
 }
 
 // handBack returns the job to its queue after delay, spending no attempt.
 func handBack(delay time.Duration, why string) error {
 	return &queue.Deferral{Delay: delay, Why: why}
 }
+
+// pushedBack hands back the job an upstream refused (a 429): it waits,
+// spending no attempt, and says in asynq's last error what for, when
+// that ends (on Redis's clock, as the block is kept), and the answer:
+// "waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z
+// (429 from upstream)".
+func pushedBack(v verdict, now time.Time) error {
+	why := "job held until " + stamp(now.Add(v.wait)) + " (" + v.reason + ")"
+	if !v.until.IsZero() {
+		why = "upstream blocked until " + stamp(v.until) + " (" + v.reason + ")"
+	}
+	return &queue.Deferral{Delay: v.wait, For: queue.WaitingPushback, Why: why}
+}
+
+// stamp writes a time as a reader of asynq's tools wants it: UTC, to the
+// millisecond.
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
 // errTooLate: the reservation's slot slipped past the guard before the
 // request could leave; nothing was sent.

@@ -189,6 +189,11 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 	return b, nil
 }
 
+// BlockKey is the block hash of the bucket called name (Layout.Block),
+// for a reader that must see a block without the bucket's limits: what a
+// waiting job waits for.
+func (p *Pacer) BlockKey(name string) string { return p.key(name, "block") }
+
 // key builds every key the package writes: prefix:leaky:{name}:part, so a
 // bucket's keys share one Redis Cluster slot.
 func (p *Pacer) key(name, part string) string {

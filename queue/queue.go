@@ -17,6 +17,7 @@ import (
 	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/internal/sched"
 	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/leaky"
 )
 
 // Errors callers branch on.
@@ -65,6 +66,9 @@ type Queue struct {
 	insp    *asynq.Inspector
 	ups     map[string]shaper.Upstream
 	prefix  string
+	// blocks are the upstreams' bucket block hashes: a block holds their
+	// waiting jobs (Info.WaitingFor).
+	blocks map[string]string
 
 	mu      sync.Mutex
 	backlog map[string]backlogSample
@@ -103,6 +107,11 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 		prefix:  keyspace.Prefix(cfg.Prefix),
 		backlog: map[string]backlogSample{},
 		listed:  map[string]bool{},
+		blocks:  map[string]string{},
+	}
+	pacer := leaky.New(rdb, leaky.Config{Prefix: q.prefix})
+	for name := range ups {
+		q.blocks[name] = pacer.BlockKey(QueueName(name))
 	}
 	q.bulkRdb = rdb
 	// The autopipeliner belongs to rdb and stops when rdb is closed.
@@ -135,7 +144,11 @@ func (q *Queue) Upstream(name string) (shaper.Upstream, bool) {
 // Info is a job with what has happened to it.
 type Info struct {
 	Job
-	State         State     `json:"state"`
+	State State `json:"state"`
+	// WaitingFor, for a job that could otherwise go now, says what holds
+	// it back: WaitingPause, WaitingPushback or WaitingLimit (its State is
+	// then scheduled, and NextAttemptAt when the hold ends, if known).
+	WaitingFor    string    `json:"waiting_for,omitempty"`
 	Attempts      int       `json:"attempts"`
 	LastError     string    `json:"last_error,omitempty"`
 	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
@@ -231,10 +244,10 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		Retention: int64(u.ResultRetention.Seconds()),
 		GroupKey:  job.Lane + "|" + fk + "|" + job.Partition,
 	}
-	created, err := space.Enqueue(ctx, rdb, sched.Entry{
+	created, held, err := space.EnqueueHeld(ctx, rdb, sched.Entry{
 		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
 		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
-	})
+	}, q.blocks[job.Upstream])
 	if err == nil && !created && secret != nil {
 		// The repeat found the first job, which has its own side key: this
 		// one names no task. (After an error the task may or may not
@@ -256,6 +269,13 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 	info := &Info{Job: stored, State: StateQueued}
 	if !job.NotBefore.IsZero() && job.NotBefore.After(time.Now()) {
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
+	}
+	if held {
+		// Rare (a pause, a pushback, a parked partition): say by what, as
+		// GET would, at the cost of a read.
+		if err := q.describeWait(ctx, info); err != nil {
+			info.State = StateScheduled
+		}
 	}
 	return info, true, nil
 }
@@ -323,42 +343,116 @@ func (q *Queue) noteEnqueued(upstream string) {
 	q.mu.Unlock()
 }
 
-// LaneCounts are one lane's jobs by state.
+// LaneCounts are one lane's jobs by state, as GET /v1/jobs/{id} would
+// show each of them (Info.State).
 type LaneCounts struct {
-	Pending   int64 `json:"pending"`
+	// Pending: queued, free to go in their turn.
+	Pending int64 `json:"pending"`
+	// Scheduled: delayed by not_before, or held back (WaitingFor).
 	Scheduled int64 `json:"scheduled"`
+	// Retry: waiting to try again after a failed attempt.
 	Retry     int64 `json:"retry"`
 	Active    int64 `json:"active"`
 	Dead      int64 `json:"dead"`
 	Succeeded int64 `json:"succeeded"`
+	// WaitingFor splits the held among Scheduled by what holds them
+	// ("pause", "pushback", "limit"); absent when none is.
+	WaitingFor map[string]int64 `json:"waiting_for,omitempty"`
 }
 
 // Backlog is the jobs not yet finished: pending, scheduled, retrying and
 // active.
 func (c LaneCounts) Backlog() int64 { return c.Pending + c.Scheduled + c.Retry + c.Active }
 
-// Counts reads every lane's counts for an upstream in one round trip:
-// counters that every change of a job's state keeps in the same script.
+func (c *LaneCounts) hold(what string, n int64) {
+	if n <= 0 {
+		return
+	}
+	if c.WaitingFor == nil {
+		c.WaitingFor = map[string]int64{}
+	}
+	c.WaitingFor[what] += n
+	c.Scheduled += n
+}
+
+// Held is an upstream's jobs by lane, with what holds the waiting ones.
+type Held struct {
+	Lanes map[string]LaneCounts
+	// AsynqPaused: the upstream's queue is paused through asynq's
+	// PauseQueue, since PausedSince (zero if asynq's mark holds no time).
+	// Workers take nothing from it until it is unpaused or resumed.
+	AsynqPaused bool
+	PausedSince time.Time
+	// BlockedUntil and BlockReason are the upstream's block, as read with
+	// the counts: a pause or a pushback (BlockWaitsFor).
+	BlockedUntil time.Time
+	BlockReason  string
+	// LimitPartial: more partitions were parked than one read counts the
+	// jobs of (5,000), so some jobs held by their limit count as pending.
+	LimitPartial bool
+}
+
+// Counts reads every lane's counts for an upstream; see ReadHeld.
 func (q *Queue) Counts(ctx context.Context, upstream string) (map[string]LaneCounts, error) {
+	h, err := q.ReadHeld(ctx, upstream)
+	if err != nil {
+		return nil, err
+	}
+	return h.Lanes, nil
+}
+
+// ReadHeld reads every lane's counts for an upstream in one round trip,
+// from counters that every change of a job's state keeps in the same
+// script, with what holds the waiting jobs at that instant: while the
+// upstream is paused or blocked, every job waiting its turn or handed
+// back is scheduled and waiting for the pause or the pushback; otherwise
+// jobs whose partition is parked wait for their limit, and jobs handed
+// back after a 429 for that pushback.
+func (q *Queue) ReadHeld(ctx context.Context, upstream string) (Held, error) {
 	u, ok := q.ups[upstream]
 	if !ok {
-		return nil, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+		return Held{}, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	c, err := sched.For(q.prefix, upstream).ReadCounts(ctx, q.rdb)
+	h, err := sched.For(q.prefix, upstream).ReadHolds(ctx, q.rdb, q.blocks[upstream])
 	if err != nil {
-		return nil, fmt.Errorf("count jobs of %s: %w", upstream, err)
+		return Held{}, fmt.Errorf("count jobs of %s: %w", upstream, err)
 	}
-	out := map[string]LaneCounts{}
+	out := Held{Lanes: map[string]LaneCounts{}, AsynqPaused: h.AsynqPaused, PausedSince: h.PausedSince,
+		BlockedUntil: h.BlockedUntil, BlockReason: h.BlockReason, LimitPartial: h.Partial}
 	for _, lane := range u.LaneNames() {
-		out[lane] = LaneCounts{}
+		out.Lanes[lane] = LaneCounts{}
 	}
-	for lane, m := range c {
-		out[lane] = LaneCounts{
+	all := holdOf(h.Hold)
+	for lane, m := range h.Counts {
+		c := LaneCounts{
 			Pending: m["pending"], Scheduled: m["scheduled"], Retry: m["retry"],
 			Active: m["active"], Dead: m["dead"], Succeeded: m["succeeded"],
 		}
+		deferred := m["deferred"]
+		if all != "" {
+			c.hold(all, c.Pending+deferred)
+			c.Pending = 0
+		} else {
+			parked := min(h.Parked[lane], c.Pending)
+			c.hold(WaitingLimit, parked)
+			c.Pending -= parked
+			c.hold(WaitingPushback, deferred)
+		}
+		out.Lanes[lane] = c
 	}
 	return out, nil
+}
+
+// holdOf is what holds every waiting job of an upstream: asynq's pause or
+// the bucket's block; "" for neither.
+func holdOf(h sched.Hold) string {
+	switch {
+	case h.AsynqPaused:
+		return WaitingPause
+	case !h.BlockedUntil.IsZero():
+		return BlockWaitsFor(h.BlockReason)
+	}
+	return ""
 }
 
 // Partitions reads how many partitions of an upstream have jobs not yet
@@ -370,14 +464,19 @@ func (q *Queue) Partitions(ctx context.Context, upstream string, n int) (int64, 
 	return sched.For(q.prefix, upstream).Partitions(ctx, q.rdb, n)
 }
 
+// pendingCount is an upstream's jobs not yet finished, from the counters
+// alone (one HGETALL: it runs on enqueues near max_pending).
 func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error) {
-	counts, err := q.Counts(ctx, upstream)
+	if _, ok := q.ups[upstream]; !ok {
+		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+	}
+	counts, err := sched.For(q.prefix, upstream).ReadCounts(ctx, q.rdb)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("count jobs of %s: %w", upstream, err)
 	}
 	var n int64
-	for _, c := range counts {
-		n += c.Backlog()
+	for _, m := range counts {
+		n += m["pending"] + m["scheduled"] + m["retry"] + m["deferred"] + m["active"]
 	}
 	return n, nil
 }
@@ -412,6 +511,9 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	if tenant != "" && info.Tenant != tenant {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
+	if err := q.describeWait(ctx, info); err != nil {
+		return nil, fmt.Errorf("get job %s: %w", id, err)
+	}
 	if info.State == StateDead {
 		cancelled, err := q.rdb.Exists(ctx, q.cancelKey(id)).Result()
 		if err != nil {
@@ -427,6 +529,37 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	return info, nil
 }
 
+// describeWait tells a waiting job held back from one free to go: a job
+// in its flow while its upstream is paused or blocked, or its partition
+// parked, and a job handed back, are scheduled with WaitingFor and, when
+// known, NextAttemptAt the hold's end. Other states are left as they are.
+func (q *Queue) describeWait(ctx context.Context, info *Info) error {
+	if info.State != StateQueued && info.State != StateScheduled {
+		return nil
+	}
+	h, err := sched.For(q.prefix, info.Upstream).ReadJobHold(ctx, q.rdb, q.blocks[info.Upstream], info.ID)
+	if err != nil {
+		return err
+	}
+	all := holdOf(h.Hold)
+	var until time.Time
+	if all != "" && !h.AsynqPaused {
+		until = h.BlockedUntil
+	}
+	switch {
+	case h.State == "aggregating" && all != "":
+		info.State, info.WaitingFor, info.NextAttemptAt = StateScheduled, all, until
+	case h.State == "aggregating" && !h.ParkedUntil.IsZero():
+		info.State, info.WaitingFor, info.NextAttemptAt = StateScheduled, WaitingLimit, h.ParkedUntil
+	case h.State == "retry" && h.Deferred && all != "":
+		info.WaitingFor = all
+		if until.After(info.NextAttemptAt) {
+			info.NextAttemptAt = until
+		}
+	}
+	return nil
+}
+
 func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	var job Job
 	if err := json.Unmarshal(ti.Payload, &job); err != nil {
@@ -434,7 +567,7 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	}
 	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt,
 		Attempts: attemptsMade(ti.State, ti.Retried)}
-	handedBack := deferred(ti.LastErr)
+	waits, handedBack := deferredFor(ti.LastErr)
 	switch ti.State {
 	case asynq.TaskStatePending, asynq.TaskStateAggregating:
 		// Aggregating: waiting in its flow (see internal/sched).
@@ -444,7 +577,8 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	case asynq.TaskStateRetry:
 		info.State, info.NextAttemptAt = StateRetrying, ti.NextProcessAt
 		if handedBack {
-			info.State = StateScheduled
+			// Handed back: no attempt spent, it waits for its upstream.
+			info.State, info.WaitingFor = StateScheduled, waits
 		}
 	case asynq.TaskStateActive:
 		info.State = StateActive
@@ -553,6 +687,21 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 		ids = ids[n:]
 	}
 	return moved, nil
+}
+
+// ClearAsynqPause lifts a pause placed on the upstream's queue through
+// asynq (Inspector.PauseQueue), as asynq's UnpauseQueue does; it reports
+// whether there was one. (Workers see it gone at their next look, within
+// sched.PausedPoll, or at once if woken.)
+func (q *Queue) ClearAsynqPause(ctx context.Context, upstream string) (bool, error) {
+	if _, ok := q.ups[upstream]; !ok {
+		return false, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
+	}
+	n, err := q.rdb.Del(ctx, sched.For(q.prefix, upstream).PausedKey()).Result()
+	if err != nil {
+		return false, fmt.Errorf("unpause %s in asynq: %w", upstream, err)
+	}
+	return n == 1, nil
 }
 
 // TrimDead deletes an upstream's dead and cancelled jobs older than its dead

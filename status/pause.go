@@ -44,15 +44,26 @@ func (r *Reader) Pause(ctx context.Context, name string, d time.Duration, reason
 	return b.Block(ctx, d, reason)
 }
 
+// AsynqPauseReason is the pause reason status shows for an upstream whose
+// queue was paused through asynq (Inspector.PauseQueue, asynq's CLI or
+// asynqmon).
+const AsynqPauseReason = "paused through asynq (PauseQueue)"
+
 // Resume lifts any pause or pushback block on the upstream, so every
 // replica may send to it again at once, and makes due now the jobs handed
 // back while it was blocked: they were scheduled for the block's end. It
-// returns how many jobs it made due. This is the only resume: the API and
-// the command line both call it.
+// also lifts a pause placed through asynq's PauseQueue on the upstream's
+// queue, as asynq's UnpauseQueue would. It returns how many jobs it made
+// due. This is the only resume: the API and the command line both call it.
 func (r *Reader) Resume(ctx context.Context, name string) (int, error) {
 	b, err := r.bucket(name)
 	if err != nil {
 		return 0, err
+	}
+	// First: the unblock below announces the resume, which wakes the
+	// workers.
+	if _, err := r.q.ClearAsynqPause(ctx, name); err != nil {
+		return 0, fmt.Errorf("resume %s: %w", name, err)
 	}
 	if err := b.Unblock(ctx); err != nil {
 		return 0, err

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -97,5 +99,59 @@ func TestUntilResumed(t *testing.T) {
 		if got := (Upstream{PausedUntil: tc.until}).UntilResumed(now); got != tc.want {
 			t.Errorf("paused until %v: got UntilResumed %v, want %v", tc.until, got, tc.want)
 		}
+	}
+}
+
+// A pause placed through asynq's own Inspector is shown as a pause until
+// resumed, with its cause, holds the jobs as waiting for it, and is lifted
+// by Resume, as asynq's UnpauseQueue would.
+func TestAsynqPauseShownAndResumed(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	r, err := NewReader(rdb, q, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, _, err := q.Enqueue(ctx, &queue.Job{Upstream: "api", Path: "/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	if err := insp.PauseQueue(queue.QueueName("api")); err != nil {
+		t.Fatal(err)
+	}
+	u, err := r.Upstream(ctx, "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !u.UntilResumed(time.Now()) || u.PauseReason != AsynqPauseReason || u.TimeToDrainSeconds != nil {
+		t.Fatalf("paused through asynq: paused until %v (%q), time to drain %v; want until resumed (%q), none",
+			u.PausedUntil, u.PauseReason, u.TimeToDrainSeconds, AsynqPauseReason)
+	}
+	if u.Scheduled != 1 || u.WaitingFor[queue.WaitingPause] != 1 || u.Backlog.Lanes["default"].Pending != 0 {
+		t.Fatalf("paused through asynq: scheduled %d, waiting for %v, lanes %+v; want 1 waiting for the pause",
+			u.Scheduled, u.WaitingFor, u.Backlog.Lanes)
+	}
+	if info, err := q.Get(ctx, job.ID, ""); err != nil || info.State != queue.StateScheduled || info.WaitingFor != queue.WaitingPause {
+		t.Fatalf("job: %+v, %v; want scheduled, waiting for the pause", info, err)
+	}
+	if _, err := r.Resume(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	qi, err := insp.GetQueueInfo(queue.QueueName("api"))
+	if err != nil || qi.Paused {
+		t.Fatalf("asynq's view after Resume: %+v, %v; want not paused", qi, err)
+	}
+	if u, err = r.Upstream(ctx, "api"); err != nil || u.PausedUntil != nil || u.WaitingFor[queue.WaitingPause] != 0 {
+		t.Fatalf("after Resume: paused until %v, waiting for %v, %v; want not paused", u.PausedUntil, u.WaitingFor, err)
+	}
+	if info, err := q.Get(ctx, job.ID, ""); err != nil || info.State != queue.StateQueued || info.WaitingFor != "" {
+		t.Fatalf("job after Resume: %+v, %v; want queued", info, err)
 	}
 }

@@ -17,8 +17,9 @@ import (
 
 // TestResumeRunsHandedBackJobs: the upstream pushes back for an hour, so
 // the job it refused waits an hour and the upstream is blocked; a job
-// enqueued meanwhile waits queued, taken by no worker. Resume lifts the
-// block and makes the refused job due, so both are sent at once.
+// enqueued meanwhile waits untaken. Both read scheduled, waiting for the
+// pushback, in GET and in status, and neither is retrying. Resume lifts
+// the block and makes the refused job due, so both are sent at once.
 func TestResumeRunsHandedBackJobs(t *testing.T) {
 	ctx := context.Background()
 	rdb := srv.Client(t)
@@ -87,9 +88,20 @@ func TestResumeRunsHandedBackJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if handedBack.WaitingFor != queue.WaitingPushback {
+		t.Fatalf("the refused job waits for %q, want pushback", handedBack.WaitingFor)
+	}
 	time.Sleep(300 * time.Millisecond)
-	if info := waitFor(second.ID, queue.StateQueued); info.Attempts != 0 {
-		t.Fatalf("job enqueued while blocked: %d attempts, want none", info.Attempts)
+	if info := waitFor(second.ID, queue.StateScheduled); info.Attempts != 0 || info.WaitingFor != queue.WaitingPushback {
+		t.Fatalf("job enqueued while blocked: %d attempts, waiting for %q; want none, pushback", info.Attempts, info.WaitingFor)
+	}
+	st, err := r.Upstream(ctx, "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Retrying != 0 || st.Scheduled != 2 || st.WaitingFor[queue.WaitingPushback] != 2 || st.PausedUntil == nil {
+		t.Fatalf("status while blocked: retrying %d, scheduled %d, waiting for %v, paused until %v; want 0, 2, pushback 2, set",
+			st.Retrying, st.Scheduled, st.WaitingFor, st.PausedUntil)
 	}
 	if n := sent.Load(); n != 1 {
 		t.Fatalf("the upstream got %d requests while blocked, want only the first", n)

@@ -77,13 +77,22 @@ type Upstream struct {
 	// upstream has a cap, else jobs active in the queue (which includes
 	// jobs waiting, at most work.horizon, for their send slot).
 	InFlight int64 `json:"in_flight"`
-	// Retrying counts jobs waiting to try again: after a failure, or after
-	// a pushback (the job that met it). A pause, or the block a pushback
-	// places, puts no other job here: they wait queued, untaken.
-	Retrying  int64 `json:"retrying"`
-	Dead      int64 `json:"dead"`
-	Succeeded int64 `json:"succeeded"`
-	// PausedUntil is set while the upstream is blocked (pushback) or paused.
+	// Retrying counts jobs waiting to try again after a failed attempt
+	// (never a job handed back after a 429, which spent none).
+	Retrying int64 `json:"retrying"`
+	// Scheduled counts jobs not yet due: delayed by not_before, or held
+	// back by a pause, a pushback or their partition's limit, which
+	// WaitingFor counts by cause ("pause", "pushback", "limit"; {} when
+	// none is held). GET /v1/jobs/{id} shows each such job as scheduled
+	// with the same waiting_for.
+	Scheduled  int64            `json:"scheduled"`
+	WaitingFor map[string]int64 `json:"waiting_for"`
+	Dead       int64            `json:"dead"`
+	Succeeded  int64            `json:"succeeded"`
+	// PausedUntil is set while the upstream is blocked (pushback) or paused,
+	// through shaper or through asynq's PauseQueue (which lasts until
+	// resumed: PausedUntil is then Indefinitely after it began, and
+	// PauseReason is AsynqPauseReason).
 	PausedUntil *time.Time `json:"paused_until"`
 	PauseReason string     `json:"pause_reason,omitempty"`
 	// TimeToDrainSeconds is the backlog over the last 10 seconds' drain
@@ -178,10 +187,11 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	if err != nil {
 		return Upstream{}, err
 	}
-	counts, err := r.q.Counts(ctx, name)
+	held, err := r.q.ReadHeld(ctx, name)
 	if err != nil {
 		return Upstream{}, err
 	}
+	counts := held.Lanes
 	rates, err := drain.Read(ctx, r.rdb, r.prefix, name, st.Now)
 	if err != nil {
 		return Upstream{}, err
@@ -196,7 +206,7 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		shown = append(shown, PartitionBacklog{Partition: p.Partition, Backlog: p.Backlog})
 	}
 	u := Upstream{
-		Name: name, Concurrency: src.Concurrency, DrainRate: rates,
+		Name: name, Concurrency: src.Concurrency, DrainRate: rates, WaitingFor: map[string]int64{},
 		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
 	}
 	u.Limits, u.StatedLimits = showLimits(src.Limits, b.Config().Guard, st.Limits)
@@ -213,6 +223,10 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	for _, c := range counts {
 		u.Backlog.Total += c.Backlog()
 		u.Retrying += c.Retry
+		u.Scheduled += c.Scheduled
+		for what, n := range c.WaitingFor {
+			u.WaitingFor[what] += n
+		}
 		u.Dead += c.Dead
 		u.Succeeded += c.Succeeded
 		active += c.Active
@@ -224,6 +238,17 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	if !st.BlockedUntil.IsZero() {
 		t := st.BlockedUntil.UTC()
 		u.PausedUntil, u.PauseReason = &t, st.BlockReason
+	}
+	if held.AsynqPaused {
+		// Until resumed, and no block ends later.
+		since := held.PausedSince
+		if since.IsZero() {
+			since = st.Now
+		}
+		t := since.Add(Indefinitely).UTC()
+		if u.PausedUntil == nil || u.PausedUntil.Before(t) {
+			u.PausedUntil, u.PauseReason = &t, AsynqPauseReason
+		}
 	}
 	switch {
 	case u.PausedUntil != nil:

@@ -532,6 +532,11 @@ func TestStatusThroughAPI(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &doc) != nil || len(doc.Upstreams) != 1 || doc.Upstreams[0].Backlog.Total != 3 || doc.Upstreams[0].PausedUntil == nil {
 		t.Fatalf("status --api --json: exit %d, %s %s: want stripe with backlog 3, paused", code, out, errOut)
 	}
+	// The held jobs read the same through the API as from Redis.
+	if u := doc.Upstreams[0]; u.Scheduled != 3 || u.WaitingFor["pause"] != 3 || u.Backlog.Lanes["bulk"].WaitingFor["pause"] != 3 {
+		t.Errorf("status --api --json: scheduled %d, waiting for %v, lanes %+v; want the 3 bulk jobs waiting for the pause",
+			u.Scheduled, u.WaitingFor, u.Backlog.Lanes)
+	}
 	_, errOut, code = run(t, env, "", "status", "--upstream", "twilio")
 	if code != 1 || !strings.Contains(errOut, "twilio") {
 		t.Errorf("unknown upstream through the API: exit %d, stderr %q", code, errOut)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	stdlog "log"
 	"log/slog"
 	"testing"
 )
@@ -20,5 +21,21 @@ func TestRedisLogsAreJSON(t *testing.T) {
 	}
 	if rec["msg"] != "redis: dial failed: connection refused" || rec["component"] != "go-redis" || rec["level"] != "WARN" {
 		t.Errorf("got %v, want the line as a WARN from component go-redis", rec)
+	}
+}
+
+// TestStdLogsAreJSON: a line of the standard library's log package (asynq's
+// errors.E, net/http's server errors) comes out through the process's slog
+// logger as one JSON object.
+func TestStdLogsAreJSON(t *testing.T) {
+	var buf bytes.Buffer
+	routeStdLogs(slog.New(slog.NewJSONHandler(&buf, nil)))
+	stdlog.Printf("errors.E: bad call from %s:%d: %v", "rdb.go", 42, []any{1.5})
+	var rec map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatalf("got %q, want one JSON record: %v", buf.String(), err)
+	}
+	if rec["msg"] != "errors.E: bad call from rdb.go:42: [1.5]" || rec["component"] != "log" || rec["level"] != "WARN" {
+		t.Errorf("got %v, want the line as a WARN from component log", rec)
 	}
 }

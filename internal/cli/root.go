@@ -150,6 +150,7 @@ func (f *Factory) logger() (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-format %q: want text or json", f.logFormat)
 	}
 	routeRedisLogs(log)
+	routeStdLogs(log)
 	return log, nil
 }
 

@@ -265,10 +265,29 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 		for _, line := range limitLines(u) {
 			fmt.Fprintf(w, "%s: %s\n", u.Name, line)
 		}
+		if line := heldLine(u); line != "" {
+			fmt.Fprintf(w, "%s: %s\n", u.Name, line)
+		}
 		if line := partitionsLine(u.Partitions); line != "" {
 			fmt.Fprintf(w, "%s: %s\n", u.Name, line)
 		}
 	}
+}
+
+// heldLine reads "scheduled 43, waiting for: pause 40, limit 3" for an
+// upstream with jobs held back, or "" for none: the jobs GET /v1/jobs/{id}
+// shows as scheduled with a waiting_for.
+func heldLine(u status.Upstream) string {
+	var parts []string
+	for _, what := range []string{queue.WaitingPause, queue.WaitingPushback, queue.WaitingLimit} {
+		if n := u.WaitingFor[what]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", what, n))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("scheduled %d, waiting for: %s", u.Scheduled, strings.Join(parts, ", "))
 }
 
 // limitLines say where the fleet's pace differs from the configured

@@ -55,6 +55,26 @@ func TestPartitionsLine(t *testing.T) {
 	}
 }
 
+func TestHeldLine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		u    status.Upstream
+		want string
+	}{
+		{"none held", status.Upstream{Scheduled: 3, WaitingFor: map[string]int64{}}, ""},
+		{"old server without the field", status.Upstream{Scheduled: 3}, ""},
+		{"pause", status.Upstream{Scheduled: 40, WaitingFor: map[string]int64{"pause": 40}}, "scheduled 40, waiting for: pause 40"},
+		{"in a fixed order, not_before jobs in the total", status.Upstream{Scheduled: 45, WaitingFor: map[string]int64{"limit": 3, "pushback": 40}},
+			"scheduled 45, waiting for: pushback 40, limit 3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := heldLine(tc.u); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestLimitLines(t *testing.T) {
 	req := status.Limit{Rate: 100, Per: "1s", EffectiveRate: 100, Source: status.SourceConfigured}
 	tokens := status.Limit{Rate: 600, Per: "1s", Cost: "tokens", EffectiveRate: 600, Source: status.SourceConfigured}

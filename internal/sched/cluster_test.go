@@ -90,6 +90,16 @@ func TestScriptsOnCluster(t *testing.T) {
 			t.Fatalf("%s: took %v, want j1 j3 j4 (j2 waits for its partition, j5 is scheduled)", name, got)
 		}
 		r.check("take")
+		// What holds the waiting jobs, read in the upstream's slot: j2's
+		// partition is parked for its limit.
+		h, err := r.space.ReadHolds(ctx, rdb, r.bucket.Layout().Block)
+		if err != nil || h.Parked["default"] != 1 {
+			t.Fatalf("%s: holds: parked %v, %v; want j2 parked", name, h.Parked, err)
+		}
+		jh, err := r.space.ReadJobHold(ctx, rdb, r.bucket.Layout().Block, "j2")
+		if err != nil || jh.ParkedUntil.IsZero() || jh.State != "aggregating" {
+			t.Fatalf("%s: j2's hold: %+v, %v; want parked", name, jh, err)
+		}
 		for _, p := range []string{braces, "plain.example"} {
 			key := r.bucket.Layout().PartitionPrefix + p + ":" + leaky.LimitID(u.PartitionLimits[0])
 			slot, err := rdb.ClusterKeySlot(ctx, key).Result()
@@ -158,7 +168,7 @@ func TestScriptsOnCluster(t *testing.T) {
 			}
 			time.Sleep(tk.Next)
 		}
-		for _, k := range []string{r.space.FairKeysKey(), r.space.CalendarKey(), r.store.Groups(), r.space.BacklogKey()} {
+		for _, k := range []string{r.space.FairKeysKey(), r.space.CalendarKey(), r.store.Groups(), r.space.BacklogKey(), r.space.ParkedKey()} {
 			if r.exists(k) {
 				t.Errorf("%s: %s left with nothing waiting", name, k)
 			}

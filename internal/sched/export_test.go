@@ -16,6 +16,7 @@ import (
 func (s Space) VKey() string                    { return s.vKey() }
 func (s Space) FairKeysKey() string             { return s.fKey() }
 func (s Space) CalendarKey() string             { return s.calKey() }
+func (s Space) ParkedKey() string               { return s.parkedKey() }
 func (s Space) LanesKey(fk string) string       { return s.our + "l:" + fk }
 func (s Space) ReadyKey(lane, fk string) string { return s.our + "r:" + lane + "|" + fk }
 func (s Space) GroupKey(lane, fk, pk string) string {
@@ -35,7 +36,8 @@ func (s Space) GroupKey(lane, fk, pk string) string {
 //   - asynq's scheduled, retry, active and lease keys and the groups hold
 //     no other job;
 //   - the counts hash equals the jobs per state:lane (pending, scheduled,
-//     retry, active, dead, succeeded), with no other field;
+//     retry, deferred, active, dead, succeeded), with no other field; a
+//     retrying job with the deferral mark (sd) is deferred;
 //   - the partition backlog equals the unfinished jobs per partition.
 //
 // Stale entries that only cost a take a step (a lane whose partitions all
@@ -70,12 +72,12 @@ func (s Space) Check(ctx context.Context, rdb redis.Cmdable, ids []string) error
 	byState := map[string]int{}
 	groups := map[string]bool{}
 	for _, id := range ids {
-		v, err := rdb.HMGet(ctx, s.TaskKey(id), "state", "group", "sl", "sf", "sp").Result()
+		v, err := rdb.HMGet(ctx, s.TaskKey(id), "state", "group", "sl", "sf", "sp", "sd").Result()
 		if err != nil {
 			return err
 		}
 		str := func(i int) string { x, _ := v[i].(string); return x }
-		state, group, lane, fk, pk := str(0), str(1), str(2), str(3), str(4)
+		state, group, lane, fk, pk, sd := str(0), str(1), str(2), str(3), str(4), str(5)
 		if v[0] == nil {
 			// Gone (finished without retention): in no structure.
 			if has(rdb.ZScore(ctx, schedK, id)) || has(rdb.ZScore(ctx, retryK, id)) || has(rdb.ZScore(ctx, leaseK, id)) || inActive[id] > 0 {
@@ -121,7 +123,11 @@ func (s Space) Check(ctx context.Context, rdb redis.Cmdable, ids []string) error
 			if !has(rdb.ZScore(ctx, retryK, id)) {
 				bad("job %s: retrying but not in asynq's retry set", id)
 			}
-			want["retry:"+lane]++
+			if sd == "1" {
+				want["deferred:"+lane]++
+			} else {
+				want["retry:"+lane]++
+			}
 		case "active":
 			if inActive[id] != 1 {
 				bad("job %s: active, in the active list %d times, want once", id, inActive[id])
@@ -144,6 +150,9 @@ func (s Space) Check(ctx context.Context, rdb redis.Cmdable, ids []string) error
 			unfinished = false
 		default:
 			bad("job %s: unknown state %q", id, state)
+		}
+		if state != "retry" && sd != "" {
+			bad("job %s: %s with a deferral mark", id, state)
 		}
 		if state != "aggregating" && group != "" {
 			bad("job %s: %s with a group field %q", id, state, group)

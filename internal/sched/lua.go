@@ -19,15 +19,22 @@ import (
 //	P:s:{Q}:r:LANE|FK  zset: partition PK -> µs when it can next send
 //	P:s:{Q}:cal        zset: LANE|FK -> µs when its earliest partition can send,
 //	                   for lanes whose every partition is parked
-//	P:s:{Q}:c          hash: STATE:LANE -> jobs (pending scheduled retry active
-//	                   dead succeeded)
+//	P:s:{Q}:c          hash: STATE:LANE -> jobs (pending scheduled retry
+//	                   deferred active dead succeeded); retry counts jobs
+//	                   waiting after a failed attempt, deferred those handed
+//	                   back to wait (a 429) without spending one
 //	P:s:{Q}:pb         zset: PK -> jobs not yet finished
+//	P:s:{Q}:pk         zset: LANE|FK|PK -> µs until which the flow's partition
+//	                   is parked for its limits (members whose time passed
+//	                   are stale: status counts only later ones)
 //	asynq:{Q}:g:LANE|FK|PK  a flow: asynq's group zset, job id -> FIFO seq
 //	P:leaky:{Q}:p:PK:LIMIT  a partition's TAT per partition limit
 //
 // A job waiting in a flow is, to asynq's Inspector, an aggregating task of
 // group LANE|FK|PK; the task hash also carries shaper's fields sl (lane), sf
-// (fairness key), sp (partition), sc (costs "name=n,..."), sq (FIFO seq).
+// (fairness key), sp (partition), sc (costs "name=n,..."), sq (FIFO seq),
+// and sd ("1" while it waits in asynq's retry set handed back, not failed;
+// see taskstore.Finish).
 
 // flowLua is shared by the scripts that put jobs into flows. It expects
 // locals: P (our prefix "P:s:{Q}:"), G (asynq's group prefix), T (asynq's
@@ -59,6 +66,17 @@ local function count(k, field, by)
   local n = redis.call('HINCRBY', k, field, by)
   if n <= 0 then redis.call('HDEL', k, field) end
 end
+
+-- The counter a job leaving asynq's retry set was counted in: deferred
+-- (handed back, sd = "1") or retry (after a failed attempt). The mark goes
+-- with it.
+local function waited_as(tk, sd)
+  if sd == '1' then
+    redis.call('HDEL', tk, 'sd')
+    return 'deferred:'
+  end
+  return 'retry:'
+end
 `
 
 // enqueueScript stores a job and makes it ready, or schedules it.
@@ -70,9 +88,13 @@ end
 //	ARGV[7] process at, Unix seconds ("" = now)  ARGV[8] our prefix
 //	ARGV[9] asynq group prefix  ARGV[10] asynq task prefix
 //	ARGV[11] wake channel  ARGV[12] upstream name
+//	KEYS[9] leaky block hash, KEYS[10] asynq paused key: optional, to learn
+//	whether a job stored ready is held back
 //
 // Returns 0 if a job with this id exists (nothing changed), 1 if stored
-// ready, 2 if stored scheduled.
+// ready, 2 if stored scheduled, 3 if stored ready but held back (with
+// KEYS[9..10]: the upstream is blocked or paused through asynq, or the
+// job's partition is parked).
 var enqueueScript = script.New(`
 local P, G, T = ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
@@ -97,6 +119,13 @@ if ARGV[7] ~= '' and tonumber(ARGV[7]) * 1000000 > now then
 else
   push(id, lane, fk, pk, seq, now)
   count(KEYS[5], 'pending:' .. lane, 1)
+  if KEYS[10] then
+    local parked = redis.call('ZSCORE', P .. 'r:' .. lane .. '|' .. fk, pk)
+    if tonumber(redis.call('HGET', KEYS[9], 'until') or '0') > now or redis.call('EXISTS', KEYS[10]) == 1
+        or (parked and tonumber(parked) > now) then
+      out = 3
+    end
+  end
 end
 if redis.call('HDEL', K_V, 'sleep') == 1 then
   redis.call('PUBLISH', ARGV[11], ARGV[12])
@@ -122,21 +151,28 @@ return out
 //	KEYS[1] v  KEYS[2] f  KEYS[3] cal  KEYS[4] counts  KEYS[5] asynq scheduled
 //	KEYS[6] asynq retry  KEYS[7] asynq active  KEYS[8] asynq lease
 //	KEYS[9] asynq groups set  KEYS[10] leaky block hash
-//	KEYS[11] leaky concurrency leases  KEYS[12..11+n] one TAT per upstream limit
-//	KEYS[12+n] the bucket's dyn hash, then the stated limits' TATs (leaky.Layout)
+//	KEYS[11] leaky concurrency leases  KEYS[12] asynq's paused key
+//	KEYS[13..12+n] one TAT per upstream limit
+//	KEYS[13+n] the bucket's dyn hash, then the stated limits' TATs (leaky.Layout)
 //	ARGV[1] now override  ARGV[2] max jobs  ARGV[3] lookahead µs
 //	ARGV[4] asynq lease seconds  ARGV[5] concurrency (0 none)
 //	ARGV[6] concurrency lease µs after the slot  ARGV[7] our prefix
 //	ARGV[8] asynq group prefix  ARGV[9] asynq task prefix
 //	ARGV[10] partition TAT prefix ("P:leaky:{Q}:p:")
-//	ARGV[11] n, then n × (interval, capacity, per µs, cost name, dyn field) for the upstream
+//	ARGV[11] wait µs to answer while the queue is paused through asynq
+//	ARGV[12] n, then n × (interval, capacity, per µs, cost name, dyn field) for the upstream
 //	then m, m × (id, interval, capacity, per µs, cost name): partition limits
 //	then o, o × (partition, k, k × (id, interval, capacity, per µs, cost)):
 //	overrides; then w, w × (fairness key, weight); then x, x × (lane, weight)
 //
+// A queue paused through asynq (Inspector.PauseQueue) gives no job: the
+// take answers a block (reason 2) with a wait of pausedPoll, since asynq's
+// unpause announces nothing.
+//
 // Returns {now, wait, reason, next, expired, id_1, msg_1, slot_1, ...}:
 // wait (µs, -1 none) is how long until the upstream itself can send again
-// when it stopped the take (reason 1 a limit, 2 a block, 3 concurrency);
+// when it stopped the take (reason 1 a limit, 2 a block or asynq's pause,
+// 3 concurrency);
 // next (µs from now, -1 none) is when something else comes due (a
 // scheduled job, a parked lane, a lease), 0 when the take stopped at its
 // bound on parks or steps before examining every flow; expired is 1 when
@@ -145,6 +181,7 @@ return out
 var takeScript = script.New(gcra.LuaFunctions, leaky.DynLua, `
 local P, G, T, PT = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
+local K_PK = P .. 'pk'
 `+flowLua+`
 local now = shaper_now(ARGV[1])
 local max_jobs = tonumber(ARGV[2])
@@ -155,7 +192,7 @@ local conc = tonumber(ARGV[5])
 local conc_ttl = tonumber(ARGV[6])
 local now_s = now / 1000000
 
-local a = 11
+local a = 12
 local function arg()
   local v = ARGV[a]
   a = a + 1
@@ -180,15 +217,15 @@ local up = limits(false, true)
 -- The upstream's limits as paced now: adaptive ones at their current
 -- rate, and those the upstream stated after the configured ones.
 local n_up = #up
-local dyn = shaper_dyn_read(KEYS[12 + n_up])
+local dyn = shaper_dyn_read(KEYS[13 + n_up])
 for i = 1, n_up do
   up[i].interval = shaper_dyn_interval(dyn, up[i].dyn, up[i].interval, now)
-  up[i].key = KEYS[11 + i]
+  up[i].key = KEYS[12 + i]
 end
-for s = 1, #KEYS - 12 - n_up do
+for s = 1, #KEYS - 13 - n_up do
   local iv, cap, pr = shaper_stated(dyn, s)
   if iv then
-    up[#up + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = KEYS[12 + n_up + s]}
+    up[#up + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = KEYS[13 + n_up + s]}
   end
 end
 local plimits = limits(true)
@@ -228,17 +265,20 @@ end
 -- Due scheduled and retrying jobs join their flows, at their old place.
 for z = 5, 6 do
   local due = redis.call('ZRANGEBYSCORE', KEYS[z], '-inf', now_s, 'LIMIT', 0, 200)
-  local from = (z == 5) and 'scheduled:' or 'retry:'
   for _, id in ipairs(due) do
     redis.call('ZREM', KEYS[z], id)
-    local f = redis.call('HMGET', T .. id, 'sl', 'sf', 'sp', 'sq')
+    local f = redis.call('HMGET', T .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
     if f[1] then
+      local from = 'scheduled:'
+      if z == 6 then from = waited_as(T .. id, f[5]) end
       push(id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), now)
       count(KEYS[4], from .. f[1], -1)
       count(KEYS[4], 'pending:' .. f[1], 1)
     end
   end
 end
+-- Parks whose time passed are no longer parks.
+redis.call('ZREMRANGEBYSCORE', K_PK, '-inf', now)
 -- Parked lanes whose time came rejoin.
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', K_CAL, '-inf', now, 'LIMIT', 0, 200)) do
   redis.call('ZREM', K_CAL, m)
@@ -261,6 +301,11 @@ local stop = false
 -- more: the take stopped at its park or step bound with the ready
 -- structure not all examined; the caller must come back at once.
 local more = false
+if redis.call('EXISTS', KEYS[12]) == 1 then
+  -- Paused through asynq: nothing goes, leases are still recovered.
+  stop = true
+  out[2], out[3] = tonumber(ARGV[11]), 2
+end
 local conc_expiry = 0
 -- What the take changed, written once after the loop.
 local went, went_lane, lane_time, v1 = {}, {}, {}, nil
@@ -330,6 +375,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     if #head == 0 then
       redis.call('ZREM', rk, pk)
       redis.call('SREM', K_GROUPS, g)
+      redis.call('ZREM', K_PK, g)
       break
     end
     local id = head[1]
@@ -376,6 +422,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- slot would leave the upstream idle until then.
       unpend(rk, pk)
       redis.call('ZADD', rk, sp, pk)
+      redis.call('ZADD', K_PK, sp, g)
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
       break
@@ -407,6 +454,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     if #head < 2 then
       redis.call('SREM', K_GROUPS, g)
       redis.call('ZREM', rk, pk)
+      redis.call('ZREM', K_PK, g)
       unpend(rk, pk)
     else
       -- The partition can go again when its limits allow its next job's
@@ -425,6 +473,9 @@ while not stop and taken < max_jobs and steps < 2000 do
       else
         unpend(rk, pk)
         redis.call('ZADD', rk, e, pk)
+      end
+      if e > now then
+        redis.call('ZADD', K_PK, e, g)
       end
     end
     -- To asynq's active state; the list, the leases and the counters are
@@ -562,7 +613,7 @@ return n
 //
 // Returns the state the job was in ("" if there is no such job).
 var cancelScript = script.New(`
-local f = redis.call('HMGET', KEYS[1], 'state', 'group', 'sl', 'sp')
+local f = redis.call('HMGET', KEYS[1], 'state', 'group', 'sl', 'sp', 'sd')
 local state = f[1]
 if not state then return '' end
 local from
@@ -578,6 +629,10 @@ elseif state == 'scheduled' then
 elseif state == 'retry' then
   redis.call('ZREM', KEYS[5], ARGV[3])
   from = 'retry:'
+  if f[5] == '1' then
+    from = 'deferred:'
+    redis.call('HDEL', KEYS[1], 'sd')
+  end
 else
   return state
 end
@@ -599,7 +654,8 @@ return state
 `)
 
 // runNowScript moves retrying jobs into their flows at once (an operator
-// resumed their upstream) and wakes the workers.
+// resumed their upstream) and wakes the workers. A job counted deferred
+// leaves that count, one counted retry leaves that one.
 //
 //	KEYS[1] v  KEYS[2] f  KEYS[3] cal  KEYS[4] counts  KEYS[5] asynq retry
 //	KEYS[6] asynq groups
@@ -617,10 +673,11 @@ local n = 0
 for i = 7, #ARGV do
   local id = ARGV[i]
   if redis.call('ZREM', KEYS[5], id) == 1 then
-    local f = redis.call('HMGET', T .. id, 'sl', 'sf', 'sp', 'sq')
+    local f = redis.call('HMGET', T .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
     if f[1] then
+      local from = waited_as(T .. id, f[5])
       push(id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), now)
-      count(KEYS[4], 'retry:' .. f[1], -1)
+      count(KEYS[4], from .. f[1], -1)
       count(KEYS[4], 'pending:' .. f[1], 1)
       n = n + 1
     end
@@ -673,4 +730,58 @@ if state == 'retry' then
   end
 end
 return 1
+`)
+
+// jobHoldScript reads what keeps one job from being taken now.
+//
+//	KEYS[1] task hash  KEYS[2] leaky block hash  KEYS[3] asynq paused key
+//	ARGV[1] now override  ARGV[2] our prefix
+//
+// Returns {now µs, state ("" none), block end µs (0 none), block reason,
+// asynq's paused mark (nil none), partition's park end µs (0 unless the
+// job waits in its flow), 1 if handed back (sd) else 0}.
+var jobHoldScript = script.New(`
+local now = shaper_now(ARGV[1])
+local f = redis.call('HMGET', KEYS[1], 'state', 'sl', 'sf', 'sp', 'sd')
+local b = redis.call('HMGET', KEYS[2], 'until', 'reason')
+local parked = 0
+if f[1] == 'aggregating' and f[2] then
+  local sc = redis.call('ZSCORE', ARGV[2] .. 'r:' .. f[2] .. '|' .. (f[3] or ''), f[4] or '')
+  if sc then parked = tonumber(sc) end
+end
+local sd = 0
+if f[5] == '1' then sd = 1 end
+return {now, f[1] or '', tonumber(b[1] or '0'), b[2] or '', redis.call('GET', KEYS[3]), parked, sd}
+`)
+
+// holdsScript reads an upstream's counters and what holds its waiting
+// jobs: the bucket's block, asynq's pause, and the jobs in flows of
+// partitions parked for their limits.
+//
+//	KEYS[1] counts  KEYS[2] leaky block hash  KEYS[3] asynq paused key
+//	KEYS[4] parked flows (P:s:{Q}:pk)
+//	ARGV[1] now override  ARGV[2] asynq group prefix  ARGV[3] most parks to count
+//
+// Returns {now µs, block end µs (0 none), block reason, asynq's paused
+// mark (nil none), 1 if parks beyond ARGV[3] went uncounted else 0,
+// {field, n, ...} of the counts, {lane, parked jobs, ...}}.
+var holdsScript = script.New(`
+local now = shaper_now(ARGV[1])
+local b = redis.call('HMGET', KEYS[2], 'until', 'reason')
+local most = tonumber(ARGV[3])
+local parks = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf', 'LIMIT', 0, most)
+local lanes = {}
+for _, g in ipairs(parks) do
+  local lane = string.sub(g, 1, (string.find(g, '|', 1, true) or (#g + 1)) - 1)
+  lanes[lane] = (lanes[lane] or 0) + redis.call('ZCARD', ARGV[2] .. g)
+end
+local parked = {}
+for lane, n in pairs(lanes) do
+  parked[#parked + 1] = lane
+  parked[#parked + 1] = n
+end
+local more = 0
+if #parks == most and redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf') > most then more = 1 end
+return {now, tonumber(b[1] or '0'), b[2] or '', redis.call('GET', KEYS[3]), more,
+  redis.call('HGETALL', KEYS[1]), parked}
 `)

@@ -112,13 +112,25 @@ func (r *rig) check(step string) {
 	}
 }
 
-// finish ends taken jobs with outcome (retryAt for Retry).
+// finish ends taken jobs with outcome (retryAt for Retry, which defers
+// them: see fail).
 func (r *rig) finish(o taskstore.Outcome, retryAt time.Time, ids ...string) {
+	r.t.Helper()
+	r.end(o, false, retryAt, ids...)
+}
+
+// fail sends taken jobs to retry at retryAt after a failed attempt.
+func (r *rig) fail(retryAt time.Time, ids ...string) {
+	r.t.Helper()
+	r.end(taskstore.Retry, true, retryAt, ids...)
+}
+
+func (r *rig) end(o taskstore.Outcome, failure bool, retryAt time.Time, ids ...string) {
 	r.t.Helper()
 	var items []taskstore.Finished
 	for _, id := range ids {
 		items = append(items, taskstore.Finished{ID: id, Lane: r.lane[id], Partition: r.part[id],
-			Msg: &taskstore.Message{Type: "http", ID: id, Queue: r.space.Queue}, Outcome: o, RetryAt: retryAt})
+			Msg: &taskstore.Message{Type: "http", ID: id, Queue: r.space.Queue}, Outcome: o, RetryAt: retryAt, Failure: failure})
 	}
 	errs, err := taskstore.Finish(context.Background(), r.rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items)
 	if err != nil {

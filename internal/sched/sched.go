@@ -64,7 +64,13 @@ func (s Space) calKey() string { return s.our + "cal" }
 // for a wake-up on WakeChannel.
 func (s Space) SleepKey() string { return s.vKey() }
 
-func (s Space) CountsKey() string  { return s.our + "c" }
+func (s Space) CountsKey() string { return s.our + "c" }
+func (s Space) parkedKey() string { return s.our + "pk" }
+
+// PausedKey is asynq's mark of a paused queue (Inspector.PauseQueue): its
+// value is when it was paused, in Unix seconds. A take gives no job while
+// it exists.
+func (s Space) PausedKey() string  { return s.a.Paused() }
 func (s Space) BacklogKey() string { return s.our + "pb" }
 func (s Space) TaskKey(id string) string {
 	return s.a.Task(id)
@@ -130,20 +136,37 @@ func unixSeconds(t time.Time) string {
 // with nothing changed, if a job with e.ID exists. rdb may be a pipeline
 // or an autopipeliner.
 func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (created bool, err error) {
+	n, err := s.enqueue(ctx, rdb, e, "")
+	return n != 0, err
+}
+
+// EnqueueHeld is Enqueue that also reports whether a job stored ready is
+// held back at once: its upstream blocked (blockKey is the bucket's block
+// hash) or paused through asynq, or its partition parked. It costs the
+// enqueue no round trip.
+func (s Space) EnqueueHeld(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (created, held bool, err error) {
+	n, err := s.enqueue(ctx, rdb, e, blockKey)
+	return n != 0, n == 3, err
+}
+
+func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (int64, error) {
 	at := ""
 	if !e.ProcessAt.IsZero() {
 		at = unixSeconds(e.ProcessAt)
 	}
 	keys := []string{s.TaskKey(e.ID), s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.BacklogKey(),
 		s.a.Scheduled(), s.a.Groups()}
+	if blockKey != "" {
+		keys = append(keys, blockKey, s.PausedKey())
+	}
 	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys,
 		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
 		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	n, _ := v.(int64)
-	return n != 0, nil
+	return n, nil
 }
 
 // Requeue puts active jobs that were never sent back at the head of their
@@ -253,6 +276,11 @@ func (s Space) Partitions(ctx context.Context, rdb redis.Cmdable, n int) (int64,
 	return card.Val(), out, nil
 }
 
+// PausedPoll is how often a worker looks again at a queue paused through
+// asynq (Inspector.PauseQueue): asynq's unpause deletes a key and
+// announces nothing, so a take answers such a queue with this wait.
+const PausedPoll = time.Second
+
 // Taker takes ready jobs of one upstream, booking their slots on its
 // bucket. Build it with NewTaker.
 type Taker struct {
@@ -290,9 +318,10 @@ func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 		lookUs: cfg.Lookahead.Microseconds(), conc: u.Concurrency > 0}
 	t.keys = append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
 		s.a.Scheduled(), s.a.Retry(), s.a.Active(),
-		s.a.Lease(), s.a.Groups(), lay.Block, lay.Leases}, lay.TATs...)
+		s.a.Lease(), s.a.Groups(), lay.Block, lay.Leases, s.a.Paused()}, lay.TATs...)
 	t.keys = append(append(t.keys, lay.Dyn), lay.Stated...)
-	f := []any{t.leaseS, u.Concurrency, cfg.ConcurrencyLease.Microseconds(), s.our, s.groupPrefix(), s.taskPrefix(), lay.PartitionPrefix}
+	f := []any{t.leaseS, u.Concurrency, cfg.ConcurrencyLease.Microseconds(), s.our, s.groupPrefix(), s.taskPrefix(), lay.PartitionPrefix,
+		PausedPoll.Microseconds()}
 	f = append(f, len(u.Limits))
 	for i, l := range u.Limits {
 		f = append(f, lay.Params[i].Interval, lay.Params[i].Capacity, l.Per.Microseconds(), l.Cost, lay.DynFields[i])
@@ -477,4 +506,128 @@ func (s Space) Place(ctx context.Context, rdb redis.Scripter, e Entry, p Placeme
 	}
 	n, _ := v.(int64)
 	return n != 0, nil
+}
+
+// Hold is what keeps an upstream's waiting jobs from being taken, read at
+// one instant on Redis's clock.
+type Hold struct {
+	// Now is Redis's clock.
+	Now time.Time
+	// BlockedUntil is when the bucket's block (a pause or a pushback)
+	// ends; zero when none is in force. BlockReason is what it was given.
+	BlockedUntil time.Time
+	BlockReason  string
+	// AsynqPaused: the queue is paused through asynq's PauseQueue, since
+	// PausedSince (zero if asynq's mark holds no time).
+	AsynqPaused bool
+	PausedSince time.Time
+}
+
+func (h *Hold) read(now int64, until any, reason any, paused any) {
+	h.Now = time.UnixMicro(now)
+	if u, _ := until.(int64); u > now {
+		h.BlockedUntil = time.UnixMicro(u)
+		h.BlockReason, _ = reason.(string)
+	}
+	if p, ok := paused.(string); ok {
+		h.AsynqPaused = true
+		if sec, err := strconv.ParseInt(p, 10, 64); err == nil && sec > 0 {
+			h.PausedSince = time.Unix(sec, 0)
+		}
+	}
+}
+
+// JobHold is what keeps one job from being taken.
+type JobHold struct {
+	Hold
+	// State is the job's state in asynq's task hash ("" if there is none).
+	State string
+	// ParkedUntil, for a job waiting in its flow (aggregating), is when
+	// its partition may send again, if later than Now: its partition's
+	// limits hold it.
+	ParkedUntil time.Time
+	// Deferred: the job waits in asynq's retry set handed back (a 429),
+	// not after a failed attempt.
+	Deferred bool
+}
+
+// ReadJobHold reads what keeps job id from being taken now; blockKey is
+// the upstream bucket's block hash (leaky.Pacer.BlockKey).
+func (s Space) ReadJobHold(ctx context.Context, rdb redis.Scripter, blockKey, id string) (JobHold, error) {
+	v, err := script.Run(ctx, rdb, "sched.job_hold", jobHoldScript, []string{s.TaskKey(id), blockKey, s.PausedKey()}, "", s.our)
+	if err != nil {
+		return JobHold{}, err
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 7 {
+		return JobHold{}, fmt.Errorf("script sched.job_hold: malformed reply %v", v)
+	}
+	var h JobHold
+	now, _ := arr[0].(int64)
+	h.read(now, arr[2], arr[3], arr[4])
+	h.State, _ = arr[1].(string)
+	if p, _ := arr[5].(int64); p > now {
+		h.ParkedUntil = time.UnixMicro(p)
+	}
+	d, _ := arr[6].(int64)
+	h.Deferred = d == 1
+	return h, nil
+}
+
+// maxParksCounted bounds the parked partitions one ReadHolds counts the
+// jobs of, so that a status read holds Redis briefly however many
+// partitions are parked.
+const maxParksCounted = 5000
+
+// Holds are an upstream's counts with what holds its waiting jobs.
+type Holds struct {
+	Hold
+	// Counts are the per-lane counters.
+	Counts Counts
+	// Parked is, per lane, the jobs waiting in flows whose partition is
+	// parked for its limits (not counting those of partitions beyond the
+	// first maxParksCounted by park end: then Partial is true).
+	Parked  map[string]int64
+	Partial bool
+}
+
+// ReadHolds reads the per-lane counters and what holds the waiting jobs,
+// at one instant; blockKey is as for ReadJobHold.
+func (s Space) ReadHolds(ctx context.Context, rdb redis.Scripter, blockKey string) (Holds, error) {
+	v, err := script.Run(ctx, rdb, "sched.holds", holdsScript,
+		[]string{s.CountsKey(), blockKey, s.PausedKey(), s.parkedKey()}, "", s.groupPrefix(), maxParksCounted)
+	if err != nil {
+		return Holds{}, err
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 7 {
+		return Holds{}, fmt.Errorf("script sched.holds: malformed reply %v", v)
+	}
+	var h Holds
+	now, _ := arr[0].(int64)
+	h.read(now, arr[1], arr[2], arr[3])
+	more, _ := arr[4].(int64)
+	h.Partial = more == 1
+	h.Counts = Counts{}
+	flat, _ := arr[5].([]any)
+	for i := 0; i+1 < len(flat); i += 2 {
+		f, _ := flat[i].(string)
+		n, _ := strconv.ParseInt(fmt.Sprint(flat[i+1]), 10, 64)
+		state, lane, ok := strings.Cut(f, ":")
+		if !ok {
+			continue
+		}
+		if h.Counts[lane] == nil {
+			h.Counts[lane] = map[string]int64{}
+		}
+		h.Counts[lane][state] = n
+	}
+	h.Parked = map[string]int64{}
+	flat, _ = arr[6].([]any)
+	for i := 0; i+1 < len(flat); i += 2 {
+		lane, _ := flat[i].(string)
+		n, _ := flat[i+1].(int64)
+		h.Parked[lane] = n
+	}
+	return h, nil
 }

@@ -17,7 +17,8 @@ import "github.com/shaperhq/shaper/internal/script"
 //	KEYS[7] -> processed total
 //	KEYS[8] -> failed count of the day
 //	KEYS[9] -> failed total
-//	KEYS[10] -> shaper's counter hash, fields "<state>:<lane>"
+//	KEYS[10] -> shaper's counter hash, fields "<state>:<lane>" (a failing
+//	  retry counts retry, a deferring one deferred)
 //	KEYS[11] -> shaper's partition backlog, a sorted set of partition -> tasks
 //	KEYS[11+i] -> the task hash of item i (from 1)
 //	KEYS[...] -> uniqueness lock keys, as the items name them
@@ -118,12 +119,18 @@ for b = 6, #ARGV, 11 do
       end
     elseif outcome == 'r' then
       redis.call('ZADD', retry, score, id)
-      redis.call('HSET', task, 'msg', msg, 'state', 'retry')
-      count('retry:' .. lane, 1)
       retried = true
       if failure == '1' then
+        redis.call('HSET', task, 'msg', msg, 'state', 'retry')
+        redis.call('HDEL', task, 'sd')
+        count('retry:' .. lane, 1)
         processed = processed + 1
         failed = failed + 1
+      else
+        -- Handed back: shaper's sd mark tells it from a failure when it
+        -- leaves the retry set (see internal/sched).
+        redis.call('HSET', task, 'msg', msg, 'state', 'retry', 'sd', '1')
+        count('deferred:' .. lane, 1)
       end
     else
       redis.call('ZADD', archived, now, id)

@@ -87,7 +87,8 @@ type Finished struct {
 	// Failure (Retry) spends an attempt: Retried grows by one and the
 	// queue's failed counts with it, as asynq's Retry does when isFailure.
 	// A Retry without Failure is a deferral: the error is recorded but
-	// Retried and the processed and failed counts stay as they were.
+	// Retried, LastFailedAt and the processed and failed counts stay as
+	// they were, and it is counted deferred, not retry.
 	Failure bool
 }
 
@@ -100,7 +101,10 @@ type Finished struct {
 //
 // Every item leaves the active list and the lease set, and its lane's
 // active:<lane> counter; Succeeded moves it to succeeded:<lane> (when
-// kept), Retry to retry:<lane>, Dead to dead:<lane>. A Succeeded or Dead
+// kept), a failing Retry to retry:<lane>, a deferring one to
+// deferred:<lane> (marking the task hash's sd field, so whoever moves it
+// out of the retry set counts it out of the right one), Dead to
+// dead:<lane>. A Succeeded or Dead
 // task leaves its partition in pbacklog (the member goes when its count
 // reaches zero); a Retry stays. The queue's processed and failed stats
 // move as asynq's would: each Succeeded and Dead item counts as processed,
@@ -173,9 +177,11 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 		case Retry:
 			if it.Failure {
 				msg.Retried++
+				// A deferral is no failure: LastFailedAt stays the
+				// last real one's.
+				msg.LastFailedAt = now.Unix()
 			}
 			msg.ErrorMsg = it.ErrMsg
-			msg.LastFailedAt = now.Unix()
 			at := it.RetryAt
 			if at.IsZero() {
 				at = now

@@ -267,9 +267,11 @@ func TestFinishRetry(t *testing.T) {
 		failure     bool
 		wantRetried int
 		wantStats   [4]int // processed, failed today; processed, failed total
+		wantCounts  map[string]int64
+		wantSD      string // the task hash's sd field: "1" marks a deferral
 	}{
-		{"failure spends an attempt", true, 2, [4]int{1, 1, 1, 1}},
-		{"deferral spends none", false, 1, [4]int{0, 0, 0, 0}},
+		{"failure spends an attempt", true, 2, [4]int{1, 1, 1, 1}, map[string]int64{"retry:default": 1}, ""},
+		{"deferral spends none", false, 1, [4]int{0, 0, 0, 0}, map[string]int64{"deferred:default": 1}, "1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, "q")
@@ -284,9 +286,16 @@ func TestFinishRetry(t *testing.T) {
 			}
 			ti := e.info("a")
 			if ti.State != asynq.TaskStateRetry || ti.Retried != tc.wantRetried || ti.LastErr != "upstream 503" ||
-				!ti.NextProcessAt.Equal(time.Unix(retryAt.Unix(), 0)) || ti.LastFailedAt.Before(before.Truncate(time.Second)) {
-				t.Fatalf("got state %v, retried %d, last err %q, next %v, failed at %v; want retry, %d, upstream 503, %v, now",
-					ti.State, ti.Retried, ti.LastErr, ti.NextProcessAt, ti.LastFailedAt, tc.wantRetried, time.Unix(retryAt.Unix(), 0))
+				!ti.NextProcessAt.Equal(time.Unix(retryAt.Unix(), 0)) {
+				t.Fatalf("got state %v, retried %d, last err %q, next %v; want retry, %d, upstream 503, %v",
+					ti.State, ti.Retried, ti.LastErr, ti.NextProcessAt, tc.wantRetried, time.Unix(retryAt.Unix(), 0))
+			}
+			// A deferral is no failure: it leaves LastFailedAt alone.
+			if failed := !ti.LastFailedAt.IsZero(); failed != tc.failure || failed && ti.LastFailedAt.Before(before.Truncate(time.Second)) {
+				t.Fatalf("last failed at %v, want a time from now: %v", ti.LastFailedAt, tc.failure)
+			}
+			if got := e.rdb.HGet(context.Background(), e.k.Task("a"), "sd").Val(); got != tc.wantSD {
+				t.Fatalf("sd field: got %q, want %q", got, tc.wantSD)
 			}
 			// shaper keeps the milliseconds.
 			score := e.rdb.ZScore(context.Background(), e.k.Retry(), "a").Val()
@@ -300,7 +309,7 @@ func TestFinishRetry(t *testing.T) {
 			if q.Retry != 1 || q.Active != 0 {
 				t.Fatalf("got %d retry, %d active, want 1 and 0", q.Retry, q.Active)
 			}
-			if got, want := e.countsNow(), map[string]int64{"retry:default": 1}; !reflect.DeepEqual(got, want) {
+			if got, want := e.countsNow(), tc.wantCounts; !reflect.DeepEqual(got, want) {
 				t.Fatalf("counts: got %v, want %v", got, want)
 			}
 			if got, want := e.backlog(), map[string]float64{"acct-1": 1}; !reflect.DeepEqual(got, want) {
