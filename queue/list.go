@@ -93,7 +93,9 @@ func indexesFor(s State) ([]index, bool) {
 	case StateQueued:
 		return []index{idxQueued}, true
 	case StateScheduled:
-		return []index{idxScheduled, idxRetry}, true
+		// A job waiting in its flow reads scheduled while a pause, a
+		// pushback or its partition's limit holds it (waiting_for).
+		return []index{idxQueued, idxScheduled, idxRetry}, true
 	case StateRetrying:
 		return []index{idxRetry}, true
 	case StateActive:

@@ -413,12 +413,15 @@ func (s *Server) jobError(w http.ResponseWriter, r *http.Request, err error) {
 
 // JobView is a job as the API shows it.
 type JobView struct {
-	ID             string           `json:"id"`
-	Tenant         string           `json:"tenant"`
-	Upstream       string           `json:"upstream"`
-	Lane           string           `json:"lane"`
-	Partition      string           `json:"partition,omitempty"`
-	State          queue.State      `json:"state"`
+	ID        string      `json:"id"`
+	Tenant    string      `json:"tenant"`
+	Upstream  string      `json:"upstream"`
+	Lane      string      `json:"lane"`
+	Partition string      `json:"partition,omitempty"`
+	State     queue.State `json:"state"`
+	// WaitingFor says what holds a scheduled job back: pause, pushback or
+	// limit; empty (absent) otherwise.
+	WaitingFor     string           `json:"waiting_for,omitempty"`
 	Attempts       int              `json:"attempts"`
 	MaxAttempts    int              `json:"max_attempts"`
 	LastError      string           `json:"last_error,omitempty"`
@@ -462,7 +465,7 @@ func timePtr(t time.Time) *time.Time {
 
 func jobView(i *queue.Info) JobView {
 	v := JobView{
-		ID: i.ID, Tenant: i.Tenant, Upstream: i.Upstream, Lane: i.Lane, Partition: i.Partition, State: i.State, Attempts: i.Attempts,
+		ID: i.ID, Tenant: i.Tenant, Upstream: i.Upstream, Lane: i.Lane, Partition: i.Partition, State: i.State, WaitingFor: i.WaitingFor, Attempts: i.Attempts,
 		MaxAttempts: i.MaxAttempts, LastError: i.LastError, IdempotencyKey: i.IdempotencyKey, Method: i.Method,
 		Path: i.Path, Task: i.Task, Cost: i.Cost, CreatedAt: i.CreatedAt.UTC(),
 		NotBefore: timePtr(i.NotBefore), ExpiresAt: timePtr(i.ExpiresAt), NextAttemptAt: timePtr(i.NextAttemptAt),
