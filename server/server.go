@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/api"
 	"github.com/shaperhq/shaper/httplimit"
 	"github.com/shaperhq/shaper/internal/wire"
 	"github.com/shaperhq/shaper/leaky"
@@ -87,6 +88,11 @@ type Server struct {
 	// maxBatch is the most jobs a batch may hold: MaxBatch, or the
 	// admission capacity if that is smaller.
 	maxBatch int
+	// openapi is the API's OpenAPI document as served, converted once.
+	openapi []byte
+	// patterns are the routes registered on mux, in order, so that a test
+	// can hold them to the OpenAPI document both ways.
+	patterns []string
 }
 
 // storeProbeEvery is how often, while Redis is failing, one enqueue is let
@@ -192,6 +198,9 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 	}
 	s.maxBatch = int(min(int64(cfg.MaxBatch), cfg.Admission.Capacity))
 	s.policy = httplimit.Policy{Name: "enqueue", Quota: cfg.Admission.Capacity, Window: cfg.Admission.Window()}
+	if s.openapi, err = api.JSON(); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s.routes()
 	return s, nil
 }
@@ -201,7 +210,10 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 func (s *Server) routes() {
 	mux := http.NewServeMux()
-	handle := func(pattern string, h http.Handler) { mux.Handle(pattern, s.measured(pattern, h)) }
+	handle := func(pattern string, h http.Handler) {
+		s.patterns = append(s.patterns, pattern)
+		mux.Handle(pattern, s.measured(pattern, h))
+	}
 	handle("POST /v1/jobs", s.authed(s.handleEnqueue))
 	handle("POST /v1/jobs/batch", s.authed(s.handleBatch))
 	handle("GET /v1/jobs/{id}", s.authed(s.handleGet))
@@ -210,6 +222,7 @@ func (s *Server) routes() {
 	handle("GET /v1/upstreams/{name}", s.authed(s.handleUpstream))
 	handle("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
 	handle("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
+	handle("GET /v1/openapi.json", http.HandlerFunc(s.handleOpenAPI))
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
 	handle("GET /readyz", http.HandlerFunc(s.handleReady))
 	if s.cfg.Registry != nil {
@@ -362,6 +375,13 @@ func (s *Server) backlogRetryAfter(ctx context.Context, upstream string, full *q
 	}
 	secs := math.Ceil(float64(full.Pending) / 10 / rate)
 	return int64(max(1, min(secs, 3600)))
+}
+
+// handleOpenAPI serves the API's OpenAPI document, without a key: it says
+// nothing a producer's README would not.
+func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(s.openapi)
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,106 @@
+package apicheck
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestCheck: exchanges that keep to the document pass, and each way of
+// breaking it is caught.
+func TestCheck(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const job = `{"id":"stripe.default.x","tenant":"billing","upstream":"stripe","lane":"default","state":"queued",
+		"attempts":0,"max_attempts":3,"idempotency_key":"k","created_at":"2026-11-30T09:00:00Z"}`
+	const accepted = `{"id":"stripe.default.x","state":"queued","upstream":"stripe","lane":"default","idempotency_key":"k","created_at":"2026-11-30T09:00:00Z"}`
+	const notFound = `{"type":"https://shaperhq.github.io/problems/not-found","title":"Not found","status":404}`
+	rl := map[string]string{"RateLimit-Policy": `"enqueue";q=10;w=10`, "RateLimit": `"enqueue";r=9;t=1`,
+		"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "9", "X-RateLimit-Reset": "1"}
+	with := func(h map[string]string, more ...string) map[string]string {
+		out := map[string]string{}
+		for k, v := range h {
+			out[k] = v
+		}
+		for i := 0; i+1 < len(more); i += 2 {
+			out[more[i]] = more[i+1]
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name           string
+		method, path   string
+		reqBody        string
+		status         int
+		ctype          string
+		headers        map[string]string
+		respBody       string
+		wantErr        string // "" for none
+		withoutAuthKey bool
+	}{
+		{name: "health", method: "GET", path: "/healthz", status: 200, ctype: "text/plain; charset=utf-8", respBody: "ok\n"},
+		{name: "undocumented status", method: "GET", path: "/healthz", status: 500, ctype: "text/plain", respBody: "no", wantErr: "status is not supported"},
+		{name: "job", method: "GET", path: "/v1/jobs/stripe.default.x", status: 200, ctype: "application/json", respBody: job},
+		{name: "undocumented field", method: "GET", path: "/v1/jobs/stripe.default.x", status: 200, ctype: "application/json",
+			respBody: strings.Replace(job, `"tenant"`, `"colour":"red","tenant"`, 1), wantErr: "colour"},
+		{name: "wrong content type", method: "GET", path: "/v1/jobs/stripe.default.x", status: 200, ctype: "text/html", respBody: job, wantErr: "text/html"},
+		{name: "enqueued", method: "POST", path: "/v1/jobs", reqBody: `{"upstream":"stripe","path":"/x"}`, status: 202, ctype: "application/json",
+			headers: with(rl, "Location", "/v1/jobs/stripe.default.x"), respBody: accepted},
+		{name: "required header missing", method: "POST", path: "/v1/jobs", reqBody: `{"upstream":"stripe","path":"/x"}`, status: 202, ctype: "application/json",
+			headers: rl, respBody: accepted, wantErr: `"Location" missing`},
+		{name: "header of the wrong type", method: "POST", path: "/v1/jobs", reqBody: `{"upstream":"stripe","path":"/x"}`, status: 202, ctype: "application/json",
+			headers: with(rl, "Location", "/v1/jobs/stripe.default.x", "X-RateLimit-Reset", "soon"), respBody: accepted, wantErr: "X-RateLimit-Reset"},
+		{name: "own header undocumented", method: "GET", path: "/v1/jobs/stripe.default.x", status: 404, ctype: "application/problem+json",
+			headers: map[string]string{"Retry-After": "1"}, respBody: notFound, wantErr: "Retry-After"},
+		{name: "accepted a request the document forbids", method: "POST", path: "/v1/jobs", reqBody: `{"upstream":"stripe","path":"/x","colour":"red"}`,
+			status: 202, ctype: "application/json", headers: with(rl, "Location", "/v1/jobs/stripe.default.x"), respBody: accepted, wantErr: "does not allow"},
+		{name: "refused a request the document forbids", method: "POST", path: "/v1/jobs", reqBody: `{"upstream":"stripe","path":"/x","colour":"red"}`,
+			status: 400, ctype: "application/problem+json", headers: rl,
+			respBody: `{"type":"https://shaperhq.github.io/problems/invalid-request","title":"Invalid request","status":400,"detail":"unknown field"}`},
+		{name: "batch item refused on its own", method: "POST", path: "/v1/jobs/batch", reqBody: `{"jobs":[{"upstream":"stripe","colour":"red"}]}`,
+			status: 200, ctype: "application/json", headers: rl,
+			respBody: `{"results":[{"index":0,"status":400,"error":{"type":"https://shaperhq.github.io/problems/invalid-request","title":"Invalid job","status":400}}]}`},
+		{name: "batch of the wrong shape accepted", method: "POST", path: "/v1/jobs/batch", reqBody: `{"jobs":[{"upstream":"stripe"}],"x":1}`,
+			status: 200, ctype: "application/json", headers: rl,
+			respBody: `{"results":[{"index":0,"status":202,"job":` + accepted + `}]}`, wantErr: "does not allow"},
+		{name: "batch with a bad item and a bad field accepted", method: "POST", path: "/v1/jobs/batch", reqBody: `{"jobs":[{"upstream":"stripe","colour":"red"}],"x":1}`,
+			status: 200, ctype: "application/json", headers: rl,
+			respBody: `{"results":[{"index":0,"status":400,"error":{"type":"https://shaperhq.github.io/problems/invalid-request","title":"Invalid job","status":400}}]}`,
+			wantErr:  "does not allow"},
+		{name: "no key yet accepted", method: "GET", path: "/v1/jobs/stripe.default.x", status: 200, ctype: "application/json", respBody: job,
+			withoutAuthKey: true, wantErr: "does not allow"},
+		{name: "problem without its type", method: "GET", path: "/v1/upstreams/x", status: 404, ctype: "application/problem+json",
+			respBody: `{"title":"Not found","status":404}`, wantErr: "type"},
+		{name: "unknown route", method: "GET", path: "/v2/jobs", status: 404, ctype: "application/problem+json", respBody: notFound},
+		{name: "undocumented route", method: "GET", path: "/v2/jobs", status: 200, ctype: "application/json", respBody: `{}`, wantErr: "undocumented route"},
+		{name: "a page", method: "GET", path: "/ui/", status: 200, ctype: "text/html; charset=utf-8", respBody: "<p>"},
+		{name: "a page as JSON", method: "GET", path: "/ui/", status: 200, ctype: "application/json", respBody: "{}", wantErr: "application/json"},
+		{name: "body where none is documented", method: "POST", path: "/v1/upstreams/stripe/retry-dead", status: 403, ctype: "text/plain", respBody: "no",
+			wantErr: "text/plain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(tc.method, "http://shaper.test"+tc.path, strings.NewReader(tc.reqBody))
+			if !tc.withoutAuthKey {
+				req.Header.Set("Authorization", "Bearer k")
+			}
+			if tc.reqBody != "" {
+				req.Header.Set("Content-Type", "application/json")
+			}
+			resp := &http.Response{StatusCode: tc.status, Header: http.Header{}}
+			resp.Header.Set("Content-Type", tc.ctype)
+			for k, v := range tc.headers {
+				resp.Header.Set(k, v)
+			}
+			err := c.Check(req, []byte(tc.reqBody), resp, []byte(tc.respBody))
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("got %v, want no error", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("got %v, want an error naming %q", err, tc.wantErr)
+			}
+		})
+	}
+}
