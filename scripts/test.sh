@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine as root or on a developer's.
-# Installs redis-server, redis-cli and promtool from Debian's packages when missing,
+# Installs redis-server, redis-cli, promtool, python3 and node from Debian's packages when missing,
 # then runs every package's tests with the race detector and vets the bench module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,9 @@ need_install=()
 command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_install+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || need_install+=(prometheus)
+# The producer examples in other languages (examples/producers) run for real.
+command -v python3 >/dev/null 2>&1 || need_install+=(python3)
+command -v node >/dev/null 2>&1 || need_install+=(nodejs)
 if [ ${#need_install[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "test.sh: ${need_install[*]} missing; run as root or: sudo apt-get install -y ${need_install[*]}" >&2
