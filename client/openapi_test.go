@@ -45,7 +45,7 @@ func realServer(t *testing.T, admission int64) string {
 	}
 	reg := prometheus.NewRegistry()
 	s, err := server.New(rdb, q, st, server.Config{
-		Keys: []server.Key{{Name: "billing", Secret: "billing-secret"}, {Name: "ops", Secret: "ops-secret", Admin: true}},
+		Keys:      []server.Key{{Name: "billing", Secret: "billing-secret"}, {Name: "ops", Secret: "ops-secret", Admin: true}},
 		Admission: tokenbucket.Limit{Capacity: admission, Refill: 1, Per: time.Hour},
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: metrics.New(reg), Registry: reg,
 	})
