@@ -1,9 +1,10 @@
 // Package apicheck holds HTTP exchanges with shaper's API to its published
 // OpenAPI document (package api), for tests: every request a test sends and
 // every answer it gets goes through Checker.Check, usually by way of the
-// http.RoundTripper from Transport, so a status, header or field the
-// document does not describe fails the test that met it. The document is
-// tested against the server this way, not trusted.
+// http.RoundTripper from Transport (which checks them when the test ends,
+// off the clock of tests that time the server), so a status, header or
+// field the document does not describe fails the test that met it. The
+// document is tested against the server this way, not trusted.
 //
 // What is checked, for an exchange on a documented operation:
 //   - the answer: its status must be documented for the operation; its
@@ -245,20 +246,46 @@ func pathParams(template, path string) map[string]string {
 }
 
 // Transport is an http.RoundTripper (over next, http.DefaultTransport when
-// nil) that checks every exchange and reports each mismatch to t as an
-// error; the exchange itself goes on as it was answered, so a test sees
-// what it would have seen and also fails.
+// nil) that keeps every exchange and checks them all when t ends, reporting
+// each mismatch to t as an error. The exchange itself goes on as it was
+// answered, so a test sees what it would have seen, and also fails.
+//
+// The checks wait for the end of the test so that they cost the exchange
+// nothing: several tests time how fast the server answers (a burst while
+// Redis is down must be answered within a bound), and validating an answer
+// takes milliseconds under the race detector.
 func (c *Checker) Transport(t testing.TB, next http.RoundTripper) http.RoundTripper {
 	if next == nil {
 		next = http.DefaultTransport
 	}
-	return &transport{c: c, t: t, next: next}
+	tr := &transport{c: c, next: next}
+	t.Cleanup(func() {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		for _, e := range tr.kept {
+			if err := c.Check(e.req, e.reqBody, e.resp, e.respBody); err != nil {
+				t.Errorf("openapi: %v", err)
+			}
+		}
+		tr.kept = nil
+	})
+	return tr
 }
 
 type transport struct {
 	c    *Checker
-	t    testing.TB
 	next http.RoundTripper
+
+	mu   sync.Mutex
+	kept []exchange
+}
+
+// exchange is one request and its answer, with both bodies as read.
+type exchange struct {
+	req      *http.Request
+	reqBody  []byte
+	resp     *http.Response
+	respBody []byte
 }
 
 func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -282,13 +309,18 @@ func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(respBody))
-	if err := tr.c.Check(req, reqBody, resp, respBody); err != nil {
-		tr.t.Errorf("openapi: %v", err)
-	}
+	// Kept apart from what the caller gets, which it may change.
+	kept := *resp
+	kept.Header = resp.Header.Clone()
+	kept.Body = nil
+	tr.mu.Lock()
+	tr.kept = append(tr.kept, exchange{req: req.Clone(context.Background()), reqBody: reqBody, resp: &kept, respBody: respBody})
+	tr.mu.Unlock()
 	return resp, nil
 }
 
-// Client is an *http.Client whose every exchange is checked (see Transport).
+// Client is an *http.Client whose every exchange is checked when t ends
+// (see Transport).
 func (c *Checker) Client(t testing.TB) *http.Client {
 	return &http.Client{Transport: c.Transport(t, nil)}
 }

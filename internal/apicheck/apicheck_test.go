@@ -1,6 +1,8 @@
 package apicheck
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -102,5 +104,56 @@ func TestCheck(t *testing.T) {
 				t.Fatalf("got %v, want an error naming %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// recordingTB is a test that keeps its errors and cleanups, so that a
+// test can see what Transport reports.
+type recordingTB struct {
+	testing.TB
+	errs     []string
+	cleanups []func()
+}
+
+func (r *recordingTB) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+func (r *recordingTB) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+// TestTransport: the exchange goes on as answered, and a mismatch is
+// reported when the test ends.
+func TestTransport(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			w.Write([]byte("ok\n"))
+			return
+		}
+		w.WriteHeader(http.StatusTeapot)
+		w.Write([]byte("short and stout"))
+	}))
+	defer hs.Close()
+	rec := &recordingTB{TB: t}
+	hc := c.Client(rec)
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := hc.Get(hs.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if path == "/readyz" && (resp.StatusCode != http.StatusTeapot || string(body) != "short and stout") {
+			t.Fatalf("got %d %q, want the answer as the server gave it", resp.StatusCode, body)
+		}
+	}
+	if len(rec.errs) != 0 || len(rec.cleanups) != 1 {
+		t.Fatalf("got %d errors and %d cleanups before the end, want none and one", len(rec.errs), len(rec.cleanups))
+	}
+	rec.cleanups[0]()
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "GET /readyz: answer 418") {
+		t.Fatalf("got errors %q, want one about GET /readyz's 418", rec.errs)
 	}
 }
