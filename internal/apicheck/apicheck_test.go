@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
 )
 
 // TestCheck: exchanges that keep to the document pass, and each way of
@@ -155,5 +157,28 @@ func TestTransport(t *testing.T) {
 	rec.cleanups[0]()
 	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "GET /readyz: answer 418") {
 		t.Fatalf("got errors %q, want one about GET /readyz's 418", rec.errs)
+	}
+}
+
+// TestWaitingCounts: the counts of held jobs take only the three causes.
+func TestWaitingCounts(t *testing.T) {
+	c, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.doc.Components.Schemas["WaitingCounts"].Value
+	for _, tc := range []struct {
+		v  map[string]any
+		ok bool
+	}{
+		{map[string]any{}, true},
+		{map[string]any{"pause": 2.0, "pushback": 1.0, "limit": 0.0}, true},
+		{map[string]any{"sleep": 1.0}, false},
+		{map[string]any{"pause": -1.0}, false},
+	} {
+		err := s.VisitJSON(tc.v, openapi3.EnableJSONSchema2020())
+		if (err == nil) != tc.ok {
+			t.Errorf("%v: got %v, want ok %v", tc.v, err, tc.ok)
+		}
 	}
 }
