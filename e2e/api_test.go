@@ -38,7 +38,7 @@ func (e *env) startServe(env ...string) string {
 	addr := freeAddr(e.t)
 	e.startProc(env, "serve", "--config", e.cfg, "--listen", addr, "--log-level", "warn")
 	waitUntil(e.t, 30*time.Second, "shaper serve to be ready", func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
+		resp, err := e.api.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return false
 		}
@@ -73,7 +73,9 @@ upstreams:
 	}
 	// Warm each replica's connections so the burst is not spread by dialing.
 	for _, u := range urls {
-		http.Get(u + "/readyz")
+		if resp, err := e.api.Get(u + "/readyz"); err == nil {
+			resp.Body.Close()
+		}
 	}
 	start := make(chan struct{})
 	type answer struct {
@@ -90,7 +92,7 @@ upstreams:
 			req.Header.Set("Authorization", "Bearer k-e2e")
 			req.Header.Set("Content-Type", "application/json")
 			<-start
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := e.api.Do(req)
 			if err != nil {
 				t.Error(err)
 				return
@@ -227,7 +229,7 @@ func TestDevSmoke(t *testing.T) {
 	if err := json.Unmarshal(out, &accepted); err != nil || accepted.ID == "" {
 		t.Fatalf("curl printed %s", out)
 	}
-	c, err := client.New("http://"+addr, key)
+	c, err := client.New("http://"+addr, key, client.WithHTTPClient(checkedClient(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/fakeupstream"
+	"github.com/shaperhq/shaper/internal/apicheck"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -65,6 +67,9 @@ type env struct {
 	dir    string
 	cfg    string
 	q      *queue.Queue
+	// api is the HTTP client for the API of every `shaper serve` the test
+	// starts: each exchange is checked against the OpenAPI document.
+	api *http.Client
 
 	mu      sync.Mutex
 	workers []*worker
@@ -78,7 +83,7 @@ type worker struct {
 
 func newEnv(t *testing.T, fakeCfg fakeupstream.Config, redisOpts redistest.Options) *env {
 	t.Helper()
-	e := &env{t: t, redis: redistest.New(t, redisOpts), dir: t.TempDir()}
+	e := &env{t: t, redis: redistest.New(t, redisOpts), dir: t.TempDir(), api: checkedClient(t)}
 	e.rdb = e.redis.Client(t)
 	fake, err := fakeupstream.New(fakeCfg)
 	if err != nil {
@@ -89,6 +94,18 @@ func newEnv(t *testing.T, fakeCfg fakeupstream.Config, redisOpts redistest.Optio
 	t.Cleanup(e.fakeHS.Close)
 	t.Cleanup(e.stopAll)
 	return e
+}
+
+// checkedClient is an HTTP client for shaper's API that checks every
+// exchange against the OpenAPI document (internal/apicheck) and fails t on
+// a mismatch.
+func checkedClient(t *testing.T) *http.Client {
+	t.Helper()
+	chk, err := apicheck.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chk.Client(t)
 }
 
 // writeConfig writes the config with {{REDIS}} and {{UPSTREAM}} filled in

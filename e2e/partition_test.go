@@ -108,7 +108,7 @@ func enqueueBatch(t *testing.T, api, key, upstream, grp string, n int) {
 	hr, _ := http.NewRequest("POST", api+"/v1/jobs/batch", bytes.NewReader(body))
 	hr.Header.Set("Authorization", "Bearer "+key)
 	hr.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(hr)
+	resp, err := checkedClient(t).Do(hr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine as root or on a developer's.
-# Installs redis-server, redis-cli, promtool and chromium (for the status
-# page's browser test) from Debian's packages when missing, then runs every
-# package's tests with the race detector, vets the bench module, and vets
-# and tests the module that checks the Kubernetes manifests.
+# Installs redis-server, redis-cli, promtool, chromium (for the status
+# page's browser test), python3 and node (the producer examples) from
+# Debian's packages when missing, then runs every package's tests with the
+# race detector, vets the bench module, and vets and tests the module that
+# checks the Kubernetes manifests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,9 @@ command -v redis-cli >/dev/null 2>&1 || need_install+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || need_install+=(prometheus)
 # Debian's package installs the browser as chromium; other systems may call it chromium-browser.
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need_install+=(chromium)
+# The producer examples in other languages (examples/producers) run for real.
+command -v python3 >/dev/null 2>&1 || need_install+=(python3)
+command -v node >/dev/null 2>&1 || need_install+=(nodejs)
 if [ ${#need_install[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "test.sh: ${need_install[*]} missing; run as root or: sudo apt-get install -y ${need_install[*]}" >&2

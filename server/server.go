@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/api"
 	"github.com/shaperhq/shaper/httplimit"
 	"github.com/shaperhq/shaper/internal/ui"
 	"github.com/shaperhq/shaper/internal/wire"
@@ -88,6 +89,11 @@ type Server struct {
 	// maxBatch is the most jobs a batch may hold: MaxBatch, or the
 	// admission capacity if that is smaller.
 	maxBatch int
+	// openapi is the API's OpenAPI document as served, converted once.
+	openapi []byte
+	// patterns are the routes registered on mux, in order, so that a test
+	// can hold them to the OpenAPI document both ways.
+	patterns []string
 }
 
 // storeProbeEvery is how often, while Redis is failing, one enqueue is let
@@ -197,6 +203,9 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 	if err != nil {
 		return nil, fmt.Errorf("server: status page: %w", err)
 	}
+	if s.openapi, err = api.JSON(); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s.routes(page)
 	return s, nil
 }
@@ -206,7 +215,10 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 func (s *Server) routes(page http.Handler) {
 	mux := http.NewServeMux()
-	handle := func(pattern string, h http.Handler) { mux.Handle(pattern, s.measured(pattern, h)) }
+	handle := func(pattern string, h http.Handler) {
+		s.patterns = append(s.patterns, pattern)
+		mux.Handle(pattern, s.measured(pattern, h))
+	}
 	handle("POST /v1/jobs", s.authed(s.handleEnqueue))
 	handle("POST /v1/jobs/batch", s.authed(s.handleBatch))
 	handle("GET /v1/jobs/{id}", s.authed(s.handleGet))
@@ -218,6 +230,7 @@ func (s *Server) routes(page http.Handler) {
 	handle("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
 	handle("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
 	handle("POST /v1/upstreams/{name}/retry-dead", s.authed(s.admin(s.handleRetryDead)))
+	handle("GET /v1/openapi.json", http.HandlerFunc(s.handleOpenAPI))
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
 	handle("GET /readyz", http.HandlerFunc(s.handleReady))
 	// The status page is public: its files hold no data, and the page
@@ -373,6 +386,13 @@ func (s *Server) backlogRetryAfter(ctx context.Context, upstream string, full *q
 	}
 	secs := math.Ceil(float64(full.Pending) / 10 / rate)
 	return int64(max(1, min(secs, 3600)))
+}
+
+// handleOpenAPI serves the API's OpenAPI document, without a key: it says
+// nothing a producer's README would not.
+func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(s.openapi)
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {

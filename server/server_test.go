@@ -20,6 +20,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/client"
+	"github.com/shaperhq/shaper/internal/apicheck"
 	"github.com/shaperhq/shaper/internal/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
@@ -36,8 +37,13 @@ type fixture struct {
 	t   *testing.T
 	rdb redis.UniversalClient
 	q   *queue.Queue
+	s   *Server
 	hs  *httptest.Server
 	reg *prometheus.Registry
+	// hc sends every request of the tests: each exchange is checked
+	// against the OpenAPI document (internal/apicheck), so an
+	// undocumented status, header or field fails the test that met it.
+	hc *http.Client
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -98,7 +104,11 @@ func newFixtureOn(t *testing.T, rdb redis.UniversalClient, admission tokenbucket
 	}
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(hs.Close)
-	return &fixture{t: t, rdb: rdb, q: q, hs: hs, reg: reg}
+	chk, err := apicheck.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{t: t, rdb: rdb, q: q, s: s, hs: hs, reg: reg, hc: chk.Client(t)}
 }
 
 // do sends a request with the billing key (unless headers say otherwise).
@@ -116,7 +126,7 @@ func (f *fixture) do(method, path, body string, headers ...string) (*http.Respon
 			req.Header.Set(headers[i], headers[i+1])
 		}
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := f.hc.Do(req)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -431,7 +441,7 @@ func TestBacklogFull(t *testing.T) {
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(fmt.Sprint(body["detail"]), "max_pending 2") {
 		t.Fatalf("got %d %v (Retry-After %q), want 503 naming max_pending", resp.StatusCode, body, resp.Header.Get("Retry-After"))
 	}
-	c, err := client.New(f.hs.URL, "billing-secret")
+	c, err := client.New(f.hs.URL, "billing-secret", client.WithHTTPClient(f.hc))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,7 +478,7 @@ func TestPauseResumeAndStatus(t *testing.T) {
 func TestHealthReadyMetrics(t *testing.T) {
 	f := newFixture(t, generous, 1000)
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
-		resp, err := http.Get(f.hs.URL + p)
+		resp, err := f.hc.Get(f.hs.URL + p)
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("%s: %v %v", p, resp, err)
 		}
