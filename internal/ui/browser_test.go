@@ -268,8 +268,15 @@ func TestPageInChromium(t *testing.T) {
 	mux.HandleFunc("GET /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
-		if jobsMissing || r.Header.Get("Authorization") != "Bearer view-secret" && r.Header.Get("Authorization") != "Bearer admin-secret" {
-			api.Handler().ServeHTTP(w, r) // what the server answers without the route, or to a bad key
+		if jobsMissing {
+			// What a server from before the listing answers: its mux
+			// knew the path only for POST.
+			w.Header().Set("Allow", "POST")
+			http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer view-secret" && r.Header.Get("Authorization") != "Bearer admin-secret" {
+			api.Handler().ServeHTTP(w, r) // what the server answers to a bad key
 			return
 		}
 		if q := r.URL.Query(); q.Get("upstream") != "mail" || q.Get("state") != "dead" || q.Get("limit") != "20" {
