@@ -168,6 +168,24 @@ func decodeCursor(s, query string, steps int) (cursor, error) {
 	return c, nil
 }
 
+// cursorFits reports whether a cursor's position can be one of idx's: a
+// position in the active list or a flow sequence is a whole number at or
+// above zero, a sorted set's score a finite number. Anything else would
+// reach Redis as an error (and count as Redis failing) rather than as the
+// client's bad cursor.
+func cursorFits(idx index, score string) bool {
+	if score == "" {
+		return true
+	}
+	switch idx {
+	case idxActive, idxQueued:
+		n, err := strconv.ParseInt(score, 10, 64)
+		return err == nil && n >= 0 && n < 1<<53
+	}
+	f, err := strconv.ParseFloat(score, 64)
+	return err == nil && !math.IsNaN(f) && !math.IsInf(f, 0)
+}
+
 func queryDigest(o ListOptions) string {
 	sum := sha256.Sum256([]byte(strings.Join([]string{o.Upstream, o.Tenant, string(o.State), o.Lane, o.Partition}, "\x00")))
 	return hex.EncodeToString(sum[:6])
@@ -224,6 +242,9 @@ func (q *Queue) List(ctx context.Context, o ListOptions) (*Page, error) {
 		if cur, err = decodeCursor(o.Cursor, query, len(steps)); err != nil {
 			return nil, err
 		}
+		if !cursorFits(steps[cur.Step], cur.Score) {
+			return nil, fmt.Errorf("cursor: not one this API handed out: %w", ErrBadCursor)
+		}
 	}
 	l := &lister{q: q, u: u, o: o, keys: taskstore.For(QueueName(o.Upstream)), budget: ListScanFactor * o.Limit}
 	page := &Page{}
@@ -247,6 +268,9 @@ type lister struct {
 	o      ListOptions
 	keys   taskstore.Keys
 	budget int // entries still to examine
+	// owed is Redis work a read did beyond the entries it returned (one
+	// range read per flow), charged to budget once its entries are seen.
+	owed int
 }
 
 // full reports whether the page has what it may hold, or did all the work
@@ -275,6 +299,8 @@ func (l *lister) walk(ctx context.Context, idx index, cur cursor, p *Page) (curs
 				p.Jobs = append(p.Jobs, info)
 			}
 		}
+		l.budget -= l.owed
+		l.owed = 0
 		if exhausted {
 			return cur, true, nil
 		}
@@ -369,7 +395,12 @@ func (l *lister) readFlows(ctx context.Context, cur cursor, n int) ([]entry, boo
 	if len(names) == 0 {
 		return nil, true, nil
 	}
-	k := max(1, int(math.Ceil(float64(n)/float64(len(names)))))
+	// Each flow read is work: it is charged to the page's budget, and each
+	// flow gives at least minFlowRead entries (or n, if fewer), so that the
+	// merge, exact only down to the highest last entry of a flow that gave
+	// all k, yields at least that many, however many flows there are.
+	k := max(min(n, minFlowRead), int(math.Ceil(float64(n)/float64(len(names)))))
+	l.owed += len(names)
 	hi := "+inf"
 	if cur.Score != "" {
 		hi = "(" + cur.Score
@@ -410,6 +441,9 @@ func (l *lister) readFlows(ctx context.Context, cur cursor, n int) ([]entry, boo
 	}
 	return out, cut == math.Inf(-1), nil
 }
+
+// minFlowRead is the fewest entries readFlows reads of each flow.
+const minFlowRead = 20
 
 // flowMatches reports whether flow g ("LANE|FK|PK") can hold the
 // listing's jobs. It only saves reads: each job is checked on its own too.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -397,5 +399,86 @@ func TestPageScriptList(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %v,\nwant %v", got, want)
+	}
+}
+
+// TestListRefusesCraftedCursors: a cursor whose position cannot be one of
+// its index's is the client's bad cursor, never a Redis error.
+func TestListRefusesCraftedCursors(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(0))
+	o := ListOptions{Upstream: "stripe", Tenant: "t"}
+	steps, _ := indexesFor("")
+	at := func(idx index) int { return slices.Index(steps, idx) }
+	for _, tc := range []struct {
+		idx   index
+		score string
+		ok    bool
+	}{
+		{idxActive, "3", true},
+		{idxActive, "0.5", false},
+		{idxActive, "-1", false},
+		{idxActive, "1e300", false},
+		{idxActive, "NaN", false},
+		{idxQueued, "12", true},
+		{idxQueued, "inf", false},
+		{idxScheduled, "1764500000.5", true},
+		{idxScheduled, "NaN", false},
+		{idxArchived, "-Inf", false},
+	} {
+		o.Cursor = cursor{Step: at(tc.idx), Query: queryDigest(o), Score: tc.score, Member: "x"}.encode()
+		_, err := q.List(ctx, o)
+		if tc.ok && err != nil || !tc.ok && !errors.Is(err, ErrBadCursor) {
+			t.Errorf("index %d at %q: got %v, want ok %v (else ErrBadCursor)", tc.idx, tc.score, err, tc.ok)
+		}
+	}
+}
+
+// TestListBoundsFlowReads: listing the queued jobs of an upstream with
+// many flows (a partition each) reads each flow at most about once per
+// page, however few of its jobs are the caller's.
+func TestListBoundsFlowReads(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	ups := upstreams(0)
+	ups[0].Fairness.By = shaper.FairByPartition
+	q := newQueue(t, rdb, ups)
+	const flows = 300
+	for i := range flows {
+		if _, _, err := q.Enqueue(ctx, &Job{Tenant: "b", Upstream: "stripe", Partition: fmt.Sprintf("p%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := func() int64 {
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_zrevrangebyscore:calls="); ok {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	before := calls()
+	p, err := q.List(ctx, ListOptions{Upstream: "stripe", Tenant: "a", State: StateQueued, Limit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := calls() - before; got > 2*flows {
+		t.Errorf("one page read flows %d times, want at most %d (twice per flow)", got, 2*flows)
+	}
+	if len(p.Jobs) != 0 {
+		t.Errorf("listed %d of another tenant's jobs", len(p.Jobs))
+	}
+	// And the listing still ends, each of b's jobs once.
+	got := listAll(t, q, ListOptions{Upstream: "stripe", Tenant: "b", State: StateQueued, Limit: 50}, nil)
+	if len(got) != flows {
+		t.Errorf("listed %d of b's %d jobs", len(got), flows)
 	}
 }
