@@ -41,9 +41,15 @@ func (q *Queue) Retry(ctx context.Context, id, tenant string) (*Info, error) {
 	if info.State != StateDead && info.State != StateCancelled {
 		return info, fmt.Errorf("job %s is %s: %w", id, info.State, ErrNotRetryable)
 	}
+	// A retried job joins the backlog as an enqueued one does, under the
+	// same max_pending bound (BacklogFullError).
+	if err := q.checkBacklog(ctx, info.Upstream, q.ups[info.Upstream]); err != nil {
+		return nil, err
+	}
 	if err := q.revive(ctx, info.Upstream, id, tenant, true); err != nil {
 		return nil, err
 	}
+	q.noteEnqueued(info.Upstream)
 	return q.Get(ctx, id, tenant)
 }
 
@@ -59,7 +65,8 @@ type RetryDeadResult struct {
 // every tenant, newest first; cancelled jobs stay cancelled. Each job
 // moves in its own script, so workers and concurrent retries see each one
 // either dead or queued; a job that dies while RetryDead runs is left for
-// the next call. It stops at ctx's end, returning what it did so far.
+// the next call. It stops at ctx's end, or when the upstream's backlog
+// reaches max_pending (a BacklogFullError), returning what it did so far.
 func (q *Queue) RetryDead(ctx context.Context, upstream string) (RetryDeadResult, error) {
 	var res RetryDeadResult
 	if _, ok := q.ups[upstream]; !ok {
@@ -80,10 +87,14 @@ func (q *Queue) RetryDead(ctx context.Context, upstream string) (RetryDeadResult
 			if e.state != "archived" {
 				continue
 			}
+			if err := q.checkBacklog(ctx, upstream, q.ups[upstream]); err != nil {
+				return res, err
+			}
 			err := q.revive(ctx, upstream, e.id, "", false)
 			switch {
 			case err == nil:
 				res.Retried++
+				q.noteEnqueued(upstream)
 			case errors.Is(err, errSecretsGone):
 				res.Skipped++
 			case errors.Is(err, ErrNotRetryable), errors.Is(err, ErrNotFound), errors.Is(err, errCancelled):

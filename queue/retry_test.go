@@ -173,3 +173,42 @@ func TestRetryOnCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRetryHonoursMaxPending: a retried job joins the backlog as an
+// enqueued one does, so at max_pending it is refused (and stays dead), and
+// a bulk retry stops there with what it did.
+func TestRetryHonoursMaxPending(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	q := newQueue(t, rdb, upstreams(3))
+	var dead []string
+	for range 3 {
+		info, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, info.ID)
+	}
+	finishAll(t, q, rdb, "stripe", die)
+	for range 2 {
+		if _, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Two pending of three: one retry fits, the next does not.
+	if _, err := q.Retry(ctx, dead[0], "t"); err != nil {
+		t.Fatalf("first retry: %v", err)
+	}
+	var full *BacklogFullError
+	if _, err := q.Retry(ctx, dead[1], "t"); !errors.As(err, &full) {
+		t.Fatalf("retry at max_pending: got %v, want a BacklogFullError", err)
+	}
+	if info, _ := q.Get(ctx, dead[1], "t"); info.State != StateDead {
+		t.Errorf("the refused job is %s, want still dead", info.State)
+	}
+	res, err := q.RetryDead(ctx, "stripe")
+	if !errors.As(err, &full) || res.Retried != 0 {
+		t.Errorf("RetryDead at max_pending: got %+v, %v; want none retried and a BacklogFullError", res, err)
+	}
+}

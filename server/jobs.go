@@ -398,6 +398,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) jobError(w http.ResponseWriter, r *http.Request, err error) {
+	var full *queue.BacklogFullError
 	switch {
 	case errors.Is(err, queue.ErrNotFound):
 		writeProblem(w, problem{Type: problemNotFound, Title: "Job not found", Status: http.StatusNotFound,
@@ -406,6 +407,10 @@ func (s *Server) jobError(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, problem{Type: problemConflict, Title: "Job cannot be cancelled", Status: http.StatusConflict, Detail: err.Error()})
 	case errors.Is(err, queue.ErrNotRetryable):
 		writeProblem(w, problem{Type: problemConflict, Title: "Job cannot be retried", Status: http.StatusConflict, Detail: err.Error()})
+	case errors.As(err, &full):
+		retry := s.backlogRetryAfter(r.Context(), full.Upstream, full)
+		writeProblem(w, problem{Type: problemBacklogFull, Title: "Backlog full", Status: http.StatusServiceUnavailable,
+			Detail: fmt.Sprintf("%v; the job stays where it was; retry in %ds", full, retry), RetryAfter: retry})
 	default:
 		s.internalError(w, r, "jobs", err)
 	}
