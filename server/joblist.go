@@ -138,7 +138,7 @@ func (s *Server) handleRetryDead(w http.ResponseWriter, r *http.Request) {
 		retry := s.backlogRetryAfter(r.Context(), name, full)
 		s.log.Info("dead jobs retried until the backlog filled", "upstream", name, "retried", res.Retried, "skipped", res.Skipped, "by", caller(r).Name)
 		writeProblem(w, problem{Type: problemBacklogFull, Title: "Backlog full", Status: http.StatusServiceUnavailable,
-			Detail: fmt.Sprintf("%v; %d dead jobs were retried and %d skipped before it filled, the rest stay dead; retry in %ds", full, res.Retried, res.Skipped, retry),
+			Detail:     fmt.Sprintf("%v; %d dead jobs were retried and %d skipped before it filled, the rest stay dead; retry in %ds", full, res.Retried, res.Skipped, retry),
 			RetryAfter: retry})
 		return
 	}
