@@ -758,12 +758,8 @@ func (f *fake) list(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	q := r.URL.Query()
-	name := q.Get("upstream")
-	if name == "" {
-		writeProblem(w, http.StatusBadRequest, "Invalid request", "upstream is required", []problemField{{"upstream", "is required"}})
-		return
-	}
-	if _, ok := f.upstreams[name]; !ok {
+	name := q.Get("upstream") // "" for every upstream
+	if _, ok := f.upstreams[name]; !ok && name != "" {
 		writeProblem(w, http.StatusNotFound, "Unknown upstream", fmt.Sprintf("no upstream %q", name), nil)
 		return
 	}
@@ -788,7 +784,7 @@ func (f *fake) list(w http.ResponseWriter, r *http.Request) {
 	tenant := f.key(r).tenant
 	var found []*fakeJob
 	for id, j := range f.jobs {
-		if j.tenant != tenant || j.wire["upstream"] != name || seqOf(id) >= after ||
+		if j.tenant != tenant || name != "" && j.wire["upstream"] != name || seqOf(id) >= after ||
 			q.Get("state") != "" && j.wire["state"] != q.Get("state") ||
 			q.Get("lane") != "" && j.wire["lane"] != q.Get("lane") ||
 			q.Get("partition") != "" && j.wire["partition"] != q.Get("partition") {

@@ -9,10 +9,10 @@ import (
 	"strconv"
 )
 
-// ListJobsOptions select the jobs ListJobs returns. Only Upstream is
-// required.
+// ListJobsOptions select the jobs ListJobs returns; none is required.
 type ListJobsOptions struct {
-	// Upstream names the upstream whose jobs to list.
+	// Upstream names the upstream whose jobs to list; empty lists every
+	// upstream's, one after another in name order.
 	Upstream string
 	// State keeps only jobs in that state; empty lists every state.
 	State State
@@ -36,16 +36,14 @@ type JobPage struct {
 	NextCursor string `json:"next_cursor"`
 }
 
-// ListJobs reads one page of an upstream's jobs of the key's tenant,
+// ListJobs reads one page of an upstream's (or every upstream's) jobs of
+// the key's tenant,
 // newest first within each state (the server's reference says how each
 // state is ordered). Follow NextCursor until it is empty for the rest. An
 // unknown upstream is ErrNotFound; a bad option ErrInvalid.
 func (c *Client) ListJobs(ctx context.Context, opts ListJobsOptions) (*JobPage, error) {
-	if opts.Upstream == "" {
-		return nil, errors.New("list jobs: empty upstream")
-	}
-	q := url.Values{"upstream": {opts.Upstream}}
-	for name, v := range map[string]string{"state": string(opts.State), "lane": opts.Lane, "partition": opts.Partition, "cursor": opts.Cursor} {
+	q := url.Values{}
+	for name, v := range map[string]string{"upstream": opts.Upstream, "state": string(opts.State), "lane": opts.Lane, "partition": opts.Partition, "cursor": opts.Cursor} {
 		if v != "" {
 			q.Set(name, v)
 		}
@@ -55,6 +53,9 @@ func (c *Client) ListJobs(ctx context.Context, opts ListJobsOptions) (*JobPage, 
 	}
 	var page JobPage
 	if _, err := c.do(ctx, http.MethodGet, "/v1/jobs?"+q.Encode(), nil, &page); err != nil {
+		if opts.Upstream == "" {
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
 		return nil, fmt.Errorf("list jobs of %s: %w", opts.Upstream, err)
 	}
 	if page.Jobs == nil {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/shaperhq/shaper/client"
@@ -61,12 +62,14 @@ func TestListJobs(t *testing.T) {
 	checkSentinel(t, err, client.ErrNotFound)
 	_, err = c.ListJobs(ctx, client.ListJobsOptions{Upstream: "stripe", Limit: 500})
 	checkSentinel(t, err, client.ErrInvalid)
+	// Without an upstream: every upstream's jobs, and no upstream= sent.
 	n := len(f.log())
-	if _, err := c.ListJobs(ctx, client.ListJobsOptions{}); err == nil {
-		t.Fatal("no upstream: got no error")
+	all, err := c.ListJobs(ctx, client.ListJobsOptions{})
+	if err != nil || len(all.Jobs) == 0 {
+		t.Fatalf("every upstream: got %+v, %v; want the tenant's jobs", all, err)
 	}
-	if len(f.log()) != n {
-		t.Fatal("a listing without an upstream reached the server")
+	if got := f.log()[n:]; len(got) != 1 || strings.Contains(got[0].Query, "upstream") {
+		t.Fatalf("every upstream: sent %+v, want one request without upstream", got)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -212,7 +213,96 @@ type entry struct {
 // A job that stays in its state while the caller pages is listed exactly
 // once; one that changes state meanwhile may be listed in both states, or
 // in neither. Each job is read as Get reads it.
+//
+// With no Upstream it lists every upstream's jobs, one upstream after
+// another in name order (each as above), visiting at most
+// ListUpstreamsPerPage upstreams a page; a Lane then keeps the upstreams
+// that have that lane.
 func (q *Queue) List(ctx context.Context, o ListOptions) (*Page, error) {
+	if o.Upstream == "" {
+		return q.listEvery(ctx, o)
+	}
+	return q.listOne(ctx, o)
+}
+
+// ListUpstreamsPerPage is the most upstreams one page of a listing of
+// every upstream visits, so that a page's work stays bounded however many
+// upstreams are configured.
+const ListUpstreamsPerPage = 16
+
+// everyCursor is where a listing of every upstream stopped: in upstream
+// Up, at its own listing's cursor C ("" from its start).
+type everyCursor struct {
+	Query string `json:"q"`
+	Up    string `json:"u"`
+	C     string `json:"c,omitempty"`
+}
+
+func (c everyCursor) encode() string {
+	b, _ := json.Marshal(c) // only strings
+	return "a" + base64.RawURLEncoding.EncodeToString(b)
+}
+
+func (q *Queue) listEvery(ctx context.Context, o ListOptions) (*Page, error) {
+	if _, ok := indexesFor(o.State); !ok {
+		return nil, fmt.Errorf("state %q: not a job state: %w", o.State, shaper.ErrInvalid)
+	}
+	switch {
+	case o.Limit == 0:
+		o.Limit = DefaultListLimit
+	case o.Limit < 0 || o.Limit > MaxListLimit:
+		return nil, fmt.Errorf("limit %d: must be 1 to %d: %w", o.Limit, MaxListLimit, shaper.ErrInvalid)
+	}
+	var names []string
+	for _, name := range slices.Sorted(maps.Keys(q.ups)) {
+		if o.Lane == "" || q.ups[name].HasLane(o.Lane) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("lane %q: no upstream has it: %w", o.Lane, ErrUnknownLane)
+	}
+	query := queryDigest(o)
+	at, inner := 0, ""
+	if o.Cursor != "" {
+		bad := fmt.Errorf("cursor: not one this API handed out, or from a listing with other upstream, state, lane or partition: %w", ErrBadCursor)
+		b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(o.Cursor, "a"))
+		var c everyCursor
+		if !strings.HasPrefix(o.Cursor, "a") || err != nil || json.Unmarshal(b, &c) != nil || c.Query != query {
+			return nil, bad
+		}
+		if at = slices.Index(names, c.Up); at < 0 {
+			return nil, bad
+		}
+		inner = c.C
+	}
+	page := &Page{}
+	for i := at; i < len(names); i++ {
+		if i-at == ListUpstreamsPerPage {
+			page.NextCursor = everyCursor{Query: query, Up: names[i]}.encode()
+			return page, nil
+		}
+		sub := o
+		sub.Upstream, sub.Limit, sub.Cursor = names[i], o.Limit-len(page.Jobs), inner
+		inner = ""
+		p, err := q.listOne(ctx, sub)
+		if err != nil {
+			return nil, err
+		}
+		page.Jobs = append(page.Jobs, p.Jobs...)
+		switch {
+		case p.NextCursor != "":
+			page.NextCursor = everyCursor{Query: query, Up: names[i], C: p.NextCursor}.encode()
+			return page, nil
+		case len(page.Jobs) >= o.Limit && i+1 < len(names):
+			page.NextCursor = everyCursor{Query: query, Up: names[i+1]}.encode()
+			return page, nil
+		}
+	}
+	return page, nil
+}
+
+func (q *Queue) listOne(ctx context.Context, o ListOptions) (*Page, error) {
 	u, ok := q.ups[o.Upstream]
 	if !ok {
 		return nil, fmt.Errorf("upstream %q: %w", o.Upstream, ErrUnknownUpstream)

@@ -482,3 +482,56 @@ func TestListBoundsFlowReads(t *testing.T) {
 		t.Errorf("listed %d of b's %d jobs", len(got), flows)
 	}
 }
+
+// TestListEveryUpstream: without an upstream the listing walks every
+// upstream in name order, each job once, across pages that stop inside an
+// upstream and at a boundary, and a page visits at most
+// ListUpstreamsPerPage upstreams.
+func TestListEveryUpstream(t *testing.T) {
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	rdb.FlushAll(ctx)
+	var ups []shaper.Upstream
+	for i := range ListUpstreamsPerPage + 4 {
+		ups = append(ups, shaper.Upstream{Name: fmt.Sprintf("u%02d", i), Lanes: map[string]int{"default": 1}, Retry: shaper.Retry{MaxAttempts: 3},
+			ResultRetention: time.Hour, DeadRetention: time.Hour})
+	}
+	ups[3].Lanes = map[string]int{"default": 1, "bulk": 1}
+	q := newQueue(t, rdb, ups)
+	var want []string
+	for _, u := range []int{1, 3, 3, 3, 19} {
+		info, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: ups[u].Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, info.ID)
+		q.Enqueue(ctx, &Job{Tenant: "other", Upstream: ups[u].Name})
+	}
+	// Name order between upstreams, newest first within one.
+	want[1], want[3] = want[3], want[1]
+	got := listAll(t, q, ListOptions{Tenant: "t", Limit: 2}, nil)
+	if !slices.Equal(ids(got), want) {
+		t.Fatalf("got %v,\nwant %v", ids(got), want)
+	}
+	// The first page stops after ListUpstreamsPerPage upstreams when they
+	// hold nothing of the caller's.
+	p, err := q.List(ctx, ListOptions{Tenant: "nobody"})
+	if err != nil || len(p.Jobs) != 0 || p.NextCursor == "" {
+		t.Fatalf("got %+v, %v; want an empty page with a cursor", p, err)
+	}
+	if p, err = q.List(ctx, ListOptions{Tenant: "nobody", Cursor: p.NextCursor}); err != nil || p.NextCursor != "" {
+		t.Fatalf("second page: got %+v, %v; want the end", p, err)
+	}
+	// A lane keeps the upstreams that have it; one none has is refused.
+	if got := listAll(t, q, ListOptions{Tenant: "t", Lane: "bulk"}, nil); len(got) != 0 {
+		t.Errorf("lane bulk: got %v, want none (all went to default)", ids(got))
+	}
+	if _, err := q.List(ctx, ListOptions{Lane: "vip"}); !errors.Is(err, ErrUnknownLane) {
+		t.Errorf("lane vip: got %v, want ErrUnknownLane", err)
+	}
+	// A cursor of one upstream's listing is not one of every upstream's.
+	one, _ := q.List(ctx, ListOptions{Upstream: "u03", Tenant: "t", Limit: 1})
+	if _, err := q.List(ctx, ListOptions{Tenant: "t", Cursor: one.NextCursor}); !errors.Is(err, ErrBadCursor) {
+		t.Errorf("one upstream's cursor: got %v, want ErrBadCursor", err)
+	}
+}

@@ -27,8 +27,9 @@ func listParams() []string {
 	return []string{"upstream", "state", "lane", "partition", "limit", "cursor"}
 }
 
-// handleList answers GET /v1/jobs: one page of an upstream's jobs of the
-// caller's tenant (see queue.List), each as GET /v1/jobs/{id} shows it.
+// handleList answers GET /v1/jobs: one page of an upstream's jobs (or,
+// without upstream, of every upstream's in name order) of the caller's
+// tenant (see queue.List), each as GET /v1/jobs/{id} shows it.
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	o, bad := s.listOptions(r)
 	if bad != nil {
@@ -40,6 +41,11 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, queue.ErrBadCursor):
 		writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
 			Detail: err.Error(), Errors: []fieldError{{Field: "cursor", Message: "pass next_cursor from the page before, with the same upstream, state, lane and partition"}}})
+		return
+	case errors.Is(err, queue.ErrUnknownLane):
+		// Listing every upstream, with a lane none of them has.
+		writeProblem(w, problem{Type: problemInvalid, Title: "Invalid request", Status: http.StatusBadRequest,
+			Detail: err.Error(), Errors: []fieldError{{Field: "lane", Message: err.Error()}}})
 		return
 	case err != nil:
 		s.internalError(w, r, "jobs", err)
@@ -68,10 +74,7 @@ func (s *Server) listOptions(r *http.Request) (queue.ListOptions, *problem) {
 	o := queue.ListOptions{Tenant: caller(r).Tenant, Upstream: q.Get("upstream"), State: queue.State(q.Get("state")),
 		Lane: q.Get("lane"), Partition: q.Get("partition"), Cursor: q.Get("cursor")}
 	up, known := s.ups[o.Upstream]
-	switch {
-	case o.Upstream == "":
-		p.add("upstream", "is required (upstreams: %s)", strings.Join(s.upstreamNames(), ", "))
-	case !known:
+	if o.Upstream != "" && !known {
 		p.add("upstream", "no upstream %q is configured (upstreams: %s)", o.Upstream, strings.Join(s.upstreamNames(), ", "))
 	}
 	if o.State != "" && !queue.ValidState(o.State) {

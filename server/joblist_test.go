@@ -125,7 +125,7 @@ func TestListBadParams(t *testing.T) {
 		status      int
 		want        string
 	}{
-		{"no upstream", "", 400, "upstream is required"},
+		{"a lane no upstream has", "lane=vip", 400, "no upstream has it"},
 		{"unknown upstream", "upstream=twilio", 404, `no upstream "twilio"`},
 		{"bad state", "upstream=stripe&state=sleeping", 400, `state "sleeping": want one of queued`},
 		{"bad lane", "upstream=stripe&lane=vip", 400, "lanes: default, bulk"},

@@ -60,10 +60,11 @@ tenant's jobs only, and retry-dead needs an admin key. --config wins over
 
 func newCmdJobsList(f *Factory, opts *jobsOptions) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "ls --upstream NAME [--state STATE] [--lane LANE] [--partition P] [--limit N] [--cursor C | --all]",
+		Use:     "ls [--upstream NAME] [--state STATE] [--lane LANE] [--partition P] [--limit N] [--cursor C | --all]",
 		Aliases: []string{"list"},
 		Short:   "List an upstream's jobs, newest first",
-		Long: `List one upstream's jobs (of the key's tenant through the API, of every
+		Long: `List one upstream's jobs, or without --upstream every upstream's one after
+another in name order (of the key's tenant through the API, of every
 tenant with --config), newest first within each state:
 being sent, queued (newest enqueued first), scheduled and retrying (latest
 due first), dead and cancelled (latest died first), succeeded (latest
@@ -83,14 +84,13 @@ the command prints the cursor of the next page on stderr; pass it back with
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&opts.list.Upstream, "upstream", "u", "", "upstream name (required)")
+	fl.StringVarP(&opts.list.Upstream, "upstream", "u", "", "upstream name (default: every upstream, in name order)")
 	fl.StringVar((*string)(&opts.list.State), "state", "", "only jobs in this state")
 	fl.StringVar(&opts.list.Lane, "lane", "", "only jobs of this lane")
 	fl.StringVar(&opts.list.Partition, "partition", "", "only jobs of this partition")
 	fl.IntVar(&opts.list.Limit, "limit", 0, "jobs per page, 1 to 200 (default 50)")
 	fl.StringVar(&opts.list.Cursor, "cursor", "", "start at this cursor, printed by the page before")
 	fl.BoolVar(&opts.all, "all", false, "follow every page")
-	cmd.MarkFlagRequired("upstream")
 	cmd.RegisterFlagCompletionFunc("upstream", f.upstreamCompleter(&opts.configPath, &opts.api))
 	cmd.RegisterFlagCompletionFunc("state", cobra.FixedCompletions([]cobra.Completion{"queued", "scheduled", "active", "retrying", "succeeded", "dead", "cancelled"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd

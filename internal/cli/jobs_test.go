@@ -137,6 +137,11 @@ func TestJobsCommands(t *testing.T) {
 		t.Fatalf("retry-dead: exit %d %q %q", code, out, errOut)
 	}
 	waitState("succeeded")
+	// Without --upstream: every upstream's jobs, in name order.
+	out, _, code = run(t, env, "", "jobs", "ls")
+	if code != 0 || !strings.Contains(out, mail.ID) || !strings.Contains(out, ids[0]) || strings.Index(out, mail.ID) > strings.Index(out, ids[0]) {
+		t.Fatalf("ls without --upstream: exit %d\n%s; want mail's job, then stripe's", code, out)
+	}
 
 	for _, tc := range []struct {
 		name string
@@ -144,7 +149,7 @@ func TestJobsCommands(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no upstream", env, []string{"jobs", "ls"}, `"upstream" not set`},
+		{"a lane no upstream has", env, []string{"jobs", "ls", "--lane", "vip"}, "no upstream has it"},
 		{"unknown upstream", env, []string{"jobs", "ls", "--upstream", "twilio"}, `no upstream "twilio"`},
 		{"bad state", env, []string{"jobs", "ls", "--upstream", "stripe", "--state", "asleep"}, "state"},
 		{"bad limit", env, []string{"jobs", "ls", "--upstream", "stripe", "--limit", "500"}, "--limit 500"},
