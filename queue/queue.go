@@ -537,6 +537,11 @@ func (q *Queue) describeWait(ctx context.Context, info *Info) error {
 	if info.State != StateQueued && info.State != StateScheduled {
 		return nil
 	}
+	if _, ok := q.ups[info.Upstream]; !ok {
+		// An upstream no longer configured: no block key to read (and ""
+		// would be another hash slot on a cluster).
+		return nil
+	}
 	h, err := sched.For(q.prefix, info.Upstream).ReadJobHold(ctx, q.rdb, q.blocks[info.Upstream], info.ID)
 	if err != nil {
 		return err

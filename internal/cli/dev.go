@@ -280,5 +280,5 @@ Watch the upstream drain:
 
   curl -s %s/v1/upstreams/demo -H 'Authorization: Bearer %s'
 
-`, base, key, base, url.QueryEscape(key), store, demoURL, rate, base, key, base, key, base, key)
+`, base, key, base, url.PathEscape(key), store, demoURL, rate, base, key, base, key, base, key)
 }

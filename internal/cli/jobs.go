@@ -153,7 +153,11 @@ func printJobTable(w io.Writer, jobs []client.Job, now time.Time) {
 		if r := []rune(lastErr); len(r) > 60 {
 			lastErr = string(r[:59]) + "…"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%s ago\t%s\n", j.ID, j.State, j.Lane, partition, j.Attempts, j.MaxAttempts,
+		state := string(j.State)
+		if j.WaitingFor != "" {
+			state += " (" + j.WaitingFor + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%s ago\t%s\n", j.ID, state, j.Lane, partition, j.Attempts, j.MaxAttempts,
 			humanDuration(now.Sub(j.CreatedAt)), lastErr)
 	}
 	tw.Flush()
@@ -303,6 +307,7 @@ func printJobDetail(w io.Writer, j *client.Job) {
 	}
 	line("id", j.ID)
 	line("state", string(j.State))
+	line("waiting for", j.WaitingFor)
 	line("tenant", j.Tenant)
 	line("upstream", j.Upstream)
 	line("lane", j.Lane)
