@@ -24,6 +24,9 @@ import (
 // spent an attempt; and asynq's own Inspector shows the refused job's
 // wait in words, with no failure recorded.
 func TestPushbackTellsOneStory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out an upstream allowing one request in 5 s: about 20 s, runs in make test")
+	}
 	ctx := context.Background()
 	h := newHarness(t, fakeupstream.Config{Rate: 1, Per: 5 * time.Second, Style: fakeupstream.StylePlain}, shaper.Upstream{}, 3)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 4}}}, nil)
