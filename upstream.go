@@ -67,6 +67,14 @@ type Upstream struct {
 	// DeadRetention keeps dead and cancelled jobs. Default
 	// DefaultDeadRetention.
 	DeadRetention time.Duration
+	// ResultMaxCount bounds how many succeeded jobs are kept beside
+	// ResultRetention: past it the oldest go first, so a busy upstream's
+	// results cannot outgrow Redis within their retention. Default
+	// DefaultResultMaxCount.
+	ResultMaxCount int
+	// DeadMaxCount is ResultMaxCount for dead and cancelled jobs. Default
+	// DefaultDeadMaxCount.
+	DeadMaxCount int
 	// PushbackDefault is how long a 429 that does not say when to retry
 	// blocks the upstream. Default DefaultPushback.
 	PushbackDefault time.Duration
@@ -224,6 +232,11 @@ const (
 	DefaultMaxResponseBytes  = 1 << 20
 	DefaultResultRetention   = 24 * time.Hour
 	DefaultDeadRetention     = 7 * 24 * time.Hour
+	// DefaultResultMaxCount and DefaultDeadMaxCount bound the finished
+	// jobs kept per upstream: at about 1.6 KB each with a small response,
+	// 100,000 is some 160 MB at most, whatever the rate.
+	DefaultResultMaxCount = 100_000
+	DefaultDeadMaxCount   = 100_000
 	DefaultPushback          = time.Second
 
 	// DefaultHorizon is the longest pacing wait a worker books ahead: a
@@ -274,6 +287,12 @@ func (u Upstream) WithDefaults() Upstream {
 	}
 	u.ResultRetention = orDuration(u.ResultRetention, DefaultResultRetention)
 	u.DeadRetention = orDuration(u.DeadRetention, DefaultDeadRetention)
+	if u.ResultMaxCount <= 0 {
+		u.ResultMaxCount = DefaultResultMaxCount
+	}
+	if u.DeadMaxCount <= 0 {
+		u.DeadMaxCount = DefaultDeadMaxCount
+	}
 	u.PushbackDefault = orDuration(u.PushbackDefault, DefaultPushback)
 	if u.StoreResponse == "" {
 		u.StoreResponse = StoreFull

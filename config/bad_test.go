@@ -122,6 +122,14 @@ func TestBadConfigs(t *testing.T) {
 			[]string{`upstreams.s.workers: -2: must be 0 (automatic) or more`}},
 		{"zero retention", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], result_retention: 0s}}",
 			[]string{`upstreams.s.result_retention: 0s: must be positive`}},
+		{"zero result_max_count", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], result_max_count: 0}}",
+			[]string{`upstreams.s.result_max_count: 0: must be at least 1 (leave it out for the default 100000)`}},
+		{"negative dead_max_count", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], dead_max_count: -5}}",
+			[]string{`upstreams.s.dead_max_count: -5: must be at least 1`}},
+		{"huge result_max_count", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], result_max_count: 20000000}}",
+			[]string{`upstreams.s.result_max_count: 20000000: must be at most 10000000`}},
+		{"unbounded dead_max_count", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], dead_max_count: unlimited}}",
+			[]string{`upstreams.s.dead_max_count`}},
 
 		// URLs and names.
 		{"relative base_url", "upstreams: {s: {base_url: 'api.stripe.com', limits: [{rate: 1, per: 1s}]}}",
