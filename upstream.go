@@ -237,7 +237,7 @@ const (
 	// 100,000 is some 160 MB at most, whatever the rate.
 	DefaultResultMaxCount = 100_000
 	DefaultDeadMaxCount   = 100_000
-	DefaultPushback          = time.Second
+	DefaultPushback       = time.Second
 
 	// DefaultHorizon is the longest pacing wait a worker books ahead: a
 	// job is taken only once its send slot is this close, so a slow or

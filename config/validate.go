@@ -46,9 +46,9 @@ const (
 	defaultDeadMaxCount      = shaper.DefaultDeadMaxCount
 	// maxKept bounds result_max_count and dead_max_count: more finished
 	// jobs than this per upstream is tens of GB of Redis.
-	maxKept = 10_000_000
-	defaultPushback          = Duration(shaper.DefaultPushback)
-	defaultStoreResponse     = shaper.StoreFull
+	maxKept              = 10_000_000
+	defaultPushback      = Duration(shaper.DefaultPushback)
+	defaultStoreResponse = shaper.StoreFull
 
 	maxBytes = 1 << 30
 )
