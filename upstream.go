@@ -232,12 +232,13 @@ const (
 	DefaultMaxResponseBytes  = 1 << 20
 	DefaultResultRetention   = 24 * time.Hour
 	DefaultDeadRetention     = 7 * 24 * time.Hour
+	DefaultPushback          = time.Second
+
 	// DefaultResultMaxCount and DefaultDeadMaxCount bound the finished
 	// jobs kept per upstream: at about 1.6 KB each with a small response,
 	// 100,000 is some 160 MB at most, whatever the rate.
 	DefaultResultMaxCount = 100_000
 	DefaultDeadMaxCount   = 100_000
-	DefaultPushback       = time.Second
 
 	// DefaultHorizon is the longest pacing wait a worker books ahead: a
 	// job is taken only once its send slot is this close, so a slow or

@@ -44,13 +44,13 @@ const (
 	defaultDeadRetention     = Duration(shaper.DefaultDeadRetention)
 	defaultResultMaxCount    = shaper.DefaultResultMaxCount
 	defaultDeadMaxCount      = shaper.DefaultDeadMaxCount
-	// maxKept bounds result_max_count and dead_max_count: more finished
-	// jobs than this per upstream is tens of GB of Redis.
-	maxKept              = 10_000_000
-	defaultPushback      = Duration(shaper.DefaultPushback)
-	defaultStoreResponse = shaper.StoreFull
+	defaultPushback          = Duration(shaper.DefaultPushback)
+	defaultStoreResponse     = shaper.StoreFull
 
 	maxBytes = 1 << 30
+	// maxKept bounds result_max_count and dead_max_count: more finished
+	// jobs than this per upstream is tens of GB of Redis.
+	maxKept = 10_000_000
 )
 
 // checker validates a decoded Config into the problems collected while
