@@ -24,6 +24,10 @@ import (
 var (
 	// ErrNotFound: no such job, or not the caller's tenant's.
 	ErrNotFound = errors.New("job not found")
+	// ErrNoLongerKept is a job's error (beside ErrNotFound) when it finished
+	// and was deleted since, past its upstream's result_max_count or
+	// dead_max_count or its retention: unlike a job that never existed.
+	ErrNoLongerKept = errors.New("job finished and is no longer kept")
 	// ErrUnknownUpstream: the job names an upstream the config lacks.
 	ErrUnknownUpstream = errors.New("unknown upstream")
 	// ErrUnknownLane: the job names a lane its upstream lacks.
@@ -499,6 +503,12 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	}
 	ti, err := q.insp.GetTaskInfo(QueueName(upstream), id)
 	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		// Only now, for a job not there: one read of the tombstones.
+		b := FinishBounds(q.prefix, q.ups[upstream])
+		gone, gerr := b.Gone.WasDeleted(ctx, q.rdb, id)
+		if gerr == nil && gone {
+			return nil, fmt.Errorf("job %s: %w: %w", id, ErrNotFound, ErrNoLongerKept)
+		}
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
@@ -604,7 +614,29 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 
 func (q *Queue) cancelKey(id string) string {
 	upstream, _, _ := ParseID(id)
-	return q.prefix + ":cancelled:{" + QueueName(upstream) + "}:" + id
+	return cancelPrefix(q.prefix, upstream) + id
+}
+
+func cancelPrefix(prefix, upstream string) string {
+	return prefix + ":cancelled:{" + QueueName(upstream) + "}:"
+}
+
+// FinishBounds are the bounds on an upstream's finished jobs under a key
+// prefix ("" = default): at most its ResultMaxCount succeeded and
+// DeadMaxCount dead or cancelled jobs, a cancelled job's mark deleted with
+// it, and a tombstone for each deleted job, so that reading it answers
+// ErrNoLongerKept. Tombstones are bounded too: as many as the jobs kept
+// (so they cost a small fraction of them), for the longer retention.
+func FinishBounds(prefix string, u shaper.Upstream) taskstore.Bounds {
+	u = u.WithDefaults()
+	prefix = keyspace.Prefix(prefix)
+	return taskstore.Bounds{
+		Completed: u.ResultMaxCount,
+		Archived:  u.DeadMaxCount,
+		Gone: taskstore.Tombstones{Key: sched.For(prefix, u.Name).GoneKey(),
+			Max: u.ResultMaxCount + u.DeadMaxCount, For: max(u.ResultRetention, u.DeadRetention)},
+		SidePrefixes: []string{cancelPrefix(prefix, u.Name)},
+	}
 }
 
 // Cancel stops a job that has not been dispatched: it is kept among the
@@ -714,7 +746,8 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 	}
 	cutoff := time.Now().Add(-u.DeadRetention)
 	space := sched.For(q.prefix, upstream)
-	n, err := taskstore.DeleteExpired(ctx, q.rdb, taskstore.For(space.Queue), space.CountsKey(), taskstore.Archived, cutoff, 500)
+	n, err := taskstore.DeleteExpired(ctx, q.rdb, taskstore.For(space.Queue), space.CountsKey(), taskstore.Archived, cutoff, 500,
+		FinishBounds(q.prefix, u))
 	if err != nil {
 		return n, fmt.Errorf("trim dead jobs of %s: %w", upstream, err)
 	}

@@ -72,6 +72,10 @@ func (s Space) parkedKey() string { return s.our + "pk" }
 // it exists.
 func (s Space) PausedKey() string  { return s.a.Paused() }
 func (s Space) BacklogKey() string { return s.our + "pb" }
+
+// GoneKey is the upstream's tombstones of finished jobs no longer kept
+// (see taskstore.Tombstones).
+func (s Space) GoneKey() string { return s.our + "gone" }
 func (s Space) TaskKey(id string) string {
 	return s.a.Task(id)
 }
