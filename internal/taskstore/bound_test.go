@@ -177,9 +177,23 @@ func TestFinishTrimsAnExcessOverCalls(t *testing.T) {
 			t.Fatalf("after call %d: got %d kept, want %d", call, n, want)
 		}
 	}
-	// A retry or the other set's bound touches nothing here.
 	if n := e.rdb.ZCard(ctx, e.k.Archived()).Val(); n != 0 {
 		t.Fatalf("archived: got %d, want 0", n)
+	}
+	// With no more finishes, the retention sweep brings a lowered bound
+	// down, within its limit per call.
+	b.Completed = 40
+	for _, want := range []int{25, 25, 10, 0} {
+		n, err := DeleteExpired(ctx, e.rdb, e.k, e.counts, Completed, time.Now(), 25, b)
+		if err != nil || n != want {
+			t.Fatalf("sweep: got %d, %v, want %d", n, err, want)
+		}
+	}
+	if n := e.rdb.ZCard(ctx, e.k.Completed()).Val(); n != 40 {
+		t.Fatalf("after the sweeps: got %d kept, want 40", n)
+	}
+	if got, want := e.countsNow(), map[string]int64{"succeeded:default": 40}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("counts: got %v, want %v", got, want)
 	}
 }
 

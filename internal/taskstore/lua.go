@@ -240,6 +240,8 @@ return out
 //	ARGV[6], ARGV[7] -> as the finish script's ARGV[9], ARGV[10]; with
 //	  tombstones, KEYS[3] is their set
 //	ARGV[8] -> as the finish script's ARGV[12]
+//	ARGV[9] -> most tasks the set keeps (0 = no bound): past it, the
+//	  lowest scores go too, within ARGV[2] in all
 //
 // Returns how many tasks it deleted.
 var deleteExpiredScript = script.New(trimLib + `
@@ -254,7 +256,10 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
 end
 entomb(gone, ids, #ids)
-return #ids
+-- Then the count bound, within the same limit: an upstream that finishes
+-- nothing more still comes down to it.
+local trimmed = trim(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[9]), tonumber(ARGV[2]) - #ids, ARGV[3], sides, gone)
+return #ids + trimmed
 `)
 
 // trimLib is Lua shared by the scripts that delete finished tasks.
@@ -312,12 +317,12 @@ local function entomb(gone, ids, budget)
 end
 
 local function trim(set, counts, state, most, budget, prefix, sides, gone)
-  if most <= 0 then
-    return
+  if most <= 0 or budget <= 0 then
+    return 0
   end
   local excess = redis.call('ZCARD', set) - most
   if excess <= 0 then
-    return
+    return 0
   end
   local ids = redis.call('ZRANGE', set, 0, math.min(excess, budget) - 1)
   for _, id in ipairs(ids) do
@@ -325,5 +330,6 @@ local function trim(set, counts, state, most, budget, prefix, sides, gone)
   end
   redis.call('ZREMRANGEBYRANK', set, 0, #ids - 1)
   entomb(gone, ids, budget + #ids)
+  return #ids
 end
 `

@@ -463,24 +463,28 @@ func (z Zset) String() string {
 // died, so cutoff is now minus the dead retention. counts must carry
 // k.HashTag().
 //
-// With bounds (only the first is used, and only its Gone and SidePrefixes),
-// a deleted task gets a tombstone and its side keys go with it.
+// With bounds (only the first is used), a deleted task gets a tombstone
+// and its side keys go with it, and once none is left before cutoff, tasks
+// past the set's count bound (Completed or Archived) go too, oldest first,
+// all within limit: the sweep that brings an upstream that finishes
+// nothing more down to a lowered bound.
 func DeleteExpired(ctx context.Context, rdb redis.Scripter, k Keys, counts string, which Zset, cutoff time.Time, limit int, bounds ...Bounds) (int, error) {
+	var b Bounds
+	if len(bounds) > 0 {
+		b = bounds[0]
+	}
 	var set, state string
+	most := 0
 	switch which {
 	case Completed:
-		set, state = k.Completed(), "succeeded"
+		set, state, most = k.Completed(), "succeeded", b.Completed
 	case Archived:
-		set, state = k.Archived(), "dead"
+		set, state, most = k.Archived(), "dead", b.Archived
 	default:
 		return 0, fmt.Errorf("delete expired: unknown set %v", which)
 	}
 	if limit <= 0 {
 		return 0, fmt.Errorf("delete expired: limit %d, want more than 0", limit)
-	}
-	var b Bounds
-	if len(bounds) > 0 {
-		b = bounds[0]
 	}
 	keys := []string{set, counts}
 	goneMax, goneFor := b.Gone.args()
@@ -489,7 +493,7 @@ func DeleteExpired(ctx context.Context, rdb redis.Scripter, k Keys, counts strin
 	}
 	v, err := script.Run(ctx, rdb, "delete expired", deleteExpiredScript, keys,
 		Score(cutoff), limit, k.TaskPrefix(), state, Score(time.Now()), goneMax, goneFor,
-		strings.Join(b.SidePrefixes, "\n"))
+		strings.Join(b.SidePrefixes, "\n"), max(most, 0))
 	if err != nil {
 		return 0, err
 	}
