@@ -503,7 +503,12 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	}
 	ti, err := q.insp.GetTaskInfo(QueueName(upstream), id)
 	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
-		// Only now, for a job not there: one read of the tombstones.
+		// Only now, for a job not there: one read of the tombstones. A
+		// tombstone names no tenant, so an ID without a tenant tag is
+		// told apart only to a caller that sees every tenant.
+		if _, tagged := idTag(id); !tagged && tenant != "" {
+			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+		}
 		b := FinishBounds(q.prefix, q.ups[upstream])
 		gone, gerr := b.Gone.WasDeleted(ctx, q.rdb, id)
 		if gerr == nil && gone {
