@@ -25,6 +25,8 @@ func TestUpstreamWithDefaults(t *testing.T) {
 		{"MaxResponseBytes", u.MaxResponseBytes, int64(DefaultMaxResponseBytes)},
 		{"ResultRetention", u.ResultRetention, DefaultResultRetention},
 		{"DeadRetention", u.DeadRetention, DefaultDeadRetention},
+		{"ResultMaxCount", u.ResultMaxCount, DefaultResultMaxCount},
+		{"DeadMaxCount", u.DeadMaxCount, DefaultDeadMaxCount},
 		{"PushbackDefault", u.PushbackDefault, DefaultPushback},
 		{"IdempotencyHeader", u.IdempotencyHeader, DefaultIdempotencyHeader},
 		{"Fairness.By", u.Fairness.By, FairByTenant},
