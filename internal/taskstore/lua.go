@@ -37,6 +37,10 @@ import "github.com/shaperhq/shaper/internal/script"
 //	ARGV[11] -> task key prefix
 //	ARGV[12] -> side key prefixes deleted with a trimmed task, joined by
 //	  newlines ("" = none; each in the queue's slot)
+//	ARGV[13..17] -> records of deleted idempotency keys' tasks
+//	  (Remembered.args): the bucket index key ("" = none; its buckets are
+//	  built from it, in the queue's slot), window and span in seconds, the
+//	  Lua pattern of such an ID, the cancel mark's prefix
 //	then per item, 11 values:
 //	  id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
 //	  "d" dead), encoded message to store, "1" when a result follows (else
@@ -74,6 +78,7 @@ local function bump(day, total, n)
   end
 end
 
+local rem = remembering(ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17])
 local gone_max = tonumber(ARGV[9])
 local g = 0
 if gone_max > 0 then
@@ -83,7 +88,7 @@ local processed, failed = 0, 0
 local out = {}
 local i = 0
 local retried = false
-for b = 13, #ARGV, 11 do
+for b = 18, #ARGV, 11 do
   i = i + 1
   local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
@@ -126,6 +131,10 @@ for b = 13, #ARGV, 11 do
         redis.call('DEL', KEYS[unique])
       end
       if score == '' then
+        -- Not kept at all: an idempotency key's task is remembered.
+        if rem and string.find(id, rem.pattern) then
+          remember(rem.key, id, 's', rem.window, rem.span)
+        end
         redis.call('DEL', task)
       else
         redis.call('ZADD', completed, score, id)
@@ -169,8 +178,8 @@ if g == 0 then
 end
 local budget = i + tonumber(ARGV[8])
 local sides = side_prefixes(ARGV[12])
-trim(completed, counts, 'succeeded', tonumber(ARGV[6]), budget, ARGV[11], sides, gone)
-trim(archived, counts, 'dead', tonumber(ARGV[7]), budget, ARGV[11], sides, gone)
+trim(completed, counts, 'succeeded', tonumber(ARGV[6]), budget, ARGV[11], sides, gone, rem)
+trim(archived, counts, 'dead', tonumber(ARGV[7]), budget, ARGV[11], sides, gone, rem)
 -- A retry's time is known to this caller only: workers that sleep learn
 -- of it from a wake-up (see WakeOnRetry).
 if retried and ARGV[3] ~= '' and redis.call('HDEL', ARGV[3], 'sleep') == 1 then
@@ -242,6 +251,7 @@ return out
 //	ARGV[8] -> as the finish script's ARGV[12]
 //	ARGV[9] -> most tasks the set keeps (0 = no bound): past it, the
 //	  lowest scores go too, within ARGV[2] in all
+//	ARGV[10..14] -> as the finish script's ARGV[13..17]
 //
 // Returns how many tasks it deleted.
 var deleteExpiredScript = script.New(trimLib + `
@@ -251,21 +261,27 @@ if tonumber(ARGV[6]) > 0 then
   gone = {key = KEYS[3], most = tonumber(ARGV[6]), ttl = tonumber(ARGV[7]), now = tonumber(ARGV[5])}
 end
 local sides = side_prefixes(ARGV[8])
+local rem = remembering(ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14])
+local tomb = {}
 for _, id in ipairs(ids) do
-  forget(id, KEYS[2], ARGV[4], ARGV[3], sides)
+  if not forget(id, KEYS[2], ARGV[4], ARGV[3], sides, rem) then
+    tomb[#tomb + 1] = id
+  end
   redis.call('ZREM', KEYS[1], id)
 end
-entomb(gone, ids, #ids)
+entomb(gone, tomb, #ids)
 -- Then the count bound, within the same limit: an upstream that finishes
 -- nothing more still comes down to it.
-local trimmed = trim(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[9]), tonumber(ARGV[2]) - #ids, ARGV[3], sides, gone)
+local trimmed = trim(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[9]), tonumber(ARGV[2]) - #ids, ARGV[3], sides, gone, rem)
 return #ids + trimmed
 `)
 
 // trimLib is Lua shared by the scripts that delete finished tasks.
 //
 // forget deletes one finished task's hash and side keys and counts it out
-// of <state>:<lane> in the counter hash, by the lane in its sl field.
+// of <state>:<lane> in the counter hash, by the lane in its sl field; a
+// task whose ID is an idempotency key's gets a record (see Remembered)
+// instead of a tombstone, which serves a read as well.
 //
 // entomb records deleted tasks in the tombstone set gone.key, a sorted set
 // of task id -> when it went, so that reading one can tell "finished, no
@@ -276,7 +292,7 @@ return #ids + trimmed
 //
 // trim deletes the lowest-scored tasks of a completed or archived set past
 // its bound most, at most budget of them.
-const trimLib = `
+const trimLib = RememberLua + `
 local function side_prefixes(s)
   local out = {}
   for p in string.gmatch(s, '[^\n]+') do
@@ -285,9 +301,24 @@ local function side_prefixes(s)
   return out
 end
 
-local function forget(id, counts, state, prefix, sides)
+-- rem is nil or {key, window, span, pattern, cancel} (Remembered.args):
+-- forget records an idempotency key's task there and returns true, so it
+-- needs no tombstone.
+local function forget(id, counts, state, prefix, sides, rem)
   local task = prefix .. id
   local lane = redis.call('HGET', task, 'sl')
+  local remembered = false
+  if rem and string.find(id, rem.pattern) then
+    local letter = 's'
+    if state ~= 'succeeded' then
+      letter = 'd'
+      if rem.cancel ~= '' and redis.call('EXISTS', rem.cancel .. id) == 1 then
+        letter = 'c'
+      end
+    end
+    remember(rem.key, id, letter, rem.window, rem.span)
+    remembered = true
+  end
   redis.call('DEL', task)
   for _, p in ipairs(sides) do
     redis.call('DEL', p .. id)
@@ -298,6 +329,14 @@ local function forget(id, counts, state, prefix, sides)
       redis.call('HDEL', counts, field)
     end
   end
+  return remembered
+end
+
+local function remembering(key, window, span, pattern, cancel)
+  if key == '' then
+    return nil
+  end
+  return {key = key, window = tonumber(window), span = tonumber(span), pattern = pattern, cancel = cancel}
 end
 
 local function entomb(gone, ids, budget)
@@ -316,7 +355,7 @@ local function entomb(gone, ids, budget)
   redis.call('EXPIRE', gone.key, math.max(1, math.ceil(gone.ttl)))
 end
 
-local function trim(set, counts, state, most, budget, prefix, sides, gone)
+local function trim(set, counts, state, most, budget, prefix, sides, gone, rem)
   if most <= 0 or budget <= 0 then
     return 0
   end
@@ -325,11 +364,14 @@ local function trim(set, counts, state, most, budget, prefix, sides, gone)
     return 0
   end
   local ids = redis.call('ZRANGE', set, 0, math.min(excess, budget) - 1)
+  local tomb = {}
   for _, id in ipairs(ids) do
-    forget(id, counts, state, prefix, sides)
+    if not forget(id, counts, state, prefix, sides, rem) then
+      tomb[#tomb + 1] = id
+    end
   end
   redis.call('ZREMRANGEBYRANK', set, 0, #ids - 1)
-  entomb(gone, ids, budget + #ids)
+  entomb(gone, tomb, budget + #ids)
   return #ids
 end
 `

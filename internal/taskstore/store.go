@@ -149,6 +149,10 @@ type Bounds struct {
 	// SidePrefixes name keys of a task beside its hash, each a prefix the
 	// task id completes (carrying the queue's hash tag), deleted with it.
 	SidePrefixes []string
+	// Remember keeps a record of each deleted task whose ID is an
+	// idempotency key's, in place of its tombstone; its zero value keeps
+	// none.
+	Remember Remembered
 }
 
 // Tombstones are a compact record of finished tasks that were deleted (past
@@ -223,10 +227,11 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	for _, it := range items {
 		keys = append(keys, k.Task(it.ID))
 	}
-	args := make([]any, 0, 12+11*len(items))
+	args := make([]any, 0, 17+11*len(items))
 	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message,
 		max(b.Completed, 0), max(b.Archived, 0), TrimMargin, goneMax, goneFor, k.TaskPrefix(),
 		strings.Join(b.SidePrefixes, "\n"))
+	args = append(args, b.Remember.args()...)
 	for i := range items {
 		it := &items[i]
 		if err := it.check(k); err != nil {
@@ -491,9 +496,9 @@ func DeleteExpired(ctx context.Context, rdb redis.Scripter, k Keys, counts strin
 	if goneMax > 0 {
 		keys = append(keys, b.Gone.Key)
 	}
-	v, err := script.Run(ctx, rdb, "delete expired", deleteExpiredScript, keys,
-		Score(cutoff), limit, k.TaskPrefix(), state, Score(time.Now()), goneMax, goneFor,
-		strings.Join(b.SidePrefixes, "\n"), max(most, 0))
+	args := []any{Score(cutoff), limit, k.TaskPrefix(), state, Score(time.Now()), goneMax, goneFor,
+		strings.Join(b.SidePrefixes, "\n"), max(most, 0)}
+	v, err := script.Run(ctx, rdb, "delete expired", deleteExpiredScript, keys, append(args, b.Remember.args()...)...)
 	if err != nil {
 		return 0, err
 	}
