@@ -75,6 +75,11 @@ type Upstream struct {
 	// DeadMaxCount is ResultMaxCount for dead and cancelled jobs. Default
 	// DefaultDeadMaxCount.
 	DeadMaxCount int
+	// IdempotencyWindow is how long an idempotency key is remembered
+	// after its job is no longer kept (past ResultMaxCount or its
+	// retention): a repeat within it answers the job's id and final
+	// state instead of sending again. Default DefaultIdempotencyWindow.
+	IdempotencyWindow time.Duration
 	// PushbackDefault is how long a 429 that does not say when to retry
 	// blocks the upstream. Default DefaultPushback.
 	PushbackDefault time.Duration
@@ -240,6 +245,9 @@ const (
 	DefaultResultMaxCount = 100_000
 	DefaultDeadMaxCount   = 100_000
 
+	// DefaultIdempotencyWindow: a day, as Stripe keeps its keys.
+	DefaultIdempotencyWindow = 24 * time.Hour
+
 	// DefaultHorizon is the longest pacing wait a worker books ahead: a
 	// job is taken only once its send slot is this close, so a slow or
 	// blocked upstream holds no worker, and fair share is decided late.
@@ -294,6 +302,7 @@ func (u Upstream) WithDefaults() Upstream {
 	if u.DeadMaxCount <= 0 {
 		u.DeadMaxCount = DefaultDeadMaxCount
 	}
+	u.IdempotencyWindow = orDuration(u.IdempotencyWindow, DefaultIdempotencyWindow)
 	u.PushbackDefault = orDuration(u.PushbackDefault, DefaultPushback)
 	if u.StoreResponse == "" {
 		u.StoreResponse = StoreFull

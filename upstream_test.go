@@ -27,6 +27,7 @@ func TestUpstreamWithDefaults(t *testing.T) {
 		{"DeadRetention", u.DeadRetention, DefaultDeadRetention},
 		{"ResultMaxCount", u.ResultMaxCount, DefaultResultMaxCount},
 		{"DeadMaxCount", u.DeadMaxCount, DefaultDeadMaxCount},
+		{"IdempotencyWindow", u.IdempotencyWindow, DefaultIdempotencyWindow},
 		{"PushbackDefault", u.PushbackDefault, DefaultPushback},
 		{"IdempotencyHeader", u.IdempotencyHeader, DefaultIdempotencyHeader},
 		{"Fairness.By", u.Fairness.By, FairByTenant},

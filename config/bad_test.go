@@ -128,6 +128,12 @@ func TestBadConfigs(t *testing.T) {
 			[]string{`upstreams.s.dead_max_count: -5: must be at least 1`}},
 		{"huge result_max_count", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], result_max_count: 20000000}}",
 			[]string{`upstreams.s.result_max_count: 20000000: must be at most 10000000`}},
+		{"zero idempotency_window", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], idempotency_window: 0s}}",
+			[]string{`upstreams.s.idempotency_window: 0s: must be positive (leave it out for the default 24h0m0s)`}},
+		{"negative idempotency_window", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], idempotency_window: -1h}}",
+			[]string{`upstreams.s.idempotency_window: -1h0m0s: must be positive`}},
+		{"huge idempotency_window", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], idempotency_window: 1000h}}",
+			[]string{`upstreams.s.idempotency_window: 1000h0m0s: must be at most 720h0m0s`}},
 		{"unbounded dead_max_count", "upstreams: {s: {base_url: 'https://a.b', limits: [{rate: 1, per: 1s}], dead_max_count: unlimited}}",
 			[]string{`upstreams.s.dead_max_count`}},
 

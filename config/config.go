@@ -209,6 +209,9 @@ type Upstream struct {
 	// DeadMaxCount is how many dead and cancelled jobs are kept at most,
 	// beside DeadRetention; the oldest go first. Default 100000.
 	DeadMaxCount int64 `yaml:"dead_max_count"`
+	// IdempotencyWindow is how long an idempotency key is remembered
+	// after its job is no longer kept. Default 24h.
+	IdempotencyWindow Duration `yaml:"idempotency_window"`
 	// PushbackDefault is how long the upstream is paused after a 429 that
 	// does not say when to retry. Default 1s.
 	PushbackDefault Duration `yaml:"pushback_default"`
@@ -485,6 +488,7 @@ func (u *Upstream) fillDefaults() {
 	setDefault(&u.DeadRetention, Duration(d.DeadRetention))
 	setDefault(&u.ResultMaxCount, int64(d.ResultMaxCount))
 	setDefault(&u.DeadMaxCount, int64(d.DeadMaxCount))
+	setDefault(&u.IdempotencyWindow, Duration(d.IdempotencyWindow))
 	setDefault(&u.PushbackDefault, Duration(d.PushbackDefault))
 	setDefault(&u.StoreResponse, d.StoreResponse)
 	setDefault(&u.Fairness.By, d.Fairness.By)
@@ -512,6 +516,7 @@ func (u *Upstream) Shaper() shaper.Upstream {
 		DeadRetention:        time.Duration(u.DeadRetention),
 		ResultMaxCount:       int(u.ResultMaxCount),
 		DeadMaxCount:         int(u.DeadMaxCount),
+		IdempotencyWindow:    time.Duration(u.IdempotencyWindow),
 		PushbackDefault:      time.Duration(u.PushbackDefault),
 		SensitiveHeaders:     u.SensitiveHeaders,
 		StoreResponse:        u.StoreResponse,

@@ -44,6 +44,7 @@ const (
 	defaultDeadRetention     = Duration(shaper.DefaultDeadRetention)
 	defaultResultMaxCount    = shaper.DefaultResultMaxCount
 	defaultDeadMaxCount      = shaper.DefaultDeadMaxCount
+	defaultIdemWindow        = Duration(shaper.DefaultIdempotencyWindow)
 	defaultPushback          = Duration(shaper.DefaultPushback)
 	defaultStoreResponse     = shaper.StoreFull
 
@@ -51,6 +52,9 @@ const (
 	// maxKept bounds result_max_count and dead_max_count: more finished
 	// jobs than this per upstream is tens of GB of Redis.
 	maxKept = 10_000_000
+	// maxIdemWindow bounds idempotency_window: its records cost the
+	// drain rate times the window.
+	maxIdemWindow = Duration(30 * 24 * time.Hour)
 )
 
 // checker validates a decoded Config into the problems collected while
@@ -420,6 +424,10 @@ func (k checker) upstream(p, name string, u *Upstream, tenants map[string]bool) 
 	k.positive(p+".dead_retention", u.DeadRetention, defaultDeadRetention)
 	k.atLeast(p+".result_max_count", u.ResultMaxCount, 1, maxKept, defaultResultMaxCount)
 	k.atLeast(p+".dead_max_count", u.DeadMaxCount, 1, maxKept, defaultDeadMaxCount)
+	k.positive(p+".idempotency_window", u.IdempotencyWindow, defaultIdemWindow)
+	if u.IdempotencyWindow > maxIdemWindow {
+		k.add(p+".idempotency_window", "%v: must be at most %v", u.IdempotencyWindow, maxIdemWindow)
+	}
 	k.positive(p+".pushback_default", u.PushbackDefault, defaultPushback)
 
 	if u.Handler && len(u.SensitiveHeaders) > 0 {
