@@ -248,10 +248,15 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		Retention: int64(u.ResultRetention.Seconds()),
 		GroupKey:  job.Lane + "|" + fk + "|" + job.Partition,
 	}
-	created, held, err := space.EnqueueHeld(ctx, rdb, sched.Entry{
+	entry := sched.Entry{
 		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
 		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
-	}, q.blocks[job.Upstream])
+	}
+	if IsIdempotentID(job.ID) {
+		entry.Remember = remembered(q.prefix, u).RecallArg()
+	}
+	r, err := space.EnqueueChecked(ctx, rdb, entry, q.blocks[job.Upstream])
+	created, held := r.Created, r.Held
 	if err == nil && !created && secret != nil {
 		// The repeat found the first job, which has its own side key: this
 		// one names no task. (After an error the task may or may not
@@ -262,8 +267,18 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 	switch {
 	case err != nil:
 		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
+	case r.Final != 0:
+		return droppedInfo(job, r.Final), false, nil
 	case !created:
 		info, gerr := q.Get(ctx, job.ID, job.Tenant)
+		if errors.Is(gerr, ErrNoLongerKept) && IsIdempotentID(job.ID) {
+			// Dropped between the enqueue and this read: its record
+			// says how it ended.
+			final, rerr := remembered(q.prefix, u).Recall(ctx, q.rdb, job.ID)
+			if rerr == nil && final != 0 {
+				return droppedInfo(job, final), false, nil
+			}
+		}
 		if gerr != nil {
 			return nil, false, fmt.Errorf("enqueue %s: exists, but: %w", job.ID, gerr)
 		}
@@ -282,6 +297,25 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		}
 	}
 	return info, true, nil
+}
+
+// droppedInfo is what is left of job, finished as letter says and no
+// longer kept, its idempotency key still remembered: its id and final
+// state.
+func droppedInfo(job *Job, letter byte) *Info {
+	return &Info{Job: Job{ID: job.ID, Tenant: job.Tenant, Upstream: job.Upstream, Lane: job.Lane,
+		Partition: job.Partition, IdempotencyKey: job.IdempotencyKey}, State: finalState(letter)}
+}
+
+// finalState is the State of a record's letter (see taskstore.Remembered).
+func finalState(letter byte) State {
+	switch letter {
+	case 's':
+		return StateSucceeded
+	case 'c':
+		return StateCancelled
+	}
+	return StateDead
 }
 
 // list puts an upstream's queue in asynq's set of queues, once per
@@ -510,7 +544,15 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
 		b := FinishBounds(q.prefix, q.ups[upstream])
-		gone, gerr := b.Gone.WasDeleted(ctx, q.rdb, id)
+		var gone bool
+		var gerr error
+		if IsIdempotentID(id) {
+			var final byte
+			final, gerr = b.Remember.Recall(ctx, q.rdb, id)
+			gone = final != 0
+		} else {
+			gone, gerr = b.Gone.WasDeleted(ctx, q.rdb, id)
+		}
 		if gerr == nil && gone {
 			return nil, fmt.Errorf("job %s: %w: %w", id, ErrNotFound, ErrNoLongerKept)
 		}
@@ -641,7 +683,18 @@ func FinishBounds(prefix string, u shaper.Upstream) taskstore.Bounds {
 		Gone: taskstore.Tombstones{Key: sched.For(prefix, u.Name).GoneKey(),
 			Max: u.ResultMaxCount + u.DeadMaxCount, For: max(u.ResultRetention, u.DeadRetention)},
 		SidePrefixes: []string{cancelPrefix(prefix, u.Name)},
+		Remember:     remembered(prefix, u),
 	}
+}
+
+// remembered are an upstream's records of idempotency keys whose jobs are
+// dropped: for IdempotencyWindow after the drop, a repeat of the key
+// finds the job's final state (see Enqueue), and reading the job answers
+// ErrNoLongerKept. They replace the job's tombstone; a random ID gets
+// none, as no one can repeat it.
+func remembered(prefix string, u shaper.Upstream) taskstore.Remembered {
+	return taskstore.Remembered{Key: sched.For(prefix, u.Name).RememberKey(), Window: u.IdempotencyWindow,
+		Pattern: idemIDPattern, CancelPrefix: cancelPrefix(prefix, u.Name)}
 }
 
 // Cancel stops a job that has not been dispatched: it is kept among the
