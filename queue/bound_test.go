@@ -99,4 +99,8 @@ func TestFinishBoundsDefaults(t *testing.T) {
 	if b.Gone.Max != 200_000 || b.Gone.For != shaper.DefaultDeadRetention || b.Gone.Key != "shaper:s:{shaper.stripe}:gone" {
 		t.Errorf("tombstones: got %+v", b.Gone)
 	}
+	r := b.Remember
+	if r.Key != "shaper:s:{shaper.stripe}:ik" || r.Window != shaper.DefaultIdempotencyWindow || r.CancelPrefix != "shaper:cancelled:{shaper.stripe}:" {
+		t.Errorf("records: got %+v", r)
+	}
 }

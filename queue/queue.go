@@ -673,7 +673,9 @@ func cancelPrefix(prefix, upstream string) string {
 // DeadMaxCount dead or cancelled jobs, a cancelled job's mark deleted with
 // it, and a tombstone for each deleted job, so that reading it answers
 // ErrNoLongerKept. Tombstones are bounded too: as many as the jobs kept
-// (so they cost a small fraction of them), for the longer retention.
+// (so they cost a small fraction of them), for the longer retention. A
+// job whose ID is an idempotency key's gets a record instead (see
+// remembered), kept for IdempotencyWindow after the drop.
 func FinishBounds(prefix string, u shaper.Upstream) taskstore.Bounds {
 	u = u.WithDefaults()
 	prefix = keyspace.Prefix(prefix)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -271,5 +273,38 @@ func TestConcurrentRepeatsAfterTheDrop(t *testing.T) {
 	}
 	for _, id := range ids {
 		r.nothingNew(id)
+	}
+}
+
+// TestIdemIDPattern: the Lua pattern the scripts tell idempotency keys'
+// IDs by agrees with IsIdempotentID, and both tell them from random IDs.
+func TestIdemIDPattern(t *testing.T) {
+	if got := strings.Count(idemIDPattern, "%x"); got != idemHexLen {
+		t.Fatalf("pattern has %d hex digits, want %d", got, idemHexLen)
+	}
+	lua := regexp.MustCompile(strings.NewReplacer("%x", "[0-9a-fA-F]").Replace(idemIDPattern))
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{
+		{IdempotentID("billing", "stripe", "default", "order-17"), true},
+		{IdempotentID("", "s", "bulk", "k"), true},
+		{"stripe.default.i" + strings.Repeat("0a", 15), true}, // from before tenant tags
+		{NewID("billing", "stripe", "default"), false},
+		{"stripe.default.3fa9c1d2-i" + strings.Repeat("a", 29), false},
+		{"stripe.default.3fa9c1d2-i" + strings.Repeat("a", 31), false},
+		{"stripe.default.3fa9c1d2-j" + strings.Repeat("a", 30), false},
+	} {
+		if got := IsIdempotentID(tc.id); got != tc.want {
+			t.Errorf("IsIdempotentID(%s): got %v, want %v", tc.id, got, tc.want)
+		}
+		if got := lua.MatchString(tc.id); got != tc.want {
+			t.Errorf("pattern on %s: got %v, want %v", tc.id, got, tc.want)
+		}
+	}
+	for range 1000 {
+		if id := NewID("t", "u", "l"); IsIdempotentID(id) {
+			t.Fatalf("random ID %s taken for an idempotency key's", id)
+		}
 	}
 }
