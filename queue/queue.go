@@ -202,7 +202,8 @@ func (q *Queue) Prepare(job *Job) error {
 
 // Enqueue stores a job for dispatch. If a job with the same ID (the same
 // idempotency key) exists, it is returned with created false and nothing
-// changes. If the upstream's backlog is at max_pending it returns a
+// changes; likewise, with only its ID and final State, if it finished and
+// was dropped within its upstream's IdempotencyWindow. If the upstream's backlog is at max_pending it returns a
 // *BacklogFullError.
 func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
 	return q.enqueue(ctx, job, q.rdb)
