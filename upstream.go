@@ -67,6 +67,19 @@ type Upstream struct {
 	// DeadRetention keeps dead and cancelled jobs. Default
 	// DefaultDeadRetention.
 	DeadRetention time.Duration
+	// ResultMaxCount bounds how many succeeded jobs are kept beside
+	// ResultRetention: past it the oldest go first, so a busy upstream's
+	// results cannot outgrow Redis within their retention. Default
+	// DefaultResultMaxCount.
+	ResultMaxCount int
+	// DeadMaxCount is ResultMaxCount for dead and cancelled jobs. Default
+	// DefaultDeadMaxCount.
+	DeadMaxCount int
+	// IdempotencyWindow is how long an idempotency key is remembered
+	// after its job is no longer kept (past ResultMaxCount or its
+	// retention): a repeat within it answers the job's id and final
+	// state instead of sending again. Default DefaultIdempotencyWindow.
+	IdempotencyWindow time.Duration
 	// PushbackDefault is how long a 429 that does not say when to retry
 	// blocks the upstream. Default DefaultPushback.
 	PushbackDefault time.Duration
@@ -226,6 +239,15 @@ const (
 	DefaultDeadRetention     = 7 * 24 * time.Hour
 	DefaultPushback          = time.Second
 
+	// DefaultResultMaxCount and DefaultDeadMaxCount bound the finished
+	// jobs kept per upstream: at about 1.6 KB each with a small response,
+	// 100,000 is some 160 MB at most, whatever the rate.
+	DefaultResultMaxCount = 100_000
+	DefaultDeadMaxCount   = 100_000
+
+	// DefaultIdempotencyWindow: a day, as Stripe keeps its keys.
+	DefaultIdempotencyWindow = 24 * time.Hour
+
 	// DefaultHorizon is the longest pacing wait a worker books ahead: a
 	// job is taken only once its send slot is this close, so a slow or
 	// blocked upstream holds no worker, and fair share is decided late.
@@ -274,6 +296,13 @@ func (u Upstream) WithDefaults() Upstream {
 	}
 	u.ResultRetention = orDuration(u.ResultRetention, DefaultResultRetention)
 	u.DeadRetention = orDuration(u.DeadRetention, DefaultDeadRetention)
+	if u.ResultMaxCount <= 0 {
+		u.ResultMaxCount = DefaultResultMaxCount
+	}
+	if u.DeadMaxCount <= 0 {
+		u.DeadMaxCount = DefaultDeadMaxCount
+	}
+	u.IdempotencyWindow = orDuration(u.IdempotencyWindow, DefaultIdempotencyWindow)
 	u.PushbackDefault = orDuration(u.PushbackDefault, DefaultPushback)
 	if u.StoreResponse == "" {
 		u.StoreResponse = StoreFull

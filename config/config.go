@@ -203,6 +203,15 @@ type Upstream struct {
 	// DeadRetention is how long a job that failed for good is kept.
 	// Default 168h.
 	DeadRetention Duration `yaml:"dead_retention"`
+	// ResultMaxCount is how many succeeded jobs are kept at most, beside
+	// ResultRetention; the oldest go first. Default 100000.
+	ResultMaxCount int64 `yaml:"result_max_count"`
+	// DeadMaxCount is how many dead and cancelled jobs are kept at most,
+	// beside DeadRetention; the oldest go first. Default 100000.
+	DeadMaxCount int64 `yaml:"dead_max_count"`
+	// IdempotencyWindow is how long an idempotency key is remembered
+	// after its job is no longer kept. Default 24h.
+	IdempotencyWindow Duration `yaml:"idempotency_window"`
 	// PushbackDefault is how long the upstream is paused after a 429 that
 	// does not say when to retry. Default 1s.
 	PushbackDefault Duration `yaml:"pushback_default"`
@@ -477,6 +486,9 @@ func (u *Upstream) fillDefaults() {
 	setDefault(&u.MaxResponseBytes, d.MaxResponseBytes)
 	setDefault(&u.ResultRetention, Duration(d.ResultRetention))
 	setDefault(&u.DeadRetention, Duration(d.DeadRetention))
+	setDefault(&u.ResultMaxCount, int64(d.ResultMaxCount))
+	setDefault(&u.DeadMaxCount, int64(d.DeadMaxCount))
+	setDefault(&u.IdempotencyWindow, Duration(d.IdempotencyWindow))
 	setDefault(&u.PushbackDefault, Duration(d.PushbackDefault))
 	setDefault(&u.StoreResponse, d.StoreResponse)
 	setDefault(&u.Fairness.By, d.Fairness.By)
@@ -502,6 +514,9 @@ func (u *Upstream) Shaper() shaper.Upstream {
 		MaxResponseBytes:     u.MaxResponseBytes,
 		ResultRetention:      time.Duration(u.ResultRetention),
 		DeadRetention:        time.Duration(u.DeadRetention),
+		ResultMaxCount:       int(u.ResultMaxCount),
+		DeadMaxCount:         int(u.DeadMaxCount),
+		IdempotencyWindow:    time.Duration(u.IdempotencyWindow),
 		PushbackDefault:      time.Duration(u.PushbackDefault),
 		SensitiveHeaders:     u.SensitiveHeaders,
 		StoreResponse:        u.StoreResponse,

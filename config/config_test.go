@@ -146,6 +146,7 @@ upstreams:
 			Lanes:             map[string]int{"default": 1},
 			Workers:           workers, MaxResponseBytes: 1 << 20,
 			ResultRetention: Duration(24 * time.Hour), DeadRetention: Duration(168 * time.Hour),
+			ResultMaxCount: 100000, DeadMaxCount: 100000, IdempotencyWindow: Duration(24 * time.Hour),
 			PushbackDefault: Duration(time.Second), StoreResponse: "full",
 			Fairness: Fairness{By: "tenant"},
 		}
@@ -223,6 +224,9 @@ upstreams:
     max_response_bytes: 10
     result_retention: 1h
     dead_retention: 2h
+    result_max_count: 5000
+    dead_max_count: 700
+    idempotency_window: 2h
     pushback_default: 3s
     store_response: headers
     partition_limits: [{rate: 100, per: 1m}, {rate: 500, per: 1h, cost: recipients}]
@@ -255,6 +259,7 @@ upstreams:
 		Retry:             Retry{MaxAttempts: 1, MinBackoff: Duration(2 * time.Second), MaxBackoff: Duration(2 * time.Second)},
 		IdempotencyHeader: "X-Idem", Lanes: map[string]int{"default": 2, "bulk": 1}, Workers: 4,
 		MaxResponseBytes: 10, ResultRetention: Duration(time.Hour), DeadRetention: Duration(2 * time.Hour),
+		ResultMaxCount: 5000, DeadMaxCount: 700, IdempotencyWindow: Duration(2 * time.Hour),
 		PushbackDefault: Duration(3 * time.Second), StoreResponse: "headers",
 		PartitionLimits: []Limit{{Rate: 100, Per: Duration(time.Minute)}, {Rate: 500, Per: Duration(time.Hour), Cost: "recipients"}},
 		PartitionOverrides: map[string][]Limit{

@@ -42,10 +42,19 @@ const (
 	defaultMaxResponseBytes  = shaper.DefaultMaxResponseBytes
 	defaultResultRetention   = Duration(shaper.DefaultResultRetention)
 	defaultDeadRetention     = Duration(shaper.DefaultDeadRetention)
+	defaultResultMaxCount    = shaper.DefaultResultMaxCount
+	defaultDeadMaxCount      = shaper.DefaultDeadMaxCount
+	defaultIdemWindow        = Duration(shaper.DefaultIdempotencyWindow)
 	defaultPushback          = Duration(shaper.DefaultPushback)
 	defaultStoreResponse     = shaper.StoreFull
 
 	maxBytes = 1 << 30
+	// maxKept bounds result_max_count and dead_max_count: more finished
+	// jobs than this per upstream is tens of GB of Redis.
+	maxKept = 10_000_000
+	// maxIdemWindow bounds idempotency_window: its records cost the
+	// drain rate times the window.
+	maxIdemWindow = Duration(30 * 24 * time.Hour)
 )
 
 // checker validates a decoded Config into the problems collected while
@@ -413,6 +422,12 @@ func (k checker) upstream(p, name string, u *Upstream, tenants map[string]bool) 
 	k.atLeast(p+".max_response_bytes", u.MaxResponseBytes, 1, maxBytes, defaultMaxResponseBytes)
 	k.positive(p+".result_retention", u.ResultRetention, defaultResultRetention)
 	k.positive(p+".dead_retention", u.DeadRetention, defaultDeadRetention)
+	k.atLeast(p+".result_max_count", u.ResultMaxCount, 1, maxKept, defaultResultMaxCount)
+	k.atLeast(p+".dead_max_count", u.DeadMaxCount, 1, maxKept, defaultDeadMaxCount)
+	k.positive(p+".idempotency_window", u.IdempotencyWindow, defaultIdemWindow)
+	if u.IdempotencyWindow > maxIdemWindow {
+		k.add(p+".idempotency_window", "%v: must be at most %v", u.IdempotencyWindow, maxIdemWindow)
+	}
 	k.positive(p+".pushback_default", u.PushbackDefault, defaultPushback)
 
 	if u.Handler && len(u.SensitiveHeaders) > 0 {

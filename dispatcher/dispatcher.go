@@ -95,6 +95,7 @@ type upstream struct {
 	// concurrency lease: a job finishing then pokes it.
 	starved atomic.Bool
 	finish  *script.Batcher[taskstore.Finished, error]
+	bounds  taskstore.Bounds // finished jobs kept, and their tombstones
 
 	mu       sync.Mutex
 	inFlight map[string]bool // jobs this replica holds, whose leases it extends
@@ -179,7 +180,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name),
+	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name), bounds: queue.FinishBounds(d.cfg.Prefix, uc),
 		store: taskstore.For(sched.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
 		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[taskstore.Zset]time.Time{}}
 	u.setSpacing(configuredLimits(u))
@@ -198,7 +199,8 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 			items[i] = c.Req
 		}
 		errs, err := taskstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items,
-			taskstore.WakeOnRetry(u.space.SleepKey(), sched.WakeChannel(d.cfg.Prefix), uc.Name))
+			taskstore.WakeOnRetry(u.space.SleepKey(), sched.WakeChannel(d.cfg.Prefix), uc.Name),
+			taskstore.KeepAtMost(u.bounds))
 		for i, c := range calls {
 			switch {
 			case err != nil:

@@ -449,7 +449,7 @@ func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, f
 	const batch, batches = 1000, 50
 	n := 0
 	for range batches {
-		m, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), z, now.Add(-keep), batch)
+		m, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), z, now.Add(-keep), batch, u.bounds)
 		if err != nil {
 			if ctx.Err() == nil {
 				d.log.Warn("could not delete finished jobs past their retention", "upstream", u.cfg.Name, "set", z, "err", err)

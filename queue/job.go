@@ -146,7 +146,36 @@ func IdempotentID(tenant, upstream, lane, key string) string {
 
 func idempotentPart(tenant, key string) string {
 	sum := sha256.Sum256([]byte(tenant + "\x00" + key))
-	return "i" + hex.EncodeToString(sum[:15])
+	return "i" + hex.EncodeToString(sum[:idemHexLen/2])
+}
+
+// idemHexLen is how many hex digits follow the "i" of an IdempotentID's
+// last part. A NewID's last part is 24 base32 letters, so the two cannot
+// be mistaken for each other.
+const idemHexLen = 30
+
+// idemIDPattern is the Lua pattern an IdempotentID matches (with a tenant
+// tag, or from before tags) and a NewID does not: its records outlive
+// the job (see FinishBounds).
+// (Thirty %x, one per hex digit; TestIdemIDPattern holds it to idemHexLen.)
+const idemIDPattern = "[.-]i" +
+	"%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "$"
+
+// IsIdempotentID reports whether id was made by IdempotentID.
+func IsIdempotentID(id string) bool {
+	last := id[strings.LastIndexByte(id, '.')+1:]
+	if tag, ok := idTag(id); ok {
+		last = last[len(tag)+1:]
+	}
+	if len(last) != 1+idemHexLen || last[0] != 'i' {
+		return false
+	}
+	for _, c := range last[1:] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // ParseID splits a job ID into its upstream and lane. It accepts IDs with

@@ -24,6 +24,10 @@ import (
 var (
 	// ErrNotFound: no such job, or not the caller's tenant's.
 	ErrNotFound = errors.New("job not found")
+	// ErrNoLongerKept is a job's error (beside ErrNotFound) when it finished
+	// and was deleted since, past its upstream's result_max_count or
+	// dead_max_count or its retention: unlike a job that never existed.
+	ErrNoLongerKept = errors.New("job finished and is no longer kept")
 	// ErrUnknownUpstream: the job names an upstream the config lacks.
 	ErrUnknownUpstream = errors.New("unknown upstream")
 	// ErrUnknownLane: the job names a lane its upstream lacks.
@@ -198,7 +202,8 @@ func (q *Queue) Prepare(job *Job) error {
 
 // Enqueue stores a job for dispatch. If a job with the same ID (the same
 // idempotency key) exists, it is returned with created false and nothing
-// changes. If the upstream's backlog is at max_pending it returns a
+// changes; likewise, with only its ID and final State, if it finished and
+// was dropped within its upstream's IdempotencyWindow. If the upstream's backlog is at max_pending it returns a
 // *BacklogFullError.
 func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
 	return q.enqueue(ctx, job, q.rdb)
@@ -244,10 +249,15 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		Retention: int64(u.ResultRetention.Seconds()),
 		GroupKey:  job.Lane + "|" + fk + "|" + job.Partition,
 	}
-	created, held, err := space.EnqueueHeld(ctx, rdb, sched.Entry{
+	entry := sched.Entry{
 		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
 		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
-	}, q.blocks[job.Upstream])
+	}
+	if IsIdempotentID(job.ID) {
+		entry.Remember = remembered(q.prefix, u).RecallArg()
+	}
+	r, err := space.EnqueueChecked(ctx, rdb, entry, q.blocks[job.Upstream])
+	created, held := r.Created, r.Held
 	if err == nil && !created && secret != nil {
 		// The repeat found the first job, which has its own side key: this
 		// one names no task. (After an error the task may or may not
@@ -258,8 +268,18 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 	switch {
 	case err != nil:
 		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
+	case r.Final != 0:
+		return droppedInfo(job, r.Final), false, nil
 	case !created:
 		info, gerr := q.Get(ctx, job.ID, job.Tenant)
+		if errors.Is(gerr, ErrNoLongerKept) && IsIdempotentID(job.ID) {
+			// Dropped between the enqueue and this read: its record
+			// says how it ended.
+			final, rerr := remembered(q.prefix, u).Recall(ctx, q.rdb, job.ID)
+			if rerr == nil && final != 0 {
+				return droppedInfo(job, final), false, nil
+			}
+		}
 		if gerr != nil {
 			return nil, false, fmt.Errorf("enqueue %s: exists, but: %w", job.ID, gerr)
 		}
@@ -278,6 +298,25 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		}
 	}
 	return info, true, nil
+}
+
+// droppedInfo is what is left of job, finished as letter says and no
+// longer kept, its idempotency key still remembered: its id and final
+// state.
+func droppedInfo(job *Job, letter byte) *Info {
+	return &Info{Job: Job{ID: job.ID, Tenant: job.Tenant, Upstream: job.Upstream, Lane: job.Lane,
+		Partition: job.Partition, IdempotencyKey: job.IdempotencyKey}, State: finalState(letter)}
+}
+
+// finalState is the State of a record's letter (see taskstore.Remembered).
+func finalState(letter byte) State {
+	switch letter {
+	case 's':
+		return StateSucceeded
+	case 'c':
+		return StateCancelled
+	}
+	return StateDead
 }
 
 // list puts an upstream's queue in asynq's set of queues, once per
@@ -499,6 +538,25 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	}
 	ti, err := q.insp.GetTaskInfo(QueueName(upstream), id)
 	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		// Only now, for a job not there: one read of the tombstones. A
+		// tombstone names no tenant, so an ID without a tenant tag is
+		// told apart only to a caller that sees every tenant.
+		if _, tagged := idTag(id); !tagged && tenant != "" {
+			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+		}
+		b := FinishBounds(q.prefix, q.ups[upstream])
+		var gone bool
+		var gerr error
+		if IsIdempotentID(id) {
+			var final byte
+			final, gerr = b.Remember.Recall(ctx, q.rdb, id)
+			gone = final != 0
+		} else {
+			gone, gerr = b.Gone.WasDeleted(ctx, q.rdb, id)
+		}
+		if gerr == nil && gone {
+			return nil, fmt.Errorf("job %s: %w: %w", id, ErrNotFound, ErrNoLongerKept)
+		}
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
@@ -609,7 +667,42 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 
 func (q *Queue) cancelKey(id string) string {
 	upstream, _, _ := ParseID(id)
-	return q.prefix + ":cancelled:{" + QueueName(upstream) + "}:" + id
+	return cancelPrefix(q.prefix, upstream) + id
+}
+
+func cancelPrefix(prefix, upstream string) string {
+	return prefix + ":cancelled:{" + QueueName(upstream) + "}:"
+}
+
+// FinishBounds are the bounds on an upstream's finished jobs under a key
+// prefix ("" = default): at most its ResultMaxCount succeeded and
+// DeadMaxCount dead or cancelled jobs, a cancelled job's mark deleted with
+// it, and a tombstone for each deleted job, so that reading it answers
+// ErrNoLongerKept. Tombstones are bounded too: as many as the jobs kept
+// (so they cost a small fraction of them), for the longer retention. A
+// job whose ID is an idempotency key's gets a record instead (see
+// remembered), kept for IdempotencyWindow after the drop.
+func FinishBounds(prefix string, u shaper.Upstream) taskstore.Bounds {
+	u = u.WithDefaults()
+	prefix = keyspace.Prefix(prefix)
+	return taskstore.Bounds{
+		Completed: u.ResultMaxCount,
+		Archived:  u.DeadMaxCount,
+		Gone: taskstore.Tombstones{Key: sched.For(prefix, u.Name).GoneKey(),
+			Max: u.ResultMaxCount + u.DeadMaxCount, For: max(u.ResultRetention, u.DeadRetention)},
+		SidePrefixes: []string{cancelPrefix(prefix, u.Name)},
+		Remember:     remembered(prefix, u),
+	}
+}
+
+// remembered are an upstream's records of idempotency keys whose jobs are
+// dropped: for IdempotencyWindow after the drop, a repeat of the key
+// finds the job's final state (see Enqueue), and reading the job answers
+// ErrNoLongerKept. They replace the job's tombstone; a random ID gets
+// none, as no one can repeat it.
+func remembered(prefix string, u shaper.Upstream) taskstore.Remembered {
+	return taskstore.Remembered{Key: sched.For(prefix, u.Name).RememberKey(), Window: u.IdempotencyWindow,
+		Pattern: idemIDPattern, CancelPrefix: cancelPrefix(prefix, u.Name)}
 }
 
 // Cancel stops a job that has not been dispatched: it is kept among the
@@ -719,7 +812,8 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 	}
 	cutoff := time.Now().Add(-u.DeadRetention)
 	space := sched.For(q.prefix, upstream)
-	n, err := taskstore.DeleteExpired(ctx, q.rdb, taskstore.For(space.Queue), space.CountsKey(), taskstore.Archived, cutoff, 500)
+	n, err := taskstore.DeleteExpired(ctx, q.rdb, taskstore.For(space.Queue), space.CountsKey(), taskstore.Archived, cutoff, 500,
+		FinishBounds(q.prefix, u))
 	if err != nil {
 		return n, fmt.Errorf("trim dead jobs of %s: %w", upstream, err)
 	}

@@ -400,6 +400,9 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 func (s *Server) jobError(w http.ResponseWriter, r *http.Request, err error) {
 	var full *queue.BacklogFullError
 	switch {
+	case errors.Is(err, queue.ErrNoLongerKept):
+		writeProblem(w, problem{Type: problemJobExpired, Title: "Job no longer kept", Status: http.StatusNotFound,
+			Detail: fmt.Sprintf("job %q finished and its result is no longer kept (its upstream keeps finished jobs up to result_max_count or dead_max_count, and for result_retention or dead_retention)", r.PathValue("id"))})
 	case errors.Is(err, queue.ErrNotFound):
 		writeProblem(w, problem{Type: problemNotFound, Title: "Job not found", Status: http.StatusNotFound,
 			Detail: fmt.Sprintf("no job %q for this key's tenant", r.PathValue("id"))})

@@ -12,6 +12,7 @@ import (
 const (
 	problemInvalid          = wire.TypeInvalid
 	problemNotFound         = wire.TypeNotFound
+	problemJobExpired       = wire.TypeJobExpired
 	problemUnauthorized     = wire.TypeUnauthorized
 	problemForbidden        = wire.TypeForbidden
 	problemTooLarge         = wire.TypeTooLarge

@@ -3,6 +3,7 @@ package sched
 import (
 	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -88,19 +89,32 @@ end
 //	ARGV[7] process at, Unix seconds ("" = now)  ARGV[8] our prefix
 //	ARGV[9] asynq group prefix  ARGV[10] asynq task prefix
 //	ARGV[11] wake channel  ARGV[12] upstream name
+//	ARGV[13] for an idempotency key's job, the upstream's records of
+//	dropped ones (taskstore.Remembered.Key; its buckets are built from it,
+//	in the same slot); "" = none
 //	KEYS[9] leaky block hash, KEYS[10] asynq paused key: optional, to learn
 //	whether a job stored ready is held back
 //
 // Returns 0 if a job with this id exists (nothing changed), 1 if stored
 // ready, 2 if stored scheduled, 3 if stored ready but held back (with
 // KEYS[9..10]: the upstream is blocked or paused through asynq, or the
-// job's partition is parked).
-var enqueueScript = script.New(`
+// job's partition is parked); 4, 5 or 6 if the job with this id finished
+// and was dropped, and a record of it is still kept (nothing changed):
+// it succeeded, died or was cancelled.
+var enqueueScript = script.New(taskstore.RememberLua + `
 local P, G, T = ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
 ` + flowLua + `
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
+end
+if ARGV[13] and ARGV[13] ~= '' then
+  -- An idempotency key outlives its job: the check is here, with the
+  -- store, so two repeats at once cannot both miss it.
+  local final = recall(ARGV[13], string.sub(KEYS[1], #T + 1))
+  if final then
+    return ({s = 4, d = 5, c = 6})[final] or 5
+  end
 end
 local now = shaper_now(ARGV[1])
 local lane, fk, pk = ARGV[3], ARGV[4], ARGV[5]

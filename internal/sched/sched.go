@@ -72,6 +72,15 @@ func (s Space) parkedKey() string { return s.our + "pk" }
 // it exists.
 func (s Space) PausedKey() string  { return s.a.Paused() }
 func (s Space) BacklogKey() string { return s.our + "pb" }
+
+// GoneKey is the upstream's tombstones of finished jobs no longer kept
+// (see taskstore.Tombstones).
+func (s Space) GoneKey() string { return s.our + "gone" }
+
+// RememberKey indexes the upstream's records of idempotency keys whose
+// jobs are no longer kept (see taskstore.Remembered); its buckets are
+// named after it.
+func (s Space) RememberKey() string { return s.our + "ik" }
 func (s Space) TaskKey(id string) string {
 	return s.a.Task(id)
 }
@@ -91,6 +100,24 @@ type Entry struct {
 	Msg []byte
 	// ProcessAt delays the job; zero or past means ready now.
 	ProcessAt time.Time
+	// Remember, for a job whose ID is an idempotency key's, is the
+	// upstream's RememberKey: an enqueue that finds a record there of
+	// the job having finished and been dropped stores nothing (see
+	// Enqueued.Final). "" checks none.
+	Remember string
+}
+
+// Enqueued is what an enqueue did.
+type Enqueued struct {
+	// Created: the job was stored. False when a job with its ID exists,
+	// or Final is set.
+	Created bool
+	// Held: stored ready but held back at once (see EnqueueHeld).
+	Held bool
+	// Final, when not 0, is the recorded final state of the job this ID
+	// named, finished and no longer kept: 's' succeeded, 'd' dead, 'c'
+	// cancelled.
+	Final byte
 }
 
 // FairKey is the fairness key of a job of tenant with partition under u's
@@ -145,8 +172,28 @@ func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (create
 // hash) or paused through asynq, or its partition parked. It costs the
 // enqueue no round trip.
 func (s Space) EnqueueHeld(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (created, held bool, err error) {
+	r, err := s.EnqueueChecked(ctx, rdb, e, blockKey)
+	return r.Created, r.Held, err
+}
+
+// EnqueueChecked is EnqueueHeld that also tells a job whose record (in
+// e.Remember) says it finished and was dropped: then nothing is stored,
+// in the same script, so concurrent repeats cannot make the job again.
+func (s Space) EnqueueChecked(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (Enqueued, error) {
 	n, err := s.enqueue(ctx, rdb, e, blockKey)
-	return n != 0, n == 3, err
+	switch n {
+	case 1, 2:
+		return Enqueued{Created: true}, err
+	case 3:
+		return Enqueued{Created: true, Held: true}, err
+	case 4:
+		return Enqueued{Final: 's'}, err
+	case 5:
+		return Enqueued{Final: 'd'}, err
+	case 6:
+		return Enqueued{Final: 'c'}, err
+	}
+	return Enqueued{}, err
 }
 
 func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (int64, error) {
@@ -161,7 +208,7 @@ func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKe
 	}
 	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys,
 		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
-		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream)
+		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, e.Remember)
 	if err != nil {
 		return 0, err
 	}

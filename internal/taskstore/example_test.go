@@ -74,3 +74,38 @@ func ExampleFinish() {
 	// map[succeeded:default:1]
 	// 0
 }
+
+// A queue that keeps at most two succeeded tasks: finishing a third drops
+// the oldest, which leaves a tombstone, so a read can tell it finished.
+func ExampleKeepAtMost() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	rdb.FlushAll(ctx)
+	k := For("stripe")
+	counts, pbacklog := "shaper:"+k.HashTag()+":counts", "shaper:"+k.HashTag()+":pbacklog"
+	b := Bounds{Completed: 2, Gone: Tombstones{Key: "shaper:" + k.HashTag() + ":gone", Max: 100, For: time.Hour}}
+
+	for i, id := range []string{"job-1", "job-2", "job-3"} {
+		m := &Message{Type: "call", ID: id, Queue: "stripe", Retry: 3}
+		rdb.HSet(ctx, k.Task(id), "msg", m.Marshal(), "state", "active", "sl", "default")
+		rdb.LPush(ctx, k.Active(), id)
+		rdb.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(time.Now().Add(time.Minute).Unix()), Member: id})
+		rdb.HIncrBy(ctx, counts, "active:default", 1)
+		_, err := Finish(ctx, rdb, k, counts, pbacklog, []Finished{
+			{ID: id, Lane: "default", Msg: m, Outcome: Succeeded, Retention: time.Hour + time.Duration(i)*time.Second}},
+			KeepAtMost(b))
+		if err != nil {
+			panic(err)
+		}
+	}
+	fmt.Println(rdb.ZRange(ctx, k.Completed(), 0, -1).Val())
+	fmt.Println(rdb.HGetAll(ctx, counts).Val())
+	gone, _ := b.Gone.WasDeleted(ctx, rdb, "job-1")
+	never, _ := b.Gone.WasDeleted(ctx, rdb, "job-9")
+	fmt.Println(gone, never)
+	// Output:
+	// [job-2 job-3]
+	// map[succeeded:default:2]
+	// true false
+}

@@ -127,7 +127,76 @@ func Finish(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog st
 // FinishOption adjusts a Finish.
 type FinishOption func(*finishOpts)
 
-type finishOpts struct{ sleepKey, channel, message string }
+type finishOpts struct {
+	sleepKey, channel, message string
+	bounds                     Bounds
+}
+
+// TrimMargin is how many tasks past its bound a Finish deletes from each of
+// the completed and archived sets beyond the number of its items: enough
+// that an excess (say after a bound was lowered) goes within a few calls,
+// few enough that no call holds Redis for long.
+const TrimMargin = 100
+
+// Bounds caps how many finished tasks a queue keeps, beside their
+// retention (see KeepAtMost).
+type Bounds struct {
+	// Completed and Archived are the most tasks the completed and the
+	// archived set keep; 0 is no bound.
+	Completed, Archived int
+	// Gone remembers the tasks deleted; its zero value remembers none.
+	Gone Tombstones
+	// SidePrefixes name keys of a task beside its hash, each a prefix the
+	// task id completes (carrying the queue's hash tag), deleted with it.
+	SidePrefixes []string
+	// Remember keeps a record of each deleted task whose ID is an
+	// idempotency key's, in place of its tombstone; its zero value keeps
+	// none.
+	Remember Remembered
+}
+
+// Tombstones are a compact record of finished tasks that were deleted (past
+// a count bound, or their retention), so that a read can tell a task that
+// finished and is no longer kept from one that never was. Key is a sorted
+// set of task id -> when it went (Unix seconds), in the queue's slot; it
+// keeps at most Max members, none older than For, and expires For after
+// its last write, so it stays bounded too. A tombstone costs about 100
+// bytes against a kept task's kilobyte and more.
+type Tombstones struct {
+	Key string
+	Max int           // 0 = keep none
+	For time.Duration // at least a second
+}
+
+func (t Tombstones) args() (int, int64) {
+	if t.Key == "" || t.Max <= 0 {
+		return 0, 0
+	}
+	return t.Max, max(int64(math.Ceil(t.For.Seconds())), 1)
+}
+
+// WasDeleted reports whether id has a tombstone in t: it finished, was
+// kept, and has been deleted since.
+func (t Tombstones) WasDeleted(ctx context.Context, rdb redis.Cmdable, id string) (bool, error) {
+	if t.Key == "" {
+		return false, nil
+	}
+	_, err := rdb.ZScore(ctx, t.Key, id).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// KeepAtMost makes a Finish keep at most b.Completed tasks in the completed
+// set and b.Archived in the archived set, deleting the lowest-scored (the
+// oldest) past that, with their hashes and side keys, and counting them out
+// of succeeded:<lane> and dead:<lane>, as DeleteExpired does: those counters
+// count the tasks kept. One Finish deletes at most its number of items plus
+// TrimMargin from each set. Deleted tasks get tombstones in b.Gone.
+func KeepAtMost(b Bounds) FinishOption {
+	return func(o *finishOpts) { o.bounds = b }
+}
 
 // WakeOnRetry makes a Finish that sends a task to retry also clear the
 // field "sleep" of the hash sleepKey (which must carry the queue's hash
@@ -146,15 +215,23 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	if len(items) == 0 {
 		return nil, nil
 	}
-	keys := make([]string, 11, 11+len(items))
+	keys := make([]string, 11, 12+len(items))
 	keys[0], keys[1], keys[2], keys[3], keys[4] = k.Active(), k.Lease(), k.Completed(), k.Retry(), k.Archived()
 	keys[5], keys[6], keys[7], keys[8] = k.Processed(now), k.ProcessedTotal(), k.Failed(now), k.FailedTotal()
 	keys[9], keys[10] = counts, pbacklog
+	b := o.bounds
+	goneMax, goneFor := b.Gone.args()
+	if goneMax > 0 {
+		keys = append(keys, b.Gone.Key)
+	}
 	for _, it := range items {
 		keys = append(keys, k.Task(it.ID))
 	}
-	args := make([]any, 0, 5+11*len(items))
-	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message)
+	args := make([]any, 0, 17+11*len(items))
+	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message,
+		max(b.Completed, 0), max(b.Archived, 0), TrimMargin, goneMax, goneFor, k.TaskPrefix(),
+		strings.Join(b.SidePrefixes, "\n"))
+	args = append(args, b.Remember.args()...)
 	for i := range items {
 		it := &items[i]
 		if err := it.check(k); err != nil {
@@ -390,21 +467,38 @@ func (z Zset) String() string {
 // retention, so cutoff is now; for the archived set it is when the task
 // died, so cutoff is now minus the dead retention. counts must carry
 // k.HashTag().
-func DeleteExpired(ctx context.Context, rdb redis.Scripter, k Keys, counts string, which Zset, cutoff time.Time, limit int) (int, error) {
+//
+// With bounds (only the first is used), a deleted task gets a tombstone
+// and its side keys go with it, and once none is left before cutoff, tasks
+// past the set's count bound (Completed or Archived) go too, oldest first,
+// all within limit: the sweep that brings an upstream that finishes
+// nothing more down to a lowered bound.
+func DeleteExpired(ctx context.Context, rdb redis.Scripter, k Keys, counts string, which Zset, cutoff time.Time, limit int, bounds ...Bounds) (int, error) {
+	var b Bounds
+	if len(bounds) > 0 {
+		b = bounds[0]
+	}
 	var set, state string
+	most := 0
 	switch which {
 	case Completed:
-		set, state = k.Completed(), "succeeded"
+		set, state, most = k.Completed(), "succeeded", b.Completed
 	case Archived:
-		set, state = k.Archived(), "dead"
+		set, state, most = k.Archived(), "dead", b.Archived
 	default:
 		return 0, fmt.Errorf("delete expired: unknown set %v", which)
 	}
 	if limit <= 0 {
 		return 0, fmt.Errorf("delete expired: limit %d, want more than 0", limit)
 	}
-	v, err := script.Run(ctx, rdb, "delete expired", deleteExpiredScript, []string{set, counts},
-		Score(cutoff), limit, k.TaskPrefix(), state)
+	keys := []string{set, counts}
+	goneMax, goneFor := b.Gone.args()
+	if goneMax > 0 {
+		keys = append(keys, b.Gone.Key)
+	}
+	args := []any{Score(cutoff), limit, k.TaskPrefix(), state, Score(time.Now()), goneMax, goneFor,
+		strings.Join(b.SidePrefixes, "\n"), max(most, 0)}
+	v, err := script.Run(ctx, rdb, "delete expired", deleteExpiredScript, keys, append(args, b.Remember.args()...)...)
 	if err != nil {
 		return 0, err
 	}

@@ -21,6 +21,7 @@ const (
 	ProblemBase            = "https://shaperhq.github.io/problems/"
 	TypeInvalid            = ProblemBase + "invalid-request"
 	TypeNotFound           = ProblemBase + "not-found"
+	TypeJobExpired         = ProblemBase + "job-expired" // a 404: finished, no longer kept
 	TypeUnauthorized       = ProblemBase + "unauthorized"
 	TypeForbidden          = ProblemBase + "forbidden"
 	TypeTooLarge           = ProblemBase + "too-large"

@@ -1,0 +1,148 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/tokenbucket"
+)
+
+// TestGetJobNoLongerKept: a job that finished and was dropped past its
+// upstream's result_max_count answers 404 job-expired, saying so; a job
+// that never was answers 404 not-found.
+func TestGetJobNoLongerKept(t *testing.T) {
+	f := newFixture(t, tokenbucket.Limit{Capacity: 100, Refill: 10, Per: time.Second}, 100)
+	ctx := context.Background()
+	u, _ := f.q.Upstream("mail")
+	u.ResultMaxCount = 1
+	bucket, err := leaky.New(f.rdb, leaky.Config{}).Bucket(queue.QueueName("mail"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	space := sched.For("", "mail")
+	taker, err := sched.NewTaker(f.rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for range 2 {
+		resp, body := f.do("POST", "/v1/jobs", `{"upstream":"mail","task":"send","body":"hi"}`)
+		if resp.StatusCode != 202 {
+			t.Fatalf("enqueue: got %d %v, want 202", resp.StatusCode, body)
+		}
+		id := body["id"].(string)
+		tk, err := taker.Take(ctx, 1)
+		if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != id {
+			t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, id)
+		}
+		msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = taskstore.Finish(ctx, f.rdb, taskstore.For(queue.QueueName("mail")), space.CountsKey(), space.BacklogKey(),
+			[]taskstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded, Retention: time.Hour,
+				Result: []byte(`{"status":200,"body":"b2s="}`)}},
+			taskstore.KeepAtMost(queue.FinishBounds("", u)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		time.Sleep(2 * time.Millisecond)
+	}
+	resp, got := f.do("GET", "/v1/jobs/"+ids[0], "")
+	if resp.StatusCode != 404 || got["type"] != "https://shaperhq.github.io/problems/job-expired" {
+		t.Fatalf("trimmed job: got %d %v, want 404 job-expired", resp.StatusCode, got)
+	}
+	if d, _ := got["detail"].(string); !strings.Contains(d, ids[0]) || !strings.Contains(d, "finished and its result is no longer kept") {
+		t.Errorf("trimmed job: detail %q, want it to name the job and say it finished and is no longer kept", d)
+	}
+	if resp, got := f.do("GET", "/v1/jobs/"+ids[1], ""); resp.StatusCode != 200 || got["state"] != "succeeded" {
+		t.Errorf("kept job: got %d %v, want 200 succeeded", resp.StatusCode, got)
+	}
+	never := queue.NewID("billing", "mail", "default")
+	if resp, got := f.do("GET", "/v1/jobs/"+never, ""); resp.StatusCode != 404 || got["type"] != "https://shaperhq.github.io/problems/not-found" {
+		t.Errorf("a job that never was: got %d %v, want 404 not-found", resp.StatusCode, got)
+	}
+	// Another tenant learns nothing of it.
+	if resp, got := f.do("GET", "/v1/jobs/"+ids[0], "", "Authorization", "Bearer ops-secret"); resp.StatusCode != 404 || got["type"] != "https://shaperhq.github.io/problems/not-found" {
+		t.Errorf("another tenant: got %d %v, want 404 not-found", resp.StatusCode, got)
+	}
+}
+
+// TestRepeatAfterTheJobWasDropped: a job with an idempotency key, dropped
+// past result_max_count, is still found by a repeat of its key, alone or
+// in a batch: 200 with its id and final state, nothing enqueued; reading
+// it answers 404 job-expired.
+func TestRepeatAfterTheJobWasDropped(t *testing.T) {
+	f := newFixture(t, tokenbucket.Limit{Capacity: 100, Refill: 10, Per: time.Second}, 100)
+	ctx := context.Background()
+	u, _ := f.q.Upstream("mail")
+	u.ResultMaxCount = 1
+	bucket, err := leaky.New(f.rdb, leaky.Config{}).Bucket(queue.QueueName("mail"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	space := sched.For("", "mail")
+	taker, err := sched.NewTaker(f.rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const repeat = `{"upstream":"mail","task":"send","body":"hi","idempotency_key":"welcome-42"}`
+	var ids []string
+	for _, body := range []string{repeat, `{"upstream":"mail","task":"send","body":"next"}`} {
+		resp, got := f.do("POST", "/v1/jobs", body)
+		if resp.StatusCode != 202 {
+			t.Fatalf("enqueue: got %d %v, want 202", resp.StatusCode, got)
+		}
+		id := got["id"].(string)
+		tk, err := taker.Take(ctx, 1)
+		if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != id {
+			t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, id)
+		}
+		msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = taskstore.Finish(ctx, f.rdb, taskstore.For(queue.QueueName("mail")), space.CountsKey(), space.BacklogKey(),
+			[]taskstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded, Retention: time.Hour,
+				Result: []byte(`{"status":200,"body":"b2s="}`)}},
+			taskstore.KeepAtMost(queue.FinishBounds("", u)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		time.Sleep(2 * time.Millisecond)
+	}
+	if resp, got := f.do("GET", "/v1/jobs/"+ids[0], ""); resp.StatusCode != 404 || got["type"] != "https://shaperhq.github.io/problems/job-expired" {
+		t.Fatalf("dropped job: got %d %v, want 404 job-expired", resp.StatusCode, got)
+	}
+	resp, got := f.do("POST", "/v1/jobs", repeat)
+	if resp.StatusCode != 200 || got["id"] != ids[0] || got["state"] != "succeeded" || got["idempotency_key"] != "welcome-42" {
+		t.Errorf("repeat: got %d %v, want 200 with %s succeeded", resp.StatusCode, got, ids[0])
+	}
+	resp, got = f.do("POST", "/v1/jobs/batch", `{"jobs":[`+repeat+`]}`)
+	res, _ := got["results"].([]any)
+	if resp.StatusCode != 200 || len(res) != 1 {
+		t.Fatalf("batch: got %d %v", resp.StatusCode, got)
+	}
+	item, _ := res[0].(map[string]any)
+	job, _ := item["job"].(map[string]any)
+	if item["status"] != float64(200) || job["id"] != ids[0] || job["state"] != "succeeded" {
+		t.Errorf("batch item: got %v, want 200 with %s succeeded", item, ids[0])
+	}
+	// Nothing was enqueued: nothing to take, no task.
+	if tk, err := taker.Take(ctx, 1); err != nil || len(tk.Jobs) != 0 {
+		t.Errorf("take after the repeats: got %d jobs, %v, want none", len(tk.Jobs), err)
+	}
+	if f.rdb.Exists(ctx, space.TaskKey(ids[0])).Val() != 0 {
+		t.Error("the dropped job's task is stored again")
+	}
+}
