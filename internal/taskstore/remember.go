@@ -149,8 +149,10 @@ local function remember(rk, id, state, window, span)
     -- The TTL is a backstop a span later, so that a bucket is normally
     -- dropped by UNLINK above rather than freed on expiry.
     redis.call('EXPIREAT', b, till + span)
+    -- The index outlives its last bucket's backstop, so that the next
+    -- record can still find (and UNLINK) every bucket whose time is up.
     local last = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
-    redis.call('EXPIREAT', rk, math.max(till, tonumber(last[2])))
+    redis.call('EXPIREAT', rk, math.max(till, tonumber(last[2])) + span)
   end
 end
 `
