@@ -37,8 +37,15 @@ func (c *Config) Summary() string {
 	}
 	fmt.Fprintf(&b, "work: %s, books pacing waits up to %v, shutdown within %v\n", metrics, w.Horizon, w.ShutdownTimeout)
 
+	var total int64
 	for _, name := range c.UpstreamNames() {
-		b.WriteString(c.Upstreams[name].describe(name) + "\n")
+		u := c.Upstreams[name]
+		b.WriteString(u.describe(name) + "\n")
+		b.WriteString(u.Memory().describe(u) + "\n")
+		total += u.Memory().Total()
+	}
+	if len(c.Upstreams) > 1 {
+		fmt.Fprintf(&b, "Redis memory all upstreams can reach: %s (size Redis for it, with maxmemory-policy noeviction)\n", size(total))
 	}
 	return b.String()
 }

@@ -158,6 +158,7 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis does not answer: %w", err)
 	}
+	warnIfEvicting(ctx, rdb, log)
 	reg, m := newRegistry()
 	parts, err := buildAPI(rdb, cfg, keys, reg, m, log)
 	if err != nil {
@@ -200,4 +201,20 @@ func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler, grace 
 		return serr
 	}
 	return err
+}
+
+// warnIfEvicting warns when Redis may evict keys to stay under its
+// maxmemory: an evicted job is a lost job (or a half-deleted one), so
+// shaper wants maxmemory-policy noeviction, under which a full Redis
+// refuses writes instead and enqueues fail loudly. A Redis that does not
+// allow CONFIG (some managed ones) is not checked, and says so at debug.
+func warnIfEvicting(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) {
+	v, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		log.Debug("could not read Redis's maxmemory-policy", "err", err)
+		return
+	}
+	if p, ok := v["maxmemory-policy"]; ok && p != "noeviction" {
+		log.Warn("Redis may evict keys, losing jobs: set maxmemory-policy noeviction (see the README, Running it for real)", "maxmemory-policy", p)
+	}
 }
