@@ -48,7 +48,9 @@ func (u *Upstream) Memory() Memory {
 			m.DrainPerSecond = per
 		}
 	}
-	m.Records = int64(math.Ceil(m.DrainPerSecond * time.Duration(u.IdempotencyWindow).Seconds() * float64(c.IdempotencyRecord)))
+	// A record lives the window and up to two spans (window/24) more
+	// before its bucket is dropped.
+	m.Records = int64(math.Ceil(m.DrainPerSecond * time.Duration(u.IdempotencyWindow).Seconds() * (1 + 2.0/24) * float64(c.IdempotencyRecord)))
 	return m
 }
 
@@ -57,7 +59,7 @@ func (m Memory) describe(u *Upstream) string {
 	fmt.Fprintf(&b, "  Redis memory it can reach (bodies and responses of %s): %s in all: backlog %s (max_pending %d), succeeded %s (result_max_count %d), dead %s (dead_max_count %d), tombstones %s",
 		size(EstimateBody), size(m.Total()), size(m.Backlog), u.MaxPending, size(m.Succeeded), u.ResultMaxCount, size(m.Dead), u.DeadMaxCount, size(m.Tombstones))
 	if m.DrainPerSecond > 0 {
-		fmt.Fprintf(&b, ", idempotency records %s (%s/s for %v)", size(m.Records), num(m.DrainPerSecond), time.Duration(u.IdempotencyWindow))
+		fmt.Fprintf(&b, ", idempotency records %s (%s/s for %v; jobs cancelled or expired unsent add theirs)", size(m.Records), num(m.DrainPerSecond), time.Duration(u.IdempotencyWindow))
 	} else {
 		fmt.Fprintf(&b, ", idempotency records: no request limit bounds them (%d B per job sent with a key, kept %v)", shaper.MemoryCosts().IdempotencyRecord, time.Duration(u.IdempotencyWindow))
 	}

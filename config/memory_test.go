@@ -33,7 +33,7 @@ func TestMemoryEstimate(t *testing.T) {
 	if m.DrainPerSecond < 1.6 || m.DrainPerSecond > 1.67 {
 		t.Errorf("drain: got %v/s, want about 1.67 (6000/h)", m.DrainPerSecond)
 	}
-	if want := int64(m.DrainPerSecond * 3600 * float64(c.IdempotencyRecord)); m.Records < want || m.Records > want+1 {
+	if want := int64(m.DrainPerSecond * 3600 * (1 + 2.0/24) * float64(c.IdempotencyRecord)); m.Records < want || m.Records > want+1 {
 		t.Errorf("records: got %d, want %d", m.Records, want)
 	}
 	if m.Total() != m.Backlog+m.Succeeded+m.Dead+m.Tombstones+m.Records {

@@ -178,6 +178,11 @@ func cursorFits(idx index, score string) bool {
 	if score == "" {
 		return true
 	}
+	// Only the characters Redis writes a number with: Go also parses hex,
+	// underscores, "inf" and "nan", which Redis would refuse.
+	if strings.TrimLeft(score, "0123456789.eE+-") != "" {
+		return false
+	}
 	switch idx {
 	case idxActive, idxQueued:
 		n, err := strconv.ParseInt(score, 10, 64)
@@ -490,6 +495,9 @@ func (l *lister) readFlows(ctx context.Context, cur cursor, n int) ([]entry, boo
 	// merge, exact only down to the highest last entry of a flow that gave
 	// all k, yields at least that many, however many flows there are.
 	k := max(min(n, minFlowRead), int(math.Ceil(float64(n)/float64(len(names)))))
+	// But one read never pulls more than maxFlowEntries entries in all
+	// (at least one a flow): with very many flows a page reads each once.
+	k = max(1, min(k, maxFlowEntries/len(names)))
 	l.owed += len(names)
 	hi := "+inf"
 	if cur.Score != "" {
@@ -532,8 +540,13 @@ func (l *lister) readFlows(ctx context.Context, cur cursor, n int) ([]entry, boo
 	return out, cut == math.Inf(-1), nil
 }
 
-// minFlowRead is the fewest entries readFlows reads of each flow.
-const minFlowRead = 20
+// minFlowRead is the fewest entries readFlows reads of each flow, and
+// maxFlowEntries the most it reads of all flows together, unless there are
+// more flows than that (then one entry each).
+const (
+	minFlowRead    = 20
+	maxFlowEntries = 20_000
+)
 
 // flowMatches reports whether flow g ("LANE|FK|PK") can hold the
 // listing's jobs. It only saves reads: each job is checked on its own too.

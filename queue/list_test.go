@@ -427,6 +427,9 @@ func TestListRefusesCraftedCursors(t *testing.T) {
 		{idxScheduled, "1764500000.5", true},
 		{idxScheduled, "NaN", false},
 		{idxArchived, "-Inf", false},
+		{idxScheduled, "0x1_0p0", false},
+		{idxScheduled, "1_000", false},
+		{idxScheduled, "1.5e9", true},
 	} {
 		o.Cursor = cursor{Step: at(tc.idx), Query: queryDigest(o), Score: tc.score, Member: "x"}.encode()
 		_, err := q.List(ctx, o)

@@ -720,7 +720,11 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 		// late, as for any finished job, and never reads as its success.
 		return info, fmt.Errorf("job %s is %s: %w", id, info.State, ErrNotCancellable)
 	}
-	ttl := q.ups[info.Upstream].DeadRetention
+	// The mark outlives the job (which the dead sweep deletes once
+	// DeadRetention has passed, taking the mark with it as a side key), so
+	// that whoever drops the job still reads it as cancelled: an
+	// idempotency record says "cancelled", not "dead".
+	ttl := q.ups[info.Upstream].DeadRetention + 24*time.Hour
 	// The mark goes first: a job archived without it would read as dead.
 	if err := q.rdb.Set(ctx, q.cancelKey(id), "1", ttl).Err(); err != nil {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
