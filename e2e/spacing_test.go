@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -25,6 +26,9 @@ type fleetRun struct {
 	ran      time.Duration // the measured window less the host's stalls
 	stalls   int
 	stalled  time.Duration
+	// excused are the 429s of a pair of arrivals the host stood still
+	// between (see drainFleet).
+	excused int64
 }
 
 // drainFleet runs replicas `shaper work` processes configured at
@@ -56,7 +60,18 @@ upstreams:
 
 	var all []time.Duration
 	run := fleetRun{rejected: e.fake.Report().Rejected, stalls: stalls, stalled: stalled}
-	for _, r := range e.fake.Records() {
+	// A refusal is excused when the machine stood still (longer than the
+	// monitor's threshold) between the arrival before it and its own: the
+	// stall, not shaper, put the two too close. Each is counted apart.
+	events := host.Events()
+	at := func(d time.Duration) time.Time { return e.fake.Started().Add(d) }
+	recs := e.fake.Records()
+	for i, r := range recs {
+		if r.Status == http.StatusTooManyRequests && i > 0 && len(stall.Overlapping(events, 0, at(recs[i-1].At), at(r.At))) > 0 {
+			run.excused++
+		}
+	}
+	for _, r := range recs {
 		all = append(all, r.At)
 		if r.Admitted && r.At >= first && r.At < first+runFor {
 			run.admitted++
@@ -83,7 +98,10 @@ upstreams:
 // scheduling) varies by up to a few milliseconds under load, against a
 // spacing slack of 0.2-0.5 ms that the 97% guarantee for window upstreams
 // leaves (see leaky.Limit.Params). So the test holds the refusals to at
-// most 2% of the requests (before issue 9: about 10%) and reports them.
+// most 2% of the requests (before issue 9: about 10%) and reports them;
+// a refusal of an arrival the host stood still just before (a stall the
+// stall monitor saw between it and the arrival before) is reported apart
+// and not counted, as the window tests excuse theirs.
 func TestStrictSpacing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s of three shaper work processes per rate: multi-process, runs in make test")
@@ -94,10 +112,10 @@ func TestStrictSpacing(t *testing.T) {
 	for _, rate := range []int64{50, 100} {
 		t.Run(fmt.Sprintf("%d_per_s", rate), func(t *testing.T) {
 			r := drainFleet(t, fakeupstream.Config{Algorithm: fakeupstream.Meter, Rate: rate, Per: time.Second, Style: fakeupstream.StyleBare}, rate, 3, runFor)
-			t.Logf("meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d; min gap %v (1/R = %v); gaps %+v; host stalls %d, %v",
-				rate, runFor, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.minGap, time.Second/time.Duration(rate), r.gaps, r.stalls, r.stalled)
-			if total := int64(r.gaps.Count) + 1; r.rejected*50 > total {
-				t.Errorf("the meter rejected %d of %d requests, want at most 2%%", r.rejected, total)
+			t.Logf("meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d (%d of them next to a host stall); min gap %v (1/R = %v); gaps %+v; host stalls %d, %v",
+				rate, runFor, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.excused, r.minGap, time.Second/time.Duration(rate), r.gaps, r.stalls, r.stalled)
+			if total := int64(r.gaps.Count) + 1; (r.rejected-r.excused)*50 > total {
+				t.Errorf("the meter rejected %d of %d requests with no host stall between them and the arrival before, want at most 2%%", r.rejected-r.excused, total)
 			}
 			if want := 0.9 * float64(rate) * r.ran.Seconds() / runFor.Seconds(); r.rate < want {
 				t.Errorf("the meter received %.1f/s, want at least 90%% of %d over the %v the host ran (%.1f)", r.rate, rate, r.ran, want)
