@@ -22,9 +22,13 @@ import (
 // grows while they repeat.
 
 // Pushback lengths for a 429 that gives no time: an isolated one costs
-// bareBase of sending (2.5% of a second), repeated ones double up to the
-// upstream's pushback_default.
-const bareBase = 25 * time.Millisecond
+// bareBase of sending (2.5% of a second); one refused among the first
+// bareProbe sends after the last such pause doubles it, up to the
+// upstream's pushback_default (see leaky.Bucket.Pushback).
+const (
+	bareBase  = 25 * time.Millisecond
+	bareProbe = 3
+)
 
 // relearn is how often a replica refreshes stated limits that did not
 // change, keeping them alive in Redis (they lapse after an hour unstated).
@@ -120,7 +124,7 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 	}
 	switch {
 	case v.bare:
-		until, dur, paused, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), queue.BlockRefused, v.sentAt)
+		until, dur, paused, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), bareProbe*u.spacing(), queue.BlockRefused, v.sentAt)
 		switch {
 		case err != nil:
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +27,8 @@ type fleetRun struct {
 	ran      time.Duration // the measured window less the host's stalls
 	stalls   int
 	stalled  time.Duration
+	pressure stall.Pressure
+	late     float64 // share of the stall monitor's wakes late by over stall.LateWake
 	// excused are the 429s of a pair of arrivals the host stood still
 	// between (see drainFleet).
 	excused int64
@@ -53,13 +56,16 @@ upstreams:
 	}
 	waitUntil(t, 30*time.Second, "the first request", func() bool { return e.fake.Report().Total > 0 })
 	host := stall.Start()
+	mark := stall.MarkPressure()
 	first := arrivals(e.fake)[0]
 	time.Sleep(runFor)
+	pressure := mark.Since()
+	late := host.LateShare()
 	stalled, _, stalls := host.Stop()
 	e.stopAll()
 
 	var all []time.Duration
-	run := fleetRun{rejected: e.fake.Report().Rejected, stalls: stalls, stalled: stalled}
+	run := fleetRun{rejected: e.fake.Report().Rejected, stalls: stalls, stalled: stalled, pressure: pressure, late: late}
 	// A refusal is excused when the machine stood still (longer than the
 	// monitor's threshold) between the arrival before it and its own: the
 	// stall, not shaper, put the two too close. Each is counted apart.
@@ -97,28 +103,59 @@ upstreams:
 // send's trip to the upstream (the client's write, the upstream's
 // scheduling) varies by up to a few milliseconds under load, against a
 // spacing slack of 0.2-0.5 ms that the 97% guarantee for window upstreams
-// leaves (see leaky.Limit.Params). So the test holds the refusals to at
-// most 2% of the requests (before issue 9: about 10%) and reports them;
-// a refusal of an arrival the host stood still just before (a stall the
-// stall monitor saw between it and the arrival before) is reported apart
-// and not counted, as the window tests excuse theirs.
+// leaves (see leaky.Limit.Params), and each such slow trip gets the next
+// arrival refused. Quiet runs here see 0.5-2.3% refused. So the test holds
+// the refusals to at most 4% of the requests, a guard against the 10% from
+// before issue 9, and reports them; a refusal of an arrival the host stood
+// still just before (a stall the stall monitor saw between it and the
+// arrival before) is reported apart and not counted, as the window tests
+// excuse theirs.
+//
+// The bounds describe a host that runs the fleet evenly, and a run is at
+// the mercy of what else the host does in those 10 s: with both CPUs kept
+// busy by two other processes the meter refused 8-13% and the fleet,
+// paused by the storm of bare 429s, drained 15-46%. Neither the stall
+// monitor nor the kernel's CPU pressure tells such a host apart from a
+// quiet one reliably enough here (pressure 22-34% against 12-21% for
+// this test alone; late wake-ups 2.7-3.8% against 1.5-1.7%), so they are
+// logged but decide nothing. Instead a run that misses a bound is
+// reported and run again, up to three times, and the test fails only if
+// all three miss: a fleet that refuses as often as before issue 9, or
+// stalls its drain, misses every time.
 func TestStrictSpacing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s of three shaper work processes per rate: multi-process, runs in make test")
 	}
 	// Not parallel: it measures spacing to within a fraction of a
 	// millisecond, so it runs alone, before the parallel tests start.
-	const runFor = 10 * time.Second
+	const (
+		runFor   = 10 * time.Second
+		attempts = 3
+	)
 	for _, rate := range []int64{50, 100} {
 		t.Run(fmt.Sprintf("%d_per_s", rate), func(t *testing.T) {
-			r := drainFleet(t, fakeupstream.Config{Algorithm: fakeupstream.Meter, Rate: rate, Per: time.Second, Style: fakeupstream.StyleBare}, rate, 3, runFor)
-			t.Logf("meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d (%d of them next to a host stall); min gap %v (1/R = %v); gaps %+v; host stalls %d, %v",
-				rate, runFor, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.excused, r.minGap, time.Second/time.Duration(rate), r.gaps, r.stalls, r.stalled)
-			if total := int64(r.gaps.Count) + 1; (r.rejected-r.excused)*50 > total {
-				t.Errorf("the meter rejected %d of %d requests with no host stall between them and the arrival before, want at most 2%%", r.rejected-r.excused, total)
-			}
-			if want := 0.9 * float64(rate) * r.ran.Seconds() / runFor.Seconds(); r.rate < want {
-				t.Errorf("the meter received %.1f/s, want at least 90%% of %d over the %v the host ran (%.1f)", r.rate, rate, r.ran, want)
+			for attempt := 1; ; attempt++ {
+				r := drainFleet(t, fakeupstream.Config{Algorithm: fakeupstream.Meter, Rate: rate, Per: time.Second, Style: fakeupstream.StyleBare}, rate, 3, runFor)
+				t.Logf("run %d: meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d (%d of them next to a host stall); min gap %v (1/R = %v); gaps %+v; host stalls %d, %v; cpu pressure %.1f%%, steal %.1f%%, late wakes %.1f%%",
+					attempt, rate, runFor, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.excused, r.minGap, time.Second/time.Duration(rate), r.gaps, r.stalls, r.stalled, 100*r.pressure.Some, 100*r.pressure.Steal, 100*r.late)
+				var missed []string
+				if total := int64(r.gaps.Count) + 1; (r.rejected-r.excused)*25 > total {
+					missed = append(missed, fmt.Sprintf("the meter rejected %d of %d requests with no host stall between them and the arrival before, want at most 4%%", r.rejected-r.excused, total))
+				}
+				if want := 0.9 * float64(rate) * r.ran.Seconds() / runFor.Seconds(); r.rate < want {
+					missed = append(missed, fmt.Sprintf("the meter received %.1f/s, want at least 90%% of %d over the %v the host ran (%.1f)", r.rate, rate, r.ran, want))
+				}
+				switch {
+				case len(missed) == 0:
+					return
+				case attempt < attempts:
+					t.Logf("run %d missed, running again: %s", attempt, strings.Join(missed, "; "))
+				default:
+					for _, m := range missed {
+						t.Errorf("run %d of %d (the others missed too, above): %s", attempt, attempts, m)
+					}
+					return
+				}
 			}
 		})
 	}

@@ -67,7 +67,7 @@ func TestScriptsOnCluster(t *testing.T) {
 		if err := b.Settle(ctx, "tokens", 5, 1, "acme.example", []Limit{{Rate: 100, Per: time.Second, Cost: "tokens"}}); err != nil {
 			t.Fatalf("settle: %v", err)
 		}
-		if _, _, _, err := b.Pushback(ctx, time.Millisecond, time.Second, "429", time.Time{}); err != nil {
+		if _, _, _, err := b.Pushback(ctx, time.Millisecond, time.Second, 0, "429", time.Time{}); err != nil {
 			t.Fatalf("pushback: %v", err)
 		}
 		if st, err := b.State(ctx); err != nil || len(st.Limits) != 3 {

@@ -326,18 +326,29 @@ func (b *Bucket) PartitionTAT(partition string, l Limit) string {
 }
 
 // pushbackScript blocks a bucket after a refusal that gave no time: for
-// base the first time, twice as long as the last such block while they
-// keep coming (within twice its length), up to ceiling, and back down by
-// half for each quiet stretch of twice its length.
+// base the first time; twice as long as the last such block (up to
+// ceiling) when the refused request left within probe after that block
+// ended, that is the upstream still refused as soon as sending resumed (a
+// storm); otherwise the refusals stopped for a while after the last block,
+// and the block is half the last one, halved again for each further quiet
+// stretch of twice its length, down to base.
 //
-//	KEYS[1] -> block hash {until, reason, pb = last pushback µs, pbat = when}
+// Growth is judged from the last block's end and over a fixed probe, not
+// over a span that grows with the block: with that, sporadic refusals (a
+// strict meter refusing one send in thirty after a slow trip) came often
+// enough within twice a long block to keep it at the ceiling, and a fleet
+// that should have paused 25 ms per refusal paused a second.
+//
+//	KEYS[1] -> block hash {until, reason, pb = last pushback µs, pbat = when,
+//	           pbend = when it ended}
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
 //	ARGV[2] -> base µs
 //	ARGV[3] -> ceiling µs
 //	ARGV[4] -> reason
 //	ARGV[5] -> announcement channel
 //	ARGV[6] -> bucket name
-//	ARGV[7] -> when the refused request was sent, µs (0 unknown)
+//	ARGV[7] -> when the refused request was sent, µs (0 unknown: now)
+//	ARGV[8] -> probe µs
 //
 // A refusal of a request sent before the last pushback began was already
 // on its way: it neither grows nor renews the pushback.
@@ -346,57 +357,66 @@ func (b *Bucket) PartitionTAT(partition string, l Limit) string {
 var pushbackScript = script.New(`
 local now = shaper_now(ARGV[1])
 local base, ceil = tonumber(ARGV[2]), tonumber(ARGV[3])
-local sent = tonumber(ARGV[7])
-local f = redis.call('HMGET', KEYS[1], 'until', 'pb', 'pbat')
+local sent, probe = tonumber(ARGV[7]), tonumber(ARGV[8])
+local f = redis.call('HMGET', KEYS[1], 'until', 'pb', 'pbat', 'pbend')
 local cur, prev, at = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+local pend = tonumber(f[4] or '0')
 if prev > 0 and sent > 0 and sent < at then
   return {math.max(cur, now), now, prev, 0}
 end
 local d = base
 if prev > 0 then
-  local quiet = now - at
-  if quiet <= 2 * prev then
+  local ref = now
+  if sent > 0 then ref = sent end
+  local after = ref - pend
+  if after <= probe then
     d = math.min(ceil, 2 * prev)
   else
-    d = prev
-    while d > base and quiet > 2 * d do
-      quiet = quiet - 2 * d
+    d = prev / 2
+    after = after - probe
+    while d > base and after > 2 * d do
+      after = after - 2 * d
       d = d / 2
     end
     d = math.max(base, math.floor(d))
   end
 end
 local want = now + d
-redis.call('HSET', KEYS[1], 'pb', shaper_int(d), 'pbat', shaper_int(now))
+redis.call('HSET', KEYS[1], 'pb', shaper_int(d), 'pbat', shaper_int(now), 'pbend', shaper_int(want))
 if want > cur then
   redis.call('HSET', KEYS[1], 'until', shaper_int(want), 'reason', ARGV[4])
   redis.call('PUBLISH', ARGV[5], ARGV[6] .. ' ' .. shaper_int(want))
   cur = want
 end
 -- Kept long enough to tell a repeat from a fresh start.
-redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(cur - now, 0) + 8 * d) / 1000) + 1)
+redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(cur - now, 0) + probe + 8 * d) / 1000) + 1)
 return {cur, now, d, 1}
 `)
 
 // Pushback blocks the bucket fleet-wide after a refusal that said nothing
 // about when to come back (a bare 429): briefly (base) when it is
-// isolated, for twice as long each time while refusals keep coming, up to
-// ceiling, shrinking again once they stop. sent is when the refused
-// request was sent on Redis's clock (its slot; zero if unknown): a refusal
-// of a request sent before the last pushback began was already in flight
-// and changes nothing. It returns the block's end, the length of the
-// pushback in force, and whether this call paused (false for one already
-// in flight).
-func (b *Bucket) Pushback(ctx context.Context, base, ceiling time.Duration, reason string, sent time.Time) (time.Time, time.Duration, bool, error) {
+// isolated; twice as long as the last time, up to ceiling, when the
+// refused request left within probe after the last such block ended (the
+// upstream refused again as soon as sending resumed); half as long, and
+// less after longer quiet, when sends got through for longer than probe
+// first. probe below twice base counts as twice base: callers pass a few
+// of the bucket's send intervals, so that the first sends after a block
+// are the ones that decide. sent is when the refused request was sent on
+// Redis's clock (its slot; zero if unknown): a refusal of a request sent
+// before the last pushback began was already in flight and changes
+// nothing. It returns the block's end, the length of the pushback in
+// force, and whether this call paused (false for one already in flight).
+func (b *Bucket) Pushback(ctx context.Context, base, ceiling, probe time.Duration, reason string, sent time.Time) (time.Time, time.Duration, bool, error) {
 	if base <= 0 || ceiling < base {
 		return time.Time{}, 0, false, fmt.Errorf("pushback %s: want 0 < base (%v) <= ceiling (%v)", b.name, base, ceiling)
 	}
+	probe = max(probe, 2*base)
 	var sentUs int64
 	if !sent.IsZero() {
 		sentUs = sent.UnixMicro()
 	}
 	v, err := script.Run(ctx, b.p.rdb, "leaky.pushback", pushbackScript, b.keys[:1], script.NowArg(b.p.now),
-		base.Microseconds(), ceiling.Microseconds(), reason, b.p.blocksChannel(), b.name, sentUs)
+		base.Microseconds(), ceiling.Microseconds(), reason, b.p.blocksChannel(), b.name, sentUs, probe.Microseconds())
 	if err != nil {
 		return time.Time{}, 0, false, fmt.Errorf("pushback %s: %w", b.name, err)
 	}

@@ -201,15 +201,22 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	clock := newFrozenClock()
 	b := newBucket(t, srv.Client(t), clock.Now, BucketConfig{Limits: []Limit{PerSecond(100)}})
 	ctx := context.Background()
-	base, ceiling := 25*time.Millisecond, time.Second
-	var got []time.Duration
-	for i := 0; i < 7; i++ {
-		_, d, _, err := b.Pushback(ctx, base, ceiling, "429", clock.Now())
+	base, ceiling, probe := 25*time.Millisecond, time.Second, 30*time.Millisecond
+	push := func(sent time.Time) time.Duration {
+		t.Helper()
+		_, d, _, err := b.Pushback(ctx, base, ceiling, probe, "429", sent)
 		if err != nil {
 			t.Fatal(err)
 		}
+		return d
+	}
+	var got []time.Duration
+	for i := 0; i < 7; i++ {
+		d := push(clock.Now())
 		got = append(got, d)
-		clock.Advance(d) // the next refusal comes as the block ends
+		// The next refusal is of a request sent just after the block
+		// ends, within the probe: the upstream still refuses.
+		clock.Advance(d + probe/2)
 	}
 	want := []time.Duration{25, 50, 100, 200, 400, 800, 1000}
 	for i := range want {
@@ -217,15 +224,45 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 			t.Fatalf("pushbacks while repeated: got %v, want %v ms", got, want)
 		}
 	}
-	// Quiet for 3.2s after the last: 2×1s halves it, 2×0.5s again.
-	clock.Advance(2200 * time.Millisecond)
-	if _, d, _, _ := b.Pushback(ctx, base, ceiling, "429", clock.Now()); d != 250*time.Millisecond {
-		t.Errorf("after 3s of quiet: got %v, want 250ms", d)
+	// Sent 1.65s after the last block ended: past the probe (50ms: a
+	// probe under twice base counts as twice base) the upstream took sends
+	// again, so it halves to 500ms, and the 1.6s after the probe hold
+	// quiet stretches of twice 500ms and twice 250ms: 125ms.
+	clock.Advance(1650*time.Millisecond - probe/2)
+	if d := push(clock.Now()); d != 125*time.Millisecond {
+		t.Errorf("after 1.65s of quiet: got %v, want 125ms", d)
+	}
+	// Sporadic refusals do not climb however long the last block was (a
+	// strict meter refusing one send in thirty): from the ceiling,
+	// refusals each 300ms after the block before ended come down to base
+	// and stay there.
+	for i := 0; i < 6; i++ {
+		clock.Advance(probe / 2)
+		push(clock.Now())
+	}
+	last := push(clock.Now())
+	if last != ceiling {
+		t.Fatalf("back at the ceiling: got %v", last)
+	}
+	var sporadic []time.Duration
+	for i := 0; i < 6; i++ {
+		clock.Advance(last + 300*time.Millisecond)
+		last = push(clock.Now())
+		sporadic = append(sporadic, last)
+	}
+	if last := sporadic[len(sporadic)-1]; last != base {
+		t.Errorf("sporadic refusals 300ms after each block: got pushbacks %v, want them down to %v", sporadic, base)
+	}
+	for i := 1; i < len(sporadic); i++ {
+		if sporadic[i] > sporadic[i-1] {
+			t.Errorf("sporadic refusals: got pushbacks %v, want them never to grow", sporadic)
+			break
+		}
 	}
 	// An isolated one long after costs only the base.
 	clock.Advance(time.Minute)
 	sent := clock.Now()
-	until, d, paused, _ := b.Pushback(ctx, base, ceiling, "429", sent)
+	until, d, paused, _ := b.Pushback(ctx, base, ceiling, probe, "429", sent)
 	if !paused {
 		t.Error("an isolated refusal: got paused false, want true")
 	}
@@ -240,12 +277,12 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	// flight: however many come back, they neither grow nor renew it.
 	clock.Advance(time.Millisecond)
 	for i := 0; i < 5; i++ {
-		u2, d2, p2, _ := b.Pushback(ctx, base, ceiling, "429", sent.Add(-time.Millisecond))
+		u2, d2, p2, _ := b.Pushback(ctx, base, ceiling, probe, "429", sent.Add(-time.Millisecond))
 		if d2 != base || !u2.Equal(until) || p2 {
 			t.Fatalf("in-flight refusal %d: got pushback %v until %v, want %v until %v unchanged", i, d2, u2, base, until)
 		}
 	}
-	if _, _, _, err := b.Pushback(ctx, 0, ceiling, "x", time.Time{}); err == nil {
+	if _, _, _, err := b.Pushback(ctx, 0, ceiling, probe, "x", time.Time{}); err == nil {
 		t.Error("a zero base: got no error")
 	}
 }

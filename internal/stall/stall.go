@@ -22,6 +22,8 @@ type Monitor struct {
 	longest time.Duration
 	count   int
 	events  []Event
+	wakes   int // sleeps measured
+	late    int // of them, overshot by more than LateWake
 }
 
 // Event is one stall: the span in which the monitor's 1ms sleep overshot
@@ -37,6 +39,23 @@ func (e Event) End() time.Time { return e.Start.Add(e.Dur) }
 // Threshold is the overshoot of a 1ms sleep that counts as a stall: well
 // above the timer slack of an idle Linux host (tens of µs to ~1ms).
 const Threshold = 5 * time.Millisecond
+
+// LateWake is the overshoot of a 1ms sleep that counts as a late wake-up:
+// shorter than a stall, but as long as the slack a strictly spaced send
+// has (a few hundred µs to a millisecond). A host where many wakes are late
+// is starving its processes between stalls.
+const LateWake = time.Millisecond
+
+// LateShare is the share of the monitor's wakes so far that were late by
+// more than LateWake, 0..1.
+func (m *Monitor) LateShare() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.wakes == 0 {
+		return 0
+	}
+	return float64(m.late) / float64(m.wakes)
+}
 
 // Start begins measuring. Call Stop to end it.
 func Start() *Monitor {
@@ -57,7 +76,14 @@ func (m *Monitor) run() {
 		}
 		time.Sleep(step)
 		now := time.Now()
-		if over := now.Sub(last) - step; over > m.threshold {
+		over := now.Sub(last) - step
+		m.mu.Lock()
+		m.wakes++
+		if over > LateWake {
+			m.late++
+		}
+		m.mu.Unlock()
+		if over > m.threshold {
 			m.mu.Lock()
 			m.stalled += over
 			m.longest = max(m.longest, over)
