@@ -11,5 +11,5 @@ type Costs struct {
 
 // MemoryCosts are the per-record costs the memory estimate uses.
 func MemoryCosts() Costs {
-	return Costs{QueuedJob: 1500, FinishedJob: 1700, IdempotencyRecord: 120, Tombstone: 100}
+	return Costs{QueuedJob: 1100, FinishedJob: 1300, IdempotencyRecord: 120, Tombstone: 100}
 }

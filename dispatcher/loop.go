@@ -2,7 +2,6 @@ package dispatcher
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -498,8 +497,9 @@ func (d *Dispatcher) work(ctx context.Context, u *upstream, t sched.Taken) {
 		d.end(ctx, u, t, msg, &job, dead("undecodable task message: %v", err), nil)
 		return
 	}
-	var job queue.Job
-	if err := json.Unmarshal(msg.Payload, &job); err != nil {
+	job, err := queue.DecodeJob(msg.ID, msg.Payload)
+	if err != nil {
+		job = queue.Job{ID: t.ID, Upstream: name}
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 		d.end(ctx, u, t, msg, &job, dead("undecodable job: %v", err), nil)
 		return
@@ -616,7 +616,7 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	}
 	f := taskstore.Finished{ID: t.ID, Lane: job.Lane, Partition: job.Partition, Msg: msg}
 	if resp != nil {
-		if b, err := json.Marshal(resp); err == nil {
+		if b, err := queue.EncodeResponse(resp); err == nil {
 			f.Result = b
 		}
 	}

@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -56,8 +55,8 @@ func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream strin
 			if err != nil {
 				t.Fatal(err)
 			}
-			var job Job
-			if err := json.Unmarshal(msg.Payload, &job); err != nil {
+			job, err := DecodeJob(j.ID, msg.Payload)
+			if err != nil {
 				t.Fatal(err)
 			}
 			f.ID, f.Msg, f.Partition = j.ID, msg, job.Partition

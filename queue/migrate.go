@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -405,7 +404,7 @@ func (mv *migrator) batch(ctx context.Context, lane string, st oldState, ids []s
 		}
 		msg, err := taskstore.Unmarshal([]byte(raw))
 		if err == nil {
-			err = json.Unmarshal(msg.Payload, &mj.job)
+			mj.job, err = DecodeJob(msg.ID, msg.Payload)
 		}
 		if err != nil {
 			mv.skip(id, oldQ, time.Time{}, fmt.Sprintf("undecodable task: %v", err))

@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -226,7 +225,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		return nil, false, err
 	}
 	stored, secret := splitSecrets(job, u)
-	payload, err := json.Marshal(&stored)
+	payload, err := EncodeJob(&stored)
 	if err != nil {
 		return nil, false, fmt.Errorf("encode job: %w", err)
 	}
@@ -624,8 +623,8 @@ func (q *Queue) describeWait(ctx context.Context, info *Info) error {
 }
 
 func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
-	var job Job
-	if err := json.Unmarshal(ti.Payload, &job); err != nil {
+	job, err := DecodeJob(ti.ID, ti.Payload)
+	if err != nil {
 		return nil, fmt.Errorf("job %s: undecodable payload: %w", ti.ID, err)
 	}
 	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt,
@@ -657,8 +656,7 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 		info.LastError = ""
 	}
 	if len(ti.Result) > 0 {
-		var resp Response
-		if err := json.Unmarshal(ti.Result, &resp); err == nil {
+		if resp, err := DecodeResponse(ti.Result); err == nil {
 			info.Response = &resp
 		}
 	}

@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -142,8 +141,8 @@ func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancell
 		if err != nil {
 			return fmt.Errorf("retry %s: %w", id, err)
 		}
-		var job Job
-		if err := json.Unmarshal(msg.Payload, &job); err != nil {
+		job, err := DecodeJob(id, msg.Payload)
+		if err != nil {
 			return fmt.Errorf("retry %s: undecodable payload: %w", id, err)
 		}
 		if tenant != "" && job.Tenant != tenant {
@@ -156,7 +155,7 @@ func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancell
 			job.PreviousError = msg.ErrorMsg
 		}
 		job.ExpiresAt = time.Time{}
-		if msg.Payload, err = json.Marshal(&job); err != nil {
+		if msg.Payload, err = EncodeJob(&job); err != nil {
 			return fmt.Errorf("retry %s: encode job: %w", id, err)
 		}
 		msg.Retried, msg.ErrorMsg, msg.LastFailedAt, msg.CompletedAt = 0, "", 0, 0

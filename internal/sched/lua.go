@@ -40,6 +40,17 @@ import (
 // flowLua is shared by the scripts that put jobs into flows. It expects
 // locals: P (our prefix "P:s:{Q}:"), G (asynq's group prefix), T (asynq's
 // task prefix), K_V, K_F, K_CAL, K_GROUPS (key names).
+// optionalLua writes a new task's partition (sp) and costs (sc) only when
+// they are not empty: in a task hash each field costs about 100 bytes of
+// Redis memory, and most jobs have neither (issue 12). Every reader takes
+// a missing field as empty.
+const optionalLua = `
+local function set_optional(task, pk, costs)
+  if pk ~= '' then redis.call('HSET', task, 'sp', pk) end
+  if costs ~= '' then redis.call('HSET', task, 'sc', costs) end
+end
+`
+
 const flowLua = `
 local function activate_lane(fk, lane)
   local lk = P .. 'l:' .. fk
@@ -101,7 +112,7 @@ end
 // job's partition is parked); 4, 5 or 6 if the job with this id finished
 // and was dropped, and a record of it is still kept (nothing changed):
 // it succeeded, died or was cancelled.
-var enqueueScript = script.New(taskstore.RememberLua + `
+var enqueueScript = script.New(taskstore.RememberLua + optionalLua + `
 local P, G, T = ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
 ` + flowLua + `
@@ -120,7 +131,8 @@ local now = shaper_now(ARGV[1])
 local lane, fk, pk = ARGV[3], ARGV[4], ARGV[5]
 local id = string.sub(KEYS[1], #T + 1)
 local seq = redis.call('HINCRBY', K_V, 'seq', 1)
-redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'sl', lane, 'sf', fk, 'sp', pk, 'sc', ARGV[6], 'sq', seq)
+redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'sl', lane, 'sf', fk, 'sq', seq)
+set_optional(KEYS[1], pk, ARGV[6])
 if pk ~= '' then
   redis.call('ZINCRBY', KEYS[6], 1, pk)
 end
@@ -721,14 +733,14 @@ return n
 //	ARGV[11] result  ARGV[12] wake channel  ARGV[13] upstream name
 //
 // Returns 0 if a job with this id exists (nothing changed), 1 if stored.
-var placeScript = script.New(`
+var placeScript = script.New(optionalLua + `
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 local id, lane, pk, state = ARGV[1], ARGV[3], ARGV[5], ARGV[7]
 local seq = redis.call('HINCRBY', KEYS[2], 'seq', 1)
-redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'state', state, 'sl', lane, 'sf', ARGV[4], 'sp', pk,
-  'sc', ARGV[6], 'sq', seq)
+redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'state', state, 'sl', lane, 'sf', ARGV[4], 'sq', seq)
+set_optional(KEYS[1], pk, ARGV[6])
 if ARGV[10] == '1' then
   redis.call('HSET', KEYS[1], 'result', ARGV[11])
 end

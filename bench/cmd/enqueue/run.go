@@ -285,7 +285,7 @@ func (b *bench) buildBodies() {
 		Method: "POST", Path: "/v1/things/42", Headers: map[string]string{"Content-Type": "application/json"},
 		Body: []byte(`{"n":42}`), MaxAttempts: 8, CreatedAt: time.Now().UTC()}
 	job.IdempotencyKey = job.ID
-	b.payload, _ = json.Marshal(job)
+	b.payload, _ = queue.EncodeJob(job)
 }
 
 func (b *bench) waitReady(addr string, p *fleet.Proc) error {

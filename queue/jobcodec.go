@@ -1,0 +1,190 @@
+package queue
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// How a job is stored in its task's payload.
+//
+// A queued job is held in Redis until it is sent, and a finished one until
+// its retention ends, so every byte of the payload counts (issue 12). The
+// payload was the Job's API JSON: its ID (already the task's ID and key),
+// an idempotency key that is the ID again when the producer gave none,
+// long field names, RFC 3339 times and the body in base64 (a third more
+// than the body). The stored form leaves out what the task already
+// says, names fields with one or two letters, writes times as Unix
+// nanoseconds and keeps a body that is valid UTF-8 (JSON, form data,
+// text: nearly every API body) as a JSON string.
+//
+// It is a JSON object whose first member is "v":2, so a payload stored
+// before it (the API JSON, which starts with "id") still decodes.
+type storedJob struct {
+	V         int               `json:"v"`
+	Tenant    string            `json:"t,omitempty"`
+	Upstream  string            `json:"u,omitempty"`
+	Lane      string            `json:"l,omitempty"`
+	Partition string            `json:"pa,omitempty"`
+	Method    string            `json:"m,omitempty"`
+	Path      string            `json:"p,omitempty"`
+	Headers   map[string]string `json:"h,omitempty"`
+	// Text is a body that is valid UTF-8; Bin any other body.
+	Text        *string          `json:"b,omitempty"`
+	Bin         []byte           `json:"bb,omitempty"`
+	Task        string           `json:"k,omitempty"`
+	Secrets     string           `json:"s,omitempty"`
+	Cost        map[string]int64 `json:"c,omitempty"`
+	Key         string           `json:"ik,omitempty"` // unless the ID
+	MaxAttempts int              `json:"ma,omitempty"`
+	NotBefore   int64            `json:"nb,omitempty"` // Unix ns
+	ExpiresAt   int64            `json:"ex,omitempty"`
+	CreatedAt   int64            `json:"ca,omitempty"`
+	RetriedAt   int64            `json:"ra,omitempty"`
+	Retries     int              `json:"r,omitempty"`
+	PrevError   string           `json:"pe,omitempty"`
+}
+
+// storedVersion is the v of the stored form.
+const storedVersion = 2
+
+// storedPrefix is how every stored-form payload begins, whatever its
+// version; the API JSON began with "id".
+var storedPrefix = []byte(`{"v":`)
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
+}
+
+// EncodeJob is the payload a job is stored with: see storedJob.
+func EncodeJob(j *Job) ([]byte, error) {
+	s := storedJob{
+		V: storedVersion, Tenant: j.Tenant, Upstream: j.Upstream, Lane: j.Lane, Partition: j.Partition,
+		Method: j.Method, Path: j.Path, Headers: j.Headers, Task: j.Task, Secrets: j.Secrets, Cost: j.Cost,
+		MaxAttempts: j.MaxAttempts, NotBefore: unixNano(j.NotBefore), ExpiresAt: unixNano(j.ExpiresAt),
+		CreatedAt: unixNano(j.CreatedAt), RetriedAt: unixNano(j.RetriedAt), Retries: j.Retries, PrevError: j.PreviousError,
+	}
+	if j.IdempotencyKey != j.ID {
+		s.Key = j.IdempotencyKey
+	}
+	switch {
+	case len(j.Body) == 0:
+	case utf8.Valid(j.Body):
+		text := string(j.Body)
+		s.Text = &text
+	default:
+		s.Bin = j.Body
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	// <, > and & need no escaping here: the payload is never HTML.
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(&s); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// DecodeJob reads a job stored by EncodeJob, or in the API JSON that
+// payloads held before it; id is the task's ID, which the stored form
+// leaves out.
+func DecodeJob(id string, payload []byte) (Job, error) {
+	if !bytes.HasPrefix(payload, storedPrefix) {
+		var j Job
+		if err := json.Unmarshal(payload, &j); err != nil {
+			return Job{}, err
+		}
+		if j.ID == "" {
+			j.ID = id
+		}
+		return j, nil
+	}
+	var s storedJob
+	if err := json.Unmarshal(payload, &s); err != nil {
+		return Job{}, err
+	}
+	if s.V != storedVersion {
+		return Job{}, fmt.Errorf("stored job version %d: want %d", s.V, storedVersion)
+	}
+	j := Job{
+		ID: id, Tenant: s.Tenant, Upstream: s.Upstream, Lane: s.Lane, Partition: s.Partition,
+		Method: s.Method, Path: s.Path, Headers: s.Headers, Body: s.Bin, Task: s.Task, Secrets: s.Secrets,
+		Cost: s.Cost, IdempotencyKey: s.Key, MaxAttempts: s.MaxAttempts,
+		NotBefore: fromUnixNano(s.NotBefore), ExpiresAt: fromUnixNano(s.ExpiresAt),
+		CreatedAt: fromUnixNano(s.CreatedAt), RetriedAt: fromUnixNano(s.RetriedAt),
+		Retries: s.Retries, PreviousError: s.PrevError,
+	}
+	if s.Text != nil {
+		j.Body = []byte(*s.Text)
+	}
+	if j.IdempotencyKey == "" {
+		j.IdempotencyKey = id
+	}
+	return j, nil
+}
+
+// storedResponse is how an upstream's answer is kept with its finished
+// job: short names, and a body that is valid UTF-8 as a JSON string
+// rather than base64, as for storedJob.
+type storedResponse struct {
+	V         int                 `json:"v"`
+	Status    int                 `json:"s"`
+	Headers   map[string][]string `json:"h,omitempty"`
+	Text      *string             `json:"b,omitempty"`
+	Bin       []byte              `json:"bb,omitempty"`
+	Truncated bool                `json:"t,omitempty"`
+}
+
+// EncodeResponse is how a finished job's response is stored.
+func EncodeResponse(r *Response) ([]byte, error) {
+	s := storedResponse{V: storedVersion, Status: r.Status, Headers: r.Headers, Truncated: r.Truncated}
+	switch {
+	case len(r.Body) == 0:
+	case utf8.Valid(r.Body):
+		text := string(r.Body)
+		s.Text = &text
+	default:
+		s.Bin = r.Body
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(&s); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// DecodeResponse reads a response stored by EncodeResponse, or as the API
+// JSON that results held before it.
+func DecodeResponse(b []byte) (Response, error) {
+	if !bytes.HasPrefix(b, storedPrefix) {
+		var r Response
+		err := json.Unmarshal(b, &r)
+		return r, err
+	}
+	var s storedResponse
+	if err := json.Unmarshal(b, &s); err != nil {
+		return Response{}, err
+	}
+	if s.V != storedVersion {
+		return Response{}, fmt.Errorf("stored response version %d: want %d", s.V, storedVersion)
+	}
+	r := Response{Status: s.Status, Headers: s.Headers, Body: s.Bin, Truncated: s.Truncated}
+	if s.Text != nil {
+		r.Body = []byte(*s.Text)
+	}
+	return r, nil
+}
