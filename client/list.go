@@ -84,14 +84,32 @@ func (c *Client) RetryJob(ctx context.Context, id string) (*Job, error) {
 // cancelled jobs stay cancelled) back to its queue, as RetryJob does, and
 // returns how many. It needs an admin key (ErrUnauthorized otherwise).
 func (c *Client) RetryDead(ctx context.Context, upstream string) (int, error) {
+	res, err := c.RetryDeadJobs(ctx, upstream)
+	if err != nil {
+		return 0, err
+	}
+	return res.Retried, nil
+}
+
+// RetryDeadResult is what RetryDeadJobs did.
+type RetryDeadResult struct {
+	Upstream string `json:"upstream"`
+	// Retried dead jobs are queued again.
+	Retried int `json:"retried"`
+	// Skipped dead jobs stay dead: the sensitive headers they need were
+	// dropped (their side key expired), so they cannot be sent again.
+	Skipped int `json:"skipped"`
+}
+
+// RetryDeadJobs is RetryDead that also says how many dead jobs were left
+// dead because they could not be sent again.
+func (c *Client) RetryDeadJobs(ctx context.Context, upstream string) (*RetryDeadResult, error) {
 	if upstream == "" {
-		return 0, errors.New("retry dead jobs: empty upstream name")
+		return nil, errors.New("retry dead jobs: empty upstream name")
 	}
-	var out struct {
-		Retried int `json:"retried"`
-	}
+	var out RetryDeadResult
 	if _, err := c.do(ctx, http.MethodPost, "/v1/upstreams/"+pathSegment(upstream)+"/retry-dead", struct{}{}, &out); err != nil {
-		return 0, fmt.Errorf("retry dead jobs of %s: %w", upstream, err)
+		return nil, fmt.Errorf("retry dead jobs of %s: %w", upstream, err)
 	}
-	return out.Retried, nil
+	return &out, nil
 }

@@ -143,6 +143,13 @@ func TestClientKeepsToTheDocument(t *testing.T) {
 	if err != nil || !resumed.PausedUntil.IsZero() {
 		t.Fatalf("Resume: got %+v, %v", resumed, err)
 	}
+	if _, err := c.RetryDeadJobs(ctx, "stripe"); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("RetryDeadJobs with a key that is not admin: got %v, want ErrUnauthorized (403)", err)
+	}
+	// The cancelled job stays cancelled; nothing is dead.
+	if res, err := admin.RetryDeadJobs(ctx, "stripe"); err != nil || res.Upstream != "stripe" || res.Retried != 0 || res.Skipped != 0 {
+		t.Fatalf("RetryDeadJobs: got %+v, %v", res, err)
+	}
 	one, err := c.Upstream(ctx, "stripe")
 	if err != nil || one.Name != "stripe" {
 		t.Fatalf("Upstream: got %+v, %v", one, err)
@@ -181,6 +188,10 @@ func TestClientFieldsAreDocumented(t *testing.T) {
 	} {
 		checkFields(t, tc.typ, schemas[tc.schema].Value, tc.schema)
 	}
+	// RetryDeadResult's schema is the retry-dead operation's own.
+	op := doc.Paths.Find("/v1/upstreams/{name}/retry-dead").Post
+	ok := op.Responses.Status(200).Value.Content.Get("application/json").Schema.Value
+	checkFields(t, reflect.TypeFor[client.RetryDeadResult](), ok, "retry-dead 200")
 }
 
 // checkFields checks a struct's JSON fields against a schema's

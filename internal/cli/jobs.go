@@ -266,7 +266,8 @@ func newCmdJobsRetryDead(f *Factory, opts *jobsOptions) *cobra.Command {
 		Long: `Send every dead job of one upstream, of every tenant, back to its queue with
 fresh attempts, as "shaper jobs retry" does for one; cancelled jobs stay
 cancelled. Through the API it needs an admin key. Prints how many jobs
-went back.`,
+went back, and how many stay dead because the sensitive headers they
+need are gone (their side key expired with the job's retention).`,
 		Example: `  shaper jobs retry-dead stripe --config shaper.yaml
   shaper jobs retry-dead stripe --api http://localhost:8080 --api-key "$ADMIN_KEY"`,
 		Args: cobra.ExactArgs(1),
@@ -276,14 +277,17 @@ went back.`,
 				return err
 			}
 			defer b.close()
-			n, err := b.retryDead(cmd.Context(), args[0])
+			res, err := b.retryDead(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			if opts.json {
-				return writeJSONTo(f.Out, map[string]any{"upstream": args[0], "retried": n})
+				return writeJSONTo(f.Out, map[string]any{"upstream": args[0], "retried": res.Retried, "skipped": res.Skipped})
 			}
-			fmt.Fprintf(f.Out, "retried %d dead jobs of %s\n", n, args[0])
+			fmt.Fprintf(f.Out, "retried %d dead jobs of %s\n", res.Retried, args[0])
+			if res.Skipped > 0 {
+				fmt.Fprintf(f.Out, "left %d dead: the sensitive headers they need are gone, so they cannot be sent again\n", res.Skipped)
+			}
 			return nil
 		},
 	}

@@ -126,14 +126,32 @@ func TestJobsCommands(t *testing.T) {
 			}
 		}
 	}
+	// A dead job whose sensitive headers are gone cannot be sent again:
+	// retry-dead leaves it dead and says so.
+	locked, _, err := q.Enqueue(ctx, &queue.Job{Tenant: "ops", Upstream: "mail", Task: "welcome",
+		Headers: map[string]string{"Authorization": "Bearer x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	waitState("dead")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got, err := q.Get(ctx, locked.ID, ""); err == nil && got.State == queue.StateDead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s never died", locked.ID)
+		}
+	}
+	if keys, _ := rdb.Keys(ctx, "*:secrets:*"+locked.ID+"*").Result(); len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
 	out, _, _ = run(t, env, "", "jobs", "ls", "--upstream", "mail", "--state", "dead")
 	if !strings.Contains(out, "mailbox full") || !strings.Contains(out, "1/1") {
 		t.Fatalf("dead job row lacks its error and attempts:\n%s", out)
 	}
 	fail.Store(false)
 	out, errOut, code = run(t, env, "", "jobs", "retry-dead", "mail")
-	if code != 0 || out != "retried 1 dead jobs of mail\n" {
+	if code != 0 || out != "retried 1 dead jobs of mail\nleft 1 dead: the sensitive headers they need are gone, so they cannot be sent again\n" {
 		t.Fatalf("retry-dead: exit %d %q %q", code, out, errOut)
 	}
 	waitState("succeeded")

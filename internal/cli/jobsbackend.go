@@ -21,7 +21,7 @@ type jobsBackend interface {
 	get(ctx context.Context, id string) (*client.Job, error)
 	retry(ctx context.Context, id string) (*client.Job, error)
 	cancel(ctx context.Context, id string) (*client.Job, error)
-	retryDead(ctx context.Context, upstream string) (int, error)
+	retryDead(ctx context.Context, upstream string) (*client.RetryDeadResult, error)
 	close()
 }
 
@@ -70,8 +70,8 @@ func (a apiJobs) retry(ctx context.Context, id string) (*client.Job, error) {
 func (a apiJobs) cancel(ctx context.Context, id string) (*client.Job, error) {
 	return a.c.Cancel(ctx, id)
 }
-func (a apiJobs) retryDead(ctx context.Context, upstream string) (int, error) {
-	return a.c.RetryDead(ctx, upstream)
+func (a apiJobs) retryDead(ctx context.Context, upstream string) (*client.RetryDeadResult, error) {
+	return a.c.RetryDeadJobs(ctx, upstream)
 }
 func (a apiJobs) close() {}
 
@@ -129,9 +129,12 @@ func (r redisJobs) retry(ctx context.Context, id string) (*client.Job, error) {
 func (r redisJobs) cancel(ctx context.Context, id string) (*client.Job, error) {
 	return r.one(r.q.Cancel(ctx, id, ""))
 }
-func (r redisJobs) retryDead(ctx context.Context, upstream string) (int, error) {
+func (r redisJobs) retryDead(ctx context.Context, upstream string) (*client.RetryDeadResult, error) {
 	res, err := r.q.RetryDead(ctx, upstream)
-	return res.Retried, err
+	if err != nil {
+		return nil, err
+	}
+	return &client.RetryDeadResult{Upstream: upstream, Retried: res.Retried, Skipped: res.Skipped}, nil
 }
 func (r redisJobs) close() {
 	r.q.Close()
