@@ -16,6 +16,7 @@ type result struct {
 	elapsed  time.Duration // the producer's run
 	refusals string
 	report   fakeupstream.Report // the upstream's, after every process stopped
+	cpu      string              // CPU used by each kind of process, as shares of one core
 }
 
 // write prints the samples and the summary, and reports whether the run
@@ -54,11 +55,11 @@ func (r result) write(out io.Writer) (failed bool) {
 	}
 	fmt.Fprintf(out, "Summary: used_memory %s MB at %v, %s MB at the end (%v); over the last half (from %v, %s MB) it grew %+.1f%%. "+
 		"Max RSS: serve %s MB, worker %s MB, Redis %s MB, harness %s MB. 429s: %d. "+
-		"Achieved %.1f admitted/s over %v (%.1f/s from the first sample to the last; %d/s enqueued). Backlog at the end: %s. Enqueues refused: %d.\n",
+		"Achieved %.1f admitted/s over %v (%.1f/s from the first sample to the last; %d/s enqueued). Backlog at the end: %s. Enqueues refused: %d. CPU, of one core: %s.\n",
 		mb(refSample.UsedMemory), refSample.At.Round(time.Second), mb(last.UsedMemory), last.At.Round(time.Second),
 		halfSample.At.Round(time.Second), mb(halfSample.UsedMemory), g,
 		mb(serveMax), mb(workerMax), mb(redisMax), mb(selfMax), r.report.Rejected,
-		rate, last.At.Round(time.Second), steady, o.rate, backlogText(last), last.Refused)
+		rate, last.At.Round(time.Second), steady, o.rate, backlogText(last), last.Refused, r.cpu)
 
 	var why []string
 	if r.report.Rejected > 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
+	"github.com/shaperhq/shaper/bench/internal/redisstats"
 	"github.com/shaperhq/shaper/fakeupstream"
 )
 
@@ -204,6 +205,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (failed b
 		run: strconv.FormatInt(time.Now().Unix(), 36), client: client}
 	pctx, stopProducer := context.WithTimeout(ctx, o.duration)
 	defer stopProducer()
+	redisCPU0, _ := redisstats.Take(srv)
+	selfCPU0, _ := fleet.SelfCPU()
 	t0 := time.Now()
 	produced := prod.start(pctx)
 
@@ -251,10 +254,11 @@ loop:
 	stopProducer()
 	<-produced
 	elapsed := time.Since(t0)
+	cpu := cpuShares(elapsed, srv, serve, workers, redisCPU0, selfCPU0)
 	loadAfter := machine.Load()
 	stopErr := fleet.StopAll(15*time.Second, append([]*fleet.Proc{serve}, workers...)...)
 
-	res := result{o: o, samples: samples, elapsed: elapsed, refusals: prod.refusals(), report: up.fake.Report()}
+	res := result{o: o, samples: samples, elapsed: elapsed, refusals: prod.refusals(), report: up.fake.Report(), cpu: cpu}
 	failed = res.write(stdout)
 	fmt.Fprintf(stdout, "\nMachine: %s. Load average before: %s; after: %s.\n", machine.Describe(srv.Version), loadBefore, loadAfter)
 	fmt.Fprintf(stdout, "Command: `%s`\n", strings.TrimSpace("cd bench && go run ./cmd/soak "+strings.Join(args, " ")))
@@ -292,6 +296,31 @@ func collect(ctx context.Context, at time.Duration, rdb *redis.Client, srv *redi
 	s.SelfRSS, _ = rssOf(os.Getpid())
 	s.Backlog, s.BacklogNote = backlog(ctx, client, apiAddr)
 	return s
+}
+
+// cpuShares says how much of one core each kind of process used while the
+// producer ran (serve and the workers from their start, a few seconds
+// more): on a small machine it says which one sets the ceiling.
+func cpuShares(elapsed time.Duration, srv *redisproc.Server, serve *fleet.Proc, workers []*fleet.Proc,
+	redis0 redisstats.Snapshot, self0 time.Duration) string {
+	pct := func(d time.Duration) string { return fmt.Sprintf("%.0f%%", 100*d.Seconds()/elapsed.Seconds()) }
+	var parts []string
+	if c, err := serve.CPU(); err == nil {
+		parts = append(parts, "serve "+pct(c))
+	}
+	var sum time.Duration
+	for _, w := range workers {
+		c, _ := w.CPU()
+		sum += c
+	}
+	parts = append(parts, fmt.Sprintf("workers %s (%d together)", pct(sum), len(workers)))
+	if r, err := redisstats.Take(srv); err == nil {
+		parts = append(parts, "Redis "+pct(r.Since(redis0).CPU))
+	}
+	if c, err := fleet.SelfCPU(); err == nil {
+		parts = append(parts, "harness (producer and upstream) "+pct(c-self0))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // backlog reads the upstream's unfinished jobs from serve, as a user's
