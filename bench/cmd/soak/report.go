@@ -17,6 +17,8 @@ type result struct {
 	refusals string
 	report   fakeupstream.Report // the upstream's, after every process stopped
 	cpu      string              // CPU used by each kind of process, as shares of one core
+	// rejections are the 429s found in the upstream's records.
+	rejections []refusal
 }
 
 // write prints the samples and the summary, and reports whether the run
@@ -60,6 +62,13 @@ func (r result) write(out io.Writer) (failed bool) {
 		halfSample.At.Round(time.Second), mb(halfSample.UsedMemory), g,
 		mb(serveMax), mb(workerMax), mb(redisMax), mb(selfMax), r.report.Rejected,
 		rate, last.At.Round(time.Second), steady, o.rate, backlogText(last), last.Refused, r.cpu)
+
+	if len(r.rejections) > 0 {
+		fmt.Fprintf(out, "429s: %s.\n", describeRefusals(r.rejections, o.limit))
+	}
+	if n := int64(len(r.rejections)); n < r.report.Rejected {
+		fmt.Fprintf(out, "%d 429s were no longer in the upstream's records when looked for.\n", r.report.Rejected-n)
+	}
 
 	var why []string
 	if r.report.Rejected > 0 {

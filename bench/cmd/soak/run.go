@@ -209,11 +209,38 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (failed b
 	selfCPU0, _ := fleet.SelfCPU()
 	t0 := time.Now()
 	produced := prod.start(pctx)
+	st := &stalls{}
+	stopStalls := make(chan struct{})
+	defer close(stopStalls)
+	go st.run(stopStalls, t0)
+
+	// 429s are looked up in the upstream's records as soon as a sample
+	// sees them, while the records (the last 10,000 arrivals) still hold
+	// them.
+	offset := t0.Sub(up.fake.Started())
+	var refs []refusal
+	lastSeq, lastRejected := int64(-1), int64(0)
+	findRefusals := func(rejected int64) {
+		if rejected <= lastRejected {
+			return
+		}
+		lastRejected = rejected
+		var found []refusal
+		found, lastSeq = refusalsIn(up.fake.Records(), lastSeq, offset)
+		for i := range found {
+			found[i].Stall = st.near(found[i].At, time.Second)
+		}
+		if len(found) > 0 {
+			logf("429: %s", describeRefusals(found, o.limit))
+		}
+		refs = append(refs, found...)
+	}
 
 	var samples []sample
 	take := func() sample {
 		s := collect(ctx, time.Since(t0), rdb, srv, serve, workers, prod, up, client, apiAddr)
 		samples = append(samples, s)
+		findRefusals(s.Rejected)
 		note := ""
 		if s.BacklogNote != "" {
 			note = " (backlog: " + s.BacklogNote + ")"
@@ -258,7 +285,9 @@ loop:
 	loadAfter := machine.Load()
 	stopErr := fleet.StopAll(15*time.Second, append([]*fleet.Proc{serve}, workers...)...)
 
-	res := result{o: o, samples: samples, elapsed: elapsed, refusals: prod.refusals(), report: up.fake.Report(), cpu: cpu}
+	rep := up.fake.Report()
+	findRefusals(rep.Rejected)
+	res := result{o: o, samples: samples, elapsed: elapsed, refusals: prod.refusals(), report: rep, cpu: cpu, rejections: refs}
 	failed = res.write(stdout)
 	fmt.Fprintf(stdout, "\nMachine: %s. Load average before: %s; after: %s.\n", machine.Describe(srv.Version), loadBefore, loadAfter)
 	fmt.Fprintf(stdout, "Command: `%s`\n", strings.TrimSpace("cd bench && go run ./cmd/soak "+strings.Join(args, " ")))

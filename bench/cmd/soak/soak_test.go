@@ -159,3 +159,31 @@ func TestUpstreamAnswers(t *testing.T) {
 		t.Errorf("upstream counted %d 429s and %d 200s, want 1 and 1", rep.Rejected, rep.ByStatus[http.StatusOK])
 	}
 }
+
+func TestRefusalsIn(t *testing.T) {
+	ms := time.Millisecond
+	rec := func(seq uint64, at time.Duration, status int) fakeupstream.Record {
+		return fakeupstream.Record{Seq: seq, At: at, Status: status, Admitted: status != http.StatusTooManyRequests}
+	}
+	recs := []fakeupstream.Record{
+		rec(0, 100*ms, 200), rec(1, 900*ms, 200), rec(2, 1050*ms, 200), rec(3, 1100*ms, 429),
+		rec(4, 1200*ms, 200), rec(5, 2500*ms, 429),
+	}
+	found, last := refusalsIn(recs, -1, 50*ms)
+	want := []refusal{{At: 1050 * ms, InSecond: 3, Admitted: 2}, {At: 2450 * ms, InSecond: 1, Admitted: 0}}
+	if last != 5 || len(found) != len(want) {
+		t.Fatalf("refusalsIn = %+v, last %d; want %+v, last 5", found, last, want)
+	}
+	for i := range want {
+		if found[i] != want[i] {
+			t.Errorf("refusal %d = %+v, want %+v", i, found[i], want[i])
+		}
+	}
+	// Those already reported are not found again.
+	if found, last := refusalsIn(recs, 3, 0); len(found) != 1 || found[0].At != 2500*ms || last != 5 {
+		t.Errorf("after seq 3: %+v, last %d; want the one at 2.5s, last 5", found, last)
+	}
+	if found, last := refusalsIn(recs, 5, 0); len(found) != 0 || last != 5 {
+		t.Errorf("after seq 5: %+v, last %d; want none, last 5", found, last)
+	}
+}
