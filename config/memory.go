@@ -34,8 +34,8 @@ func (u *Upstream) Memory() Memory {
 	c := shaper.MemoryCosts()
 	m := Memory{
 		Backlog:    u.MaxPending * (c.QueuedJob + EstimateBody),
-		Succeeded:  u.ResultMaxCount * (c.FinishedJob + 2*EstimateBody),
-		Dead:       u.DeadMaxCount * (c.FinishedJob + EstimateBody),
+		Succeeded:  u.ResultMaxCount * (c.FinishedJob + EstimateBody),
+		Dead:       u.DeadMaxCount * (c.FinishedJob + 2*EstimateBody),
 		Tombstones: (u.ResultMaxCount + u.DeadMaxCount) * c.Tombstone,
 	}
 	for _, l := range u.Limits {

@@ -20,8 +20,8 @@ func TestMemoryEstimate(t *testing.T) {
 		got, want int64
 	}{
 		{"backlog", m.Backlog, 1000 * (c.QueuedJob + EstimateBody)},
-		{"succeeded", m.Succeeded, 200 * (c.FinishedJob + 2*EstimateBody)},
-		{"dead", m.Dead, 100 * (c.FinishedJob + EstimateBody)},
+		{"succeeded", m.Succeeded, 200 * (c.FinishedJob + EstimateBody)},
+		{"dead", m.Dead, 100 * (c.FinishedJob + 2*EstimateBody)},
 		{"tombstones", m.Tombstones, 300 * c.Tombstone},
 	} {
 		if tc.got != tc.want {

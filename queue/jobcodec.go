@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 	"unicode/utf8"
+
+	"github.com/shaperhq/shaper/internal/taskstore"
 )
 
 // How a job is stored in its task's payload.
@@ -187,4 +189,25 @@ func DecodeResponse(b []byte) (Response, error) {
 		r.Body = []byte(*s.Text)
 	}
 	return r, nil
+}
+
+// SucceededMessage is the message a succeeded job is kept with: its
+// request's body and headers left out. Nothing reads them again (the API
+// shows a job's method and path, not its request; only dead and cancelled
+// jobs can be sent again), so a kept job costs its response and not its
+// request as well (issue 12). msg is returned as it is if there is nothing
+// to leave out or the job cannot be encoded.
+func SucceededMessage(msg *taskstore.Message, job *Job) *taskstore.Message {
+	if len(job.Body) == 0 && len(job.Headers) == 0 {
+		return msg
+	}
+	slim := *job
+	slim.Body, slim.Headers = nil, nil
+	b, err := EncodeJob(&slim)
+	if err != nil {
+		return msg
+	}
+	m := *msg
+	m.Payload = b
+	return &m
 }

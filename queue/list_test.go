@@ -60,6 +60,10 @@ func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream strin
 				t.Fatal(err)
 			}
 			f.ID, f.Msg, f.Partition = j.ID, msg, job.Partition
+			if f.Outcome == taskstore.Succeeded {
+				// As the dispatcher keeps it.
+				f.Msg = SucceededMessage(msg, &job)
+			}
 			if f.Lane == "" {
 				_, f.Lane, _ = ParseID(j.ID)
 			}

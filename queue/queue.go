@@ -144,7 +144,8 @@ func (q *Queue) Upstream(name string) (shaper.Upstream, bool) {
 	return u, ok
 }
 
-// Info is a job with what has happened to it.
+// Info is a job with what has happened to it. A succeeded job is kept
+// without its request's Body and Headers (see SucceededMessage).
 type Info struct {
 	Job
 	State State `json:"state"`
