@@ -105,7 +105,7 @@ type measurement struct {
 	took               time.Duration
 }
 
-// stateSampler records the state's figures into m after it is reached.
+// sampler measures a state's growth per job from a base it reads first.
 type sampler struct {
 	srv    *redisproc.Server
 	before int64
@@ -318,8 +318,11 @@ func measureAsynq(ctx context.Context, srv *redisproc.Server, o options, listpac
 	if err := fresh(ctx, srv, listpack); err != nil {
 		return m, err
 	}
-	// Prepare only fills in the job; it touches no Redis.
-	q, err := queue.New(redis.NewClient(&redis.Options{Addr: srv.Addr}), queue.Config{Upstreams: upstreams()})
+	// Prepare only fills in the job; it touches no Redis, so this client
+	// never connects.
+	idle := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer idle.Close()
+	q, err := queue.New(idle, queue.Config{Upstreams: upstreams()})
 	if err != nil {
 		return m, err
 	}
