@@ -284,7 +284,8 @@ func finishAll(ctx context.Context, rdb *redis.Client, q *queue.Queue, result []
 			if err != nil {
 				return done, err
 			}
-			items = append(items, taskstore.Finished{ID: t.ID, Lane: j.Lane, Partition: j.Partition, Msg: msg,
+			// Kept without its request, as the dispatcher keeps it.
+			items = append(items, taskstore.Finished{ID: t.ID, Lane: j.Lane, Partition: j.Partition, Msg: queue.SucceededMessage(msg, &j),
 				Outcome: taskstore.Succeeded, Result: result, Retention: u.ResultRetention})
 		}
 		errs, err := taskstore.Finish(ctx, rdb, taskstore.For(queueName), space.CountsKey(), space.BacklogKey(), items)
@@ -513,7 +514,7 @@ func run(ctx context.Context, args []string, out, progress io.Writer) error {
 		fmt.Fprintf(out, "| succeeded / completed, kept | %d | %s | %s |\n", body, r(listpackDefault, true), r(listpackBig, true))
 	}
 	fmt.Fprintf(out, `
-- shaper's payload is queue.EncodeJob's compact JSON; its response is queue.EncodeResponse of status 200, a Content-Type header and a %d-byte body, finished through sched.Taker and taskstore.Finish with the upstream's result retention (1h), as the dispatcher stores it.
+- shaper's payload is queue.EncodeJob's compact JSON; its response is queue.EncodeResponse of status 200, a Content-Type header and a %d-byte body, finished through sched.Taker and taskstore.Finish with the upstream's result retention (1h) and without its request's body and headers (queue.SucceededMessage), as the dispatcher stores it.
 - asynq's payload is json.Marshal(queue.Job) of the same job as queue.Prepare fills it in (ID, lane, max_attempts, idempotency_key = ID, created_at: what shaper stored before its compact form; the body base64), enqueued with asynq.Client and default options but the queue and asynq.Retention(1h) (which must be given at enqueue, and adds 3 B to the message; shaper's holds its retention too); its result is %d raw bytes written by the handler with ResultWriter, and the task is completed by an asynq.Server with asynq.Retention(1h).
 - "a task hash" is the type, encoding and MEMORY USAGE (SAMPLES 0) of one task hash in that state; used_memory per job also counts the job's members in the queue's sorted sets and lists and its key's slot in the keyspace.
 `, o.response, o.response)
