@@ -54,7 +54,7 @@ const storedVersion = 2
 
 // storedPrefix is how every stored-form payload begins, whatever its
 // version; the API JSON began with "id".
-var storedPrefix = []byte(`{"v":`)
+const storedPrefix = `{"v":`
 
 func unixNano(t time.Time) int64 {
 	if t.IsZero() {
@@ -103,7 +103,7 @@ func EncodeJob(j *Job) ([]byte, error) {
 // payloads held before it; id is the task's ID, which the stored form
 // leaves out.
 func DecodeJob(id string, payload []byte) (Job, error) {
-	if !bytes.HasPrefix(payload, storedPrefix) {
+	if !bytes.HasPrefix(payload, []byte(storedPrefix)) {
 		var j Job
 		if err := json.Unmarshal(payload, &j); err != nil {
 			return Job{}, err
@@ -172,7 +172,7 @@ func EncodeResponse(r *Response) ([]byte, error) {
 // DecodeResponse reads a response stored by EncodeResponse, or as the API
 // JSON that results held before it.
 func DecodeResponse(b []byte) (Response, error) {
-	if !bytes.HasPrefix(b, storedPrefix) {
+	if !bytes.HasPrefix(b, []byte(storedPrefix)) {
 		var r Response
 		err := json.Unmarshal(b, &r)
 		return r, err
