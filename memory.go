@@ -12,5 +12,5 @@ type Costs struct {
 
 // MemoryCosts are the per-record costs the memory estimate uses.
 func MemoryCosts() Costs {
-	return Costs{QueuedJob: 1100, FinishedJob: 1220, IdempotencyRecord: 120, Tombstone: 100}
+	return Costs{QueuedJob: 1150, FinishedJob: 1220, IdempotencyRecord: 120, Tombstone: 100}
 }

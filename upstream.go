@@ -240,8 +240,8 @@ const (
 	DefaultPushback          = time.Second
 
 	// DefaultResultMaxCount and DefaultDeadMaxCount bound the finished
-	// jobs kept per upstream: at about 1.6 KB each with a small response,
-	// 100,000 is some 160 MB at most, whatever the rate.
+	// jobs kept per upstream: at about 1.2 KB each with a small response,
+	// 100,000 is some 120 MB at most, whatever the rate.
 	DefaultResultMaxCount = 100_000
 	DefaultDeadMaxCount   = 100_000
 

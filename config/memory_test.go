@@ -40,7 +40,7 @@ func TestMemoryEstimate(t *testing.T) {
 		t.Errorf("total %d is not the sum of the parts", m.Total())
 	}
 	line := m.describe(u)
-	for _, want := range []string{"backlog 2.0 MiB (max_pending 1000)", "idempotency records", "for 1h0m0s"} {
+	for _, want := range []string{"backlog 2.1 MiB (max_pending 1000)", "idempotency records", "for 1h0m0s"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("summary line %q lacks %q", line, want)
 		}

@@ -22,9 +22,11 @@ import (
 // grows while they repeat.
 
 // Pushback lengths for a 429 that gives no time: an isolated one costs
-// bareBase of sending (2.5% of a second); one refused among the first
-// bareProbe sends after the last such pause doubles it, up to the
-// upstream's pushback_default (see leaky.Bucket.Pushback).
+// bareBase of sending (2.5% of a second); a refusal of a request sent
+// within bareProbe of the upstream's send intervals (at least twice
+// bareBase: 50 ms, five sends at 100/s) after the last such pause ended
+// doubles it, up to the upstream's pushback_default (see
+// leaky.Bucket.Pushback).
 const (
 	bareBase  = 25 * time.Millisecond
 	bareProbe = 3

@@ -625,7 +625,7 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	var de *deadError
 	switch {
 	case outcome == nil:
-		f.Outcome, f.Retention, f.Msg = taskstore.Succeeded, u.cfg.ResultRetention, queue.SucceededMessage(msg, job)
+		f.Outcome, f.Retention, f.Msg = taskstore.Succeeded, u.cfg.ResultRetention, queue.SucceededMessage(msg)
 	case errors.As(outcome, &df):
 		f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(df.Delay), df.Error()
 	case errors.As(outcome, &rl):

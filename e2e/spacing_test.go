@@ -114,10 +114,11 @@ upstreams:
 // The bounds describe a host that runs the fleet evenly, and a run is at
 // the mercy of what else the host does in those 10 s: with both CPUs kept
 // busy by two other processes the meter refused 8-13% and the fleet,
-// paused by the storm of bare 429s, drained 15-46%. Neither the stall
-// monitor nor the kernel's CPU pressure tells such a host apart from a
-// quiet one reliably enough here (pressure 22-34% against 12-21% for
-// this test alone; late wake-ups 2.7-3.8% against 1.5-1.7%), so they are
+// paused by the storm of bare 429s, drained 15-46%. The stall monitor saw
+// few stalls in such runs, and the kernel's CPU pressure and the share of
+// late wake-ups, though higher (pressure 22-34% against 12-21% for this
+// test alone; late wake-ups 2.7-3.8% against 1.5-1.7%), were measured in
+// too few runs, with too thin a margin, to draw a line on; so they are
 // logged but decide nothing. Instead a run that misses a bound is
 // reported and run again, up to three times, and the test fails only if
 // all three miss: a fleet that refuses as often as before issue 9, or
@@ -136,8 +137,8 @@ func TestStrictSpacing(t *testing.T) {
 		t.Run(fmt.Sprintf("%d_per_s", rate), func(t *testing.T) {
 			for attempt := 1; ; attempt++ {
 				r := drainFleet(t, fakeupstream.Config{Algorithm: fakeupstream.Meter, Rate: rate, Per: time.Second, Style: fakeupstream.StyleBare}, rate, 3, runFor)
-				t.Logf("run %d: meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d (%d of them next to a host stall); min gap %v (1/R = %v); gaps %+v; host stalls %d, %v; cpu pressure %.1f%%, steal %.1f%%, late wakes %.1f%%",
-					attempt, rate, runFor, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.excused, r.minGap, time.Second/time.Duration(rate), r.gaps, r.stalls, r.stalled, 100*r.pressure.Some, 100*r.pressure.Steal, 100*r.late)
+				t.Logf("run %d: meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d (%d of them next to a host stall); min gap %v (1/R = %v); gaps %+v; host stalls %d, %v; %v, late wakes %.1f%%",
+					attempt, rate, runFor, r.admitted, r.rate, 100*r.rate/float64(rate), r.rejected, r.excused, r.minGap, time.Second/time.Duration(rate), r.gaps, r.stalls, r.stalled, r.pressure, 100*r.late)
 				var missed []string
 				if total := int64(r.gaps.Count) + 1; (r.rejected-r.excused)*25 > total {
 					missed = append(missed, fmt.Sprintf("the meter rejected %d of %d requests with no host stall between them and the arrival before, want at most 4%%", r.rejected-r.excused, total))

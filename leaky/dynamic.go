@@ -350,8 +350,9 @@ func (b *Bucket) PartitionTAT(partition string, l Limit) string {
 //	ARGV[7] -> when the refused request was sent, µs (0 unknown: now)
 //	ARGV[8] -> probe µs
 //
-// A refusal of a request sent before the last pushback began was already
-// on its way: it neither grows nor renews the pushback.
+// A refusal of a request sent before the last pushback ended was already
+// on its way when it began, or sent by a replica that had not yet heard of
+// it: it neither grows nor renews the pushback.
 //
 // Returns {until µs, now µs, pushback µs, 1 if this call paused}.
 var pushbackScript = script.New(`
@@ -360,8 +361,9 @@ local base, ceil = tonumber(ARGV[2]), tonumber(ARGV[3])
 local sent, probe = tonumber(ARGV[7]), tonumber(ARGV[8])
 local f = redis.call('HMGET', KEYS[1], 'until', 'pb', 'pbat', 'pbend')
 local cur, prev, at = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
-local pend = tonumber(f[4] or '0')
-if prev > 0 and sent > 0 and sent < at then
+-- A hash from before pbend was kept: its pause ended at pbat + pb.
+local pend = tonumber(f[4] or tostring(at + prev))
+if prev > 0 and sent > 0 and sent < math.max(at, pend) then
   return {math.max(cur, now), now, prev, 0}
 end
 local d = base
@@ -372,7 +374,7 @@ if prev > 0 then
   if after <= probe then
     d = math.min(ceil, 2 * prev)
   else
-    d = prev / 2
+    d = math.min(ceil, prev / 2)
     after = after - probe
     while d > base and after > 2 * d do
       after = after - 2 * d
@@ -382,14 +384,18 @@ if prev > 0 then
   end
 end
 local want = now + d
-redis.call('HSET', KEYS[1], 'pb', shaper_int(d), 'pbat', shaper_int(now), 'pbend', shaper_int(want))
+-- Sending resumes when the longer of this pause and a block already in
+-- force ends.
+redis.call('HSET', KEYS[1], 'pb', shaper_int(d), 'pbat', shaper_int(now), 'pbend', shaper_int(math.max(cur, want)))
 if want > cur then
   redis.call('HSET', KEYS[1], 'until', shaper_int(want), 'reason', ARGV[4])
   redis.call('PUBLISH', ARGV[5], ARGV[6] .. ' ' .. shaper_int(want))
   cur = want
 end
--- Kept long enough to tell a repeat from a fresh start.
-redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(cur - now, 0) + probe + 8 * d) / 1000) + 1)
+-- Kept long enough to tell a repeat from a fresh start, even when a
+-- refusal comes back seconds after its request was sent (a slow upstream):
+-- growth is judged by when it was sent.
+redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(cur - now, 0) + probe + math.max(8 * d, 10000000)) / 1000) + 1)
 return {cur, now, d, 1}
 `)
 
@@ -403,8 +409,8 @@ return {cur, now, d, 1}
 // of the bucket's send intervals, so that the first sends after a block
 // are the ones that decide. sent is when the refused request was sent on
 // Redis's clock (its slot; zero if unknown): a refusal of a request sent
-// before the last pushback began was already in flight and changes
-// nothing. It returns the block's end, the length of the pushback in
+// before the last pushback ended was in flight when it began, or sent by a
+// replica that had not heard of it yet, and changes nothing. It returns the block's end, the length of the pushback in
 // force, and whether this call paused (false for one already in flight).
 func (b *Bucket) Pushback(ctx context.Context, base, ceiling, probe time.Duration, reason string, sent time.Time) (time.Time, time.Duration, bool, error) {
 	if base <= 0 || ceiling < base {

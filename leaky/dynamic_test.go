@@ -229,18 +229,33 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	// again, so it halves to 500ms, and the 1.6s after the probe hold
 	// quiet stretches of twice 500ms and twice 250ms: 125ms.
 	clock.Advance(1650*time.Millisecond - probe/2)
-	if d := push(clock.Now()); d != 125*time.Millisecond {
-		t.Errorf("after 1.65s of quiet: got %v, want 125ms", d)
+	last := push(clock.Now())
+	if last != 125*time.Millisecond {
+		t.Errorf("after 1.65s of quiet: got %v, want 125ms", last)
+	}
+	// A refusal of a request sent while that pause held (by a replica
+	// that had not heard of it yet) was in flight: nothing changes.
+	clock.Advance(last / 2)
+	if _, d, paused, _ := b.Pushback(ctx, base, ceiling, probe, "429", clock.Now()); d != last || paused {
+		t.Errorf("a request sent during the pause: got pushback %v (paused %v), want %v unchanged", d, paused, last)
+	}
+	// A slow upstream: the refusal of a request sent just after the pause
+	// ended comes back 3s later, and still counts as the upstream refusing
+	// as soon as sending resumed.
+	sent := clock.Now().Add(last/2 + time.Millisecond)
+	clock.Advance(last/2 + 3*time.Second)
+	if _, d, _, _ := b.Pushback(ctx, base, ceiling, probe, "429", sent); d != 2*last {
+		t.Errorf("a refusal 3s after its request: got %v, want %v", d, 2*last)
 	}
 	// Sporadic refusals do not climb however long the last block was (a
 	// strict meter refusing one send in thirty): from the ceiling,
 	// refusals each 300ms after the block before ended come down to base
 	// and stay there.
-	for i := 0; i < 6; i++ {
-		clock.Advance(probe / 2)
-		push(clock.Now())
+	last = 2 * last
+	for i := 0; i < 5; i++ {
+		clock.Advance(last + probe/2)
+		last = push(clock.Now())
 	}
-	last := push(clock.Now())
 	if last != ceiling {
 		t.Fatalf("back at the ceiling: got %v", last)
 	}
@@ -261,7 +276,7 @@ func TestPushbackGrowsWhileRepeatedAndShrinksAfter(t *testing.T) {
 	}
 	// An isolated one long after costs only the base.
 	clock.Advance(time.Minute)
-	sent := clock.Now()
+	sent = clock.Now()
 	until, d, paused, _ := b.Pushback(ctx, base, ceiling, probe, "429", sent)
 	if !paused {
 		t.Error("an isolated refusal: got paused false, want true")

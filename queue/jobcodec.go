@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 
@@ -56,9 +57,18 @@ const storedVersion = 2
 // version; the API JSON began with "id".
 const storedPrefix = `{"v":`
 
+// unixNano is t in Unix nanoseconds, 0 for the zero time. Nanoseconds
+// reach from 1678 to 2262; a time outside is stored as the nearest end,
+// which means the same to a job (a not_before long past is past, an expiry
+// centuries ahead is never).
 func unixNano(t time.Time) int64 {
-	if t.IsZero() {
+	switch {
+	case t.IsZero():
 		return 0
+	case t.Before(time.Unix(0, math.MinInt64)):
+		return math.MinInt64
+	case t.After(time.Unix(0, math.MaxInt64)):
+		return math.MaxInt64
 	}
 	return t.UnixNano()
 }
@@ -195,13 +205,14 @@ func DecodeResponse(b []byte) (Response, error) {
 // request's body and headers left out. Nothing reads them again (the API
 // shows a job's method and path, not its request; only dead and cancelled
 // jobs can be sent again), so a kept job costs its response and not its
-// request as well (issue 12). msg is returned as it is if there is nothing
-// to leave out or the job cannot be encoded.
-func SucceededMessage(msg *taskstore.Message, job *Job) *taskstore.Message {
-	if len(job.Body) == 0 && len(job.Headers) == 0 {
+// request as well (issue 12). The job is read from msg as it was stored,
+// not from what a Go handler may have changed of it. msg is returned as it
+// is if there is nothing to leave out or its job cannot be read.
+func SucceededMessage(msg *taskstore.Message) *taskstore.Message {
+	slim, err := DecodeJob(msg.ID, msg.Payload)
+	if err != nil || len(slim.Body) == 0 && len(slim.Headers) == 0 {
 		return msg
 	}
-	slim := *job
 	slim.Body, slim.Headers = nil, nil
 	b, err := EncodeJob(&slim)
 	if err != nil {

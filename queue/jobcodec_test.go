@@ -116,3 +116,24 @@ func TestResponseCodecRoundTrips(t *testing.T) {
 		t.Error("a stored response of an unknown version: got no error")
 	}
 }
+
+// Times nanoseconds cannot hold (before 1678, after 2262) keep their
+// meaning: a not_before long past stays past, a far expiry stays far.
+func TestJobCodecClampsFarTimes(t *testing.T) {
+	j := Job{ID: "api.default.x", Upstream: "api", NotBefore: time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC),
+		ExpiresAt: time.Now().Add(2100000 * time.Hour), CreatedAt: time.Now().UTC()}
+	b, err := EncodeJob(&j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeJob(j.ID, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.NotBefore.IsZero() || got.NotBefore.Year() > 1700 {
+		t.Errorf("not_before in 1600: got %v, want a time long past", got.NotBefore)
+	}
+	if got.ExpiresAt.Year() < 2200 {
+		t.Errorf("an expiry in %d: got %v, want one centuries ahead", j.ExpiresAt.Year(), got.ExpiresAt)
+	}
+}

@@ -62,7 +62,7 @@ func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream strin
 			f.ID, f.Msg, f.Partition = j.ID, msg, job.Partition
 			if f.Outcome == taskstore.Succeeded {
 				// As the dispatcher keeps it.
-				f.Msg = SucceededMessage(msg, &job)
+				f.Msg = SucceededMessage(msg)
 			}
 			if f.Lane == "" {
 				_, f.Lane, _ = ParseID(j.ID)

@@ -82,3 +82,15 @@ func (m PressureMark) Since() Pressure {
 	}
 	return p
 }
+
+// String is "cpu pressure P%, steal S%", with n/a for what the kernel
+// does not report.
+func (p Pressure) String() string {
+	pct := func(v float64) string {
+		if v < 0 {
+			return "n/a"
+		}
+		return strconv.FormatFloat(100*v, 'f', 1, 64) + "%"
+	}
+	return "cpu pressure " + pct(p.Some) + ", steal " + pct(p.Steal)
+}

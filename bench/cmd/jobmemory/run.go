@@ -285,7 +285,7 @@ func finishAll(ctx context.Context, rdb *redis.Client, q *queue.Queue, result []
 				return done, err
 			}
 			// Kept without its request, as the dispatcher keeps it.
-			items = append(items, taskstore.Finished{ID: t.ID, Lane: j.Lane, Partition: j.Partition, Msg: queue.SucceededMessage(msg, &j),
+			items = append(items, taskstore.Finished{ID: t.ID, Lane: j.Lane, Partition: j.Partition, Msg: queue.SucceededMessage(msg),
 				Outcome: taskstore.Succeeded, Result: result, Retention: u.ResultRetention})
 		}
 		errs, err := taskstore.Finish(ctx, rdb, taskstore.For(queueName), space.CountsKey(), space.BacklogKey(), items)
