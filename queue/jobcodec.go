@@ -91,19 +91,31 @@ func EncodeJob(j *Job) ([]byte, error) {
 	if j.IdempotencyKey != j.ID {
 		s.Key = j.IdempotencyKey
 	}
+	s.Text, s.Bin = splitBody(j.Body)
+	return compactJSON(&s)
+}
+
+// splitBody is a body as stored: as text when it is valid UTF-8, else as
+// bytes (base64 in the JSON); neither when it is empty.
+func splitBody(b []byte) (*string, []byte) {
 	switch {
-	case len(j.Body) == 0:
-	case utf8.Valid(j.Body):
-		text := string(j.Body)
-		s.Text = &text
+	case len(b) == 0:
+		return nil, nil
+	case utf8.Valid(b):
+		text := string(b)
+		return &text, nil
 	default:
-		s.Bin = j.Body
+		return nil, b
 	}
+}
+
+// compactJSON is v's JSON without a trailing newline and without escaping
+// <, > and &, which a payload never shown as HTML does not need.
+func compactJSON(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
-	// <, > and & need no escaping here: the payload is never HTML.
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&s); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
@@ -162,21 +174,8 @@ type storedResponse struct {
 // EncodeResponse is how a finished job's response is stored.
 func EncodeResponse(r *Response) ([]byte, error) {
 	s := storedResponse{V: storedVersion, Status: r.Status, Headers: r.Headers, Truncated: r.Truncated}
-	switch {
-	case len(r.Body) == 0:
-	case utf8.Valid(r.Body):
-		text := string(r.Body)
-		s.Text = &text
-	default:
-		s.Bin = r.Body
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&s); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	s.Text, s.Bin = splitBody(r.Body)
+	return compactJSON(&s)
 }
 
 // DecodeResponse reads a response stored by EncodeResponse, or as the API

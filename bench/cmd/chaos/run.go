@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -199,7 +198,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 	}
 	defer c.q.Close()
 
-	port, err := freePort()
+	port, err := fleet.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +211,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 	defer serve.Stop(10 * time.Second)
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
 		MaxIdleConnsPerHost: 2 * o.producers, IdleConnTimeout: time.Minute, DisableCompression: true}}
-	if err := waitReady(ctx, client, apiAddr, serve); err != nil {
+	if err := fleet.WaitReady(ctx, client, apiAddr, serve); err != nil {
 		return nil, err
 	}
 
@@ -558,39 +557,6 @@ func (c *chaos) deliveredAccepted(p *producer) int {
 		}
 	}
 	return n
-}
-
-func waitReady(ctx context.Context, client *http.Client, addr string, p *fleet.Proc) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if p.Exited() || time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready on %s; log:\n%s", p.Name, addr, p.Log())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func firstLine(s string) string {

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -189,7 +188,7 @@ func (b *bench) startWorkers(n int, cfg, label string, metrics bool) ([]*fleet.P
 	for i := 0; i < n; i++ {
 		listen := "off"
 		if metrics {
-			port, err := freePort()
+			port, err := fleet.FreePort()
 			if err != nil {
 				fleet.StopAll(10*time.Second, ps...)
 				return nil, nil, err
@@ -205,16 +204,6 @@ func (b *bench) startWorkers(n int, cfg, label string, metrics bool) ([]*fleet.P
 		ps = append(ps, p)
 	}
 	return ps, addrs, nil
-}
-
-// freePort is a loopback port free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // scrape sums a counter's series over the replicas' /metrics.

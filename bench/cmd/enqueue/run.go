@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -151,7 +150,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer func() { fleet.StopAll(30*time.Second, b.serves...) }()
 	for i := 0; i < slices.Max(o.serve); i++ {
-		port, err := freePort()
+		port, err := fleet.FreePort()
 		if err != nil {
 			return err
 		}
@@ -448,14 +447,4 @@ func rates(ms []measurement) []float64 {
 		out[i] = m.rate
 	}
 	return out
-}
-
-// freePort is a loopback port free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -275,7 +274,7 @@ func measure(ctx context.Context, o options, srv *redisproc.Server, rdb *redis.C
 	began := time.Now()
 	serveAddr := ""
 	if c == shaperWork {
-		port, err := freePort()
+		port, err := fleet.FreePort()
 		if err != nil {
 			return res, err
 		}
@@ -449,16 +448,6 @@ func readiness(ctx context.Context, rdb *redis.Client, c string, n int, serveAdd
 // "sleep" flag (P:s:{Q}:v in internal/sched's layout, beside its counts).
 func sleepKey(upstream string) string {
 	return strings.TrimSuffix(sched.For("", upstream).CountsKey(), "c") + "v"
-}
-
-// freePort is a loopback port free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // heldBack is the share of its smallest cell's rate per server below

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -160,7 +159,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (failed b
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return false, err
 	}
-	port, err := freePort()
+	port, err := fleet.FreePort()
 	if err != nil {
 		return false, err
 	}
@@ -172,7 +171,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (failed b
 	defer serve.Kill()
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		MaxIdleConnsPerHost: 2 * senders, IdleConnTimeout: time.Minute, DisableCompression: true}}
-	if err := waitReady(ctx, client, apiAddr, serve); err != nil {
+	if err := fleet.WaitReady(ctx, client, apiAddr, serve); err != nil {
 		return false, err
 	}
 	var workers []*fleet.Proc
@@ -387,38 +386,4 @@ func joinMB(bs []int64) string {
 		parts[i] = mb(b)
 	}
 	return strings.Join(parts, "/")
-}
-
-func waitReady(ctx context.Context, client *http.Client, addr string, p *fleet.Proc) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if p.Exited() || time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready on %s; log:\n%s", p.Name, addr, p.Log())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// freePort is a loopback port free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
