@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/sched"
 	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
@@ -18,43 +19,10 @@ import (
 // that never was answers 404 not-found.
 func TestGetJobNoLongerKept(t *testing.T) {
 	f := newFixture(t, tokenbucket.Limit{Capacity: 100, Refill: 10, Per: time.Second}, 100)
-	ctx := context.Background()
-	u, _ := f.q.Upstream("mail")
-	u.ResultMaxCount = 1
-	bucket, err := leaky.New(f.rdb, leaky.Config{}).Bucket(queue.QueueName("mail"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	space := sched.For("", "mail")
-	taker, err := sched.NewTaker(f.rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
-		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMailDrain(t, f)
 	var ids []string
 	for range 2 {
-		resp, body := f.do("POST", "/v1/jobs", `{"upstream":"mail","task":"send","body":"hi"}`)
-		if resp.StatusCode != 202 {
-			t.Fatalf("enqueue: got %d %v, want 202", resp.StatusCode, body)
-		}
-		id := body["id"].(string)
-		tk, err := taker.Take(ctx, 1)
-		if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != id {
-			t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, id)
-		}
-		msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = taskstore.Finish(ctx, f.rdb, taskstore.For(queue.QueueName("mail")), space.CountsKey(), space.BacklogKey(),
-			[]taskstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded, Retention: time.Hour,
-				Result: []byte(`{"status":200,"body":"b2s="}`)}},
-			taskstore.KeepAtMost(queue.FinishBounds("", u)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-		time.Sleep(2 * time.Millisecond)
+		ids = append(ids, m.finish(`{"upstream":"mail","task":"send","body":"hi"}`))
 	}
 	resp, got := f.do("GET", "/v1/jobs/"+ids[0], "")
 	if resp.StatusCode != 404 || got["type"] != "https://shaperhq.github.io/problems/job-expired" {
@@ -82,44 +50,11 @@ func TestGetJobNoLongerKept(t *testing.T) {
 // it answers 404 job-expired.
 func TestRepeatAfterTheJobWasDropped(t *testing.T) {
 	f := newFixture(t, tokenbucket.Limit{Capacity: 100, Refill: 10, Per: time.Second}, 100)
-	ctx := context.Background()
-	u, _ := f.q.Upstream("mail")
-	u.ResultMaxCount = 1
-	bucket, err := leaky.New(f.rdb, leaky.Config{}).Bucket(queue.QueueName("mail"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	space := sched.For("", "mail")
-	taker, err := sched.NewTaker(f.rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
-		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const repeat = `{"upstream":"mail","task":"send","body":"hi","idempotency_key":"welcome-42"}`
+	m := newMailDrain(t, f)
 	var ids []string
 	for _, body := range []string{repeat, `{"upstream":"mail","task":"send","body":"next"}`} {
-		resp, got := f.do("POST", "/v1/jobs", body)
-		if resp.StatusCode != 202 {
-			t.Fatalf("enqueue: got %d %v, want 202", resp.StatusCode, got)
-		}
-		id := got["id"].(string)
-		tk, err := taker.Take(ctx, 1)
-		if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != id {
-			t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, id)
-		}
-		msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = taskstore.Finish(ctx, f.rdb, taskstore.For(queue.QueueName("mail")), space.CountsKey(), space.BacklogKey(),
-			[]taskstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded, Retention: time.Hour,
-				Result: []byte(`{"status":200,"body":"b2s="}`)}},
-			taskstore.KeepAtMost(queue.FinishBounds("", u)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-		time.Sleep(2 * time.Millisecond)
+		ids = append(ids, m.finish(body))
 	}
 	if resp, got := f.do("GET", "/v1/jobs/"+ids[0], ""); resp.StatusCode != 404 || got["type"] != "https://shaperhq.github.io/problems/job-expired" {
 		t.Fatalf("dropped job: got %d %v, want 404 job-expired", resp.StatusCode, got)
@@ -139,10 +74,67 @@ func TestRepeatAfterTheJobWasDropped(t *testing.T) {
 		t.Errorf("batch item: got %v, want 200 with %s succeeded", item, ids[0])
 	}
 	// Nothing was enqueued: nothing to take, no task.
-	if tk, err := taker.Take(ctx, 1); err != nil || len(tk.Jobs) != 0 {
+	if tk, err := m.taker.Take(context.Background(), 1); err != nil || len(tk.Jobs) != 0 {
 		t.Errorf("take after the repeats: got %d jobs, %v, want none", len(tk.Jobs), err)
 	}
-	if f.rdb.Exists(ctx, space.TaskKey(ids[0])).Val() != 0 {
+	if f.rdb.Exists(context.Background(), m.space.TaskKey(ids[0])).Val() != 0 {
 		t.Error("the dropped job's task is stored again")
 	}
+}
+
+// mailDrain takes and finishes the fixture's "mail" jobs as a worker
+// would, with result_max_count 1, so that each finished job drops the one
+// before.
+type mailDrain struct {
+	t     *testing.T
+	f     *fixture
+	u     shaper.Upstream
+	space sched.Space
+	taker *sched.Taker
+}
+
+func newMailDrain(t *testing.T, f *fixture) *mailDrain {
+	t.Helper()
+	u, _ := f.q.Upstream("mail")
+	u.ResultMaxCount = 1
+	bucket, err := leaky.New(f.rdb, leaky.Config{}).Bucket(queue.QueueName("mail"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	space := sched.For("", "mail")
+	taker, err := sched.NewTaker(f.rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &mailDrain{t: t, f: f, u: u, space: space, taker: taker}
+}
+
+// finish enqueues body through the API, takes the job and records it
+// succeeded; it returns the job's ID.
+func (m *mailDrain) finish(body string) string {
+	m.t.Helper()
+	ctx := context.Background()
+	resp, got := m.f.do("POST", "/v1/jobs", body)
+	if resp.StatusCode != 202 {
+		m.t.Fatalf("enqueue: got %d %v, want 202", resp.StatusCode, got)
+	}
+	id := got["id"].(string)
+	tk, err := m.taker.Take(ctx, 1)
+	if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != id {
+		m.t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, id)
+	}
+	msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	_, err = taskstore.Finish(ctx, m.f.rdb, taskstore.For(queue.QueueName("mail")), m.space.CountsKey(), m.space.BacklogKey(),
+		[]taskstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded, Retention: time.Hour,
+			Result: []byte(`{"status":200,"body":"b2s="}`)}},
+		taskstore.KeepAtMost(queue.FinishBounds("", m.u)))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	return id
 }

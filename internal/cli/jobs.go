@@ -282,7 +282,7 @@ need are gone (their side key expired with the job's retention).`,
 				return err
 			}
 			if opts.json {
-				return writeJSONTo(f.Out, map[string]any{"upstream": args[0], "retried": res.Retried, "skipped": res.Skipped})
+				return writeJSONTo(f.Out, res)
 			}
 			fmt.Fprintf(f.Out, "retried %d dead jobs of %s\n", res.Retried, args[0])
 			if res.Skipped > 0 {

@@ -243,6 +243,10 @@ upstreams:
 	if code != 0 || out != "retried 0 dead jobs of stripe\n" {
 		t.Fatalf("retry-dead with none dead: exit %d %q", code, out)
 	}
+	out, _, code = run(t, env, "", "jobs", "retry-dead", "stripe", "--json")
+	if code != 0 || strings.Join(strings.Fields(out), "") != `{"upstream":"stripe","retried":0,"skipped":0}` {
+		t.Fatalf("retry-dead --json: exit %d %q", code, out)
+	}
 	_, errOut, code = run(t, nil, "", "jobs", "ls", "--upstream", "stripe")
 	if code != 1 || !strings.Contains(errOut, "--config") || !strings.Contains(errOut, "--api") {
 		t.Fatalf("ls with neither --config nor --api: exit %d, stderr %q", code, errOut)
