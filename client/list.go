@@ -80,18 +80,7 @@ func (c *Client) RetryJob(ctx context.Context, id string) (*Job, error) {
 	return &job, nil
 }
 
-// RetryDead sends every dead job of an upstream (of every tenant;
-// cancelled jobs stay cancelled) back to its queue, as RetryJob does, and
-// returns how many. It needs an admin key (ErrUnauthorized otherwise).
-func (c *Client) RetryDead(ctx context.Context, upstream string) (int, error) {
-	res, err := c.RetryDeadJobs(ctx, upstream)
-	if err != nil {
-		return 0, err
-	}
-	return res.Retried, nil
-}
-
-// RetryDeadResult is what RetryDeadJobs did.
+// RetryDeadResult is what RetryDead did.
 type RetryDeadResult struct {
 	Upstream string `json:"upstream"`
 	// Retried dead jobs are queued again.
@@ -101,9 +90,11 @@ type RetryDeadResult struct {
 	Skipped int `json:"skipped"`
 }
 
-// RetryDeadJobs is RetryDead that also says how many dead jobs were left
-// dead because they could not be sent again.
-func (c *Client) RetryDeadJobs(ctx context.Context, upstream string) (*RetryDeadResult, error) {
+// RetryDead sends every dead job of an upstream (of every tenant;
+// cancelled jobs stay cancelled) back to its queue, as RetryJob does, and
+// says how many went back and how many stay dead because they cannot be
+// sent again. It needs an admin key (ErrUnauthorized otherwise).
+func (c *Client) RetryDead(ctx context.Context, upstream string) (*RetryDeadResult, error) {
 	if upstream == "" {
 		return nil, errors.New("retry dead jobs: empty upstream name")
 	}

@@ -117,9 +117,9 @@ func TestRetryDead(t *testing.T) {
 	_, err := c.RetryDead(ctx, "stripe")
 	checkSentinel(t, err, client.ErrUnauthorized)
 	admin, _ := newClient(t, f, adminKey)
-	n, err := admin.RetryDead(ctx, "stripe")
-	if err != nil || n != 3 {
-		t.Fatalf("got %d, %v; want 3", n, err)
+	res, err := admin.RetryDead(ctx, "stripe")
+	if err != nil || res.Retried != 3 || res.Upstream != "stripe" {
+		t.Fatalf("got %+v, %v; want 3 retried", res, err)
 	}
 	if last := f.log()[len(f.log())-1]; last.Method != "POST" || last.Path != "/v1/upstreams/stripe/retry-dead" {
 		t.Errorf("got %s %s", last.Method, last.Path)

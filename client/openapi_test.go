@@ -143,12 +143,12 @@ func TestClientKeepsToTheDocument(t *testing.T) {
 	if err != nil || !resumed.PausedUntil.IsZero() {
 		t.Fatalf("Resume: got %+v, %v", resumed, err)
 	}
-	if _, err := c.RetryDeadJobs(ctx, "stripe"); !errors.Is(err, client.ErrUnauthorized) {
-		t.Fatalf("RetryDeadJobs with a key that is not admin: got %v, want ErrUnauthorized (403)", err)
+	if _, err := c.RetryDead(ctx, "stripe"); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("RetryDead with a key that is not admin: got %v, want ErrUnauthorized (403)", err)
 	}
 	// The cancelled job stays cancelled; nothing is dead.
-	if res, err := admin.RetryDeadJobs(ctx, "stripe"); err != nil || res.Upstream != "stripe" || res.Retried != 0 || res.Skipped != 0 {
-		t.Fatalf("RetryDeadJobs: got %+v, %v", res, err)
+	if res, err := admin.RetryDead(ctx, "stripe"); err != nil || res.Upstream != "stripe" || res.Retried != 0 || res.Skipped != 0 {
+		t.Fatalf("RetryDead: got %+v, %v", res, err)
 	}
 	one, err := c.Upstream(ctx, "stripe")
 	if err != nil || one.Name != "stripe" {

@@ -71,7 +71,7 @@ func (a apiJobs) cancel(ctx context.Context, id string) (*client.Job, error) {
 	return a.c.Cancel(ctx, id)
 }
 func (a apiJobs) retryDead(ctx context.Context, upstream string) (*client.RetryDeadResult, error) {
-	return a.c.RetryDeadJobs(ctx, upstream)
+	return a.c.RetryDead(ctx, upstream)
 }
 func (a apiJobs) close() {}
 
