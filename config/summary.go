@@ -41,8 +41,9 @@ func (c *Config) Summary() string {
 	for _, name := range c.UpstreamNames() {
 		u := c.Upstreams[name]
 		b.WriteString(u.describe(name) + "\n")
-		b.WriteString(u.Memory().describe(u) + "\n")
-		total += u.Memory().Total()
+		m := u.Memory()
+		b.WriteString(m.describe(u) + "\n")
+		total += m.Total()
 	}
 	if len(c.Upstreams) > 1 {
 		fmt.Fprintf(&b, "Redis memory all upstreams can reach: %s (size Redis for it, with maxmemory-policy noeviction)\n", size(total))

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,7 +93,7 @@ func listAll(t *testing.T, q *Queue, o ListOptions, between func()) []*Info {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if limit := cmpOr(o.Limit, DefaultListLimit); len(p.Jobs) > limit {
+		if limit := cmp.Or(o.Limit, DefaultListLimit); len(p.Jobs) > limit {
 			t.Fatalf("page of %d jobs, want at most %d", len(p.Jobs), limit)
 		}
 		all = append(all, p.Jobs...)
@@ -104,13 +105,6 @@ func listAll(t *testing.T, q *Queue, o ListOptions, between func()) []*Info {
 			between()
 		}
 	}
-}
-
-func cmpOr(a, b int) int {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 func ids(infos []*Info) []string {

@@ -159,6 +159,9 @@ type Info struct {
 	LastFailedAt  time.Time `json:"last_failed_at,omitzero"`
 	CompletedAt   time.Time `json:"completed_at,omitzero"`
 	Response      *Response `json:"response,omitempty"`
+	// handedBack: a retry that spent no attempt (a Deferral), which the
+	// upstream's hold may still be keeping.
+	handedBack bool
 }
 
 // Prepare fills in a job's defaults and checks it against the config: the
@@ -592,7 +595,9 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 // parked, and a job handed back, are scheduled with WaitingFor and, when
 // known, NextAttemptAt the hold's end. Other states are left as they are.
 func (q *Queue) describeWait(ctx context.Context, info *Info) error {
-	if info.State != StateQueued && info.State != StateScheduled {
+	// Only a job waiting in its flow or handed back can be held; one
+	// scheduled by its not_before or a retry's backoff is not read again.
+	if info.State != StateQueued && !info.handedBack {
 		return nil
 	}
 	if _, ok := q.ups[info.Upstream]; !ok {
@@ -641,7 +646,7 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 		info.State, info.NextAttemptAt = StateRetrying, ti.NextProcessAt
 		if handedBack {
 			// Handed back: no attempt spent, it waits for its upstream.
-			info.State, info.WaitingFor = StateScheduled, waits
+			info.State, info.WaitingFor, info.handedBack = StateScheduled, waits, true
 		}
 	case asynq.TaskStateActive:
 		info.State = StateActive

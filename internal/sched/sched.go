@@ -112,7 +112,7 @@ type Enqueued struct {
 	// Created: the job was stored. False when a job with its ID exists,
 	// or Final is set.
 	Created bool
-	// Held: stored ready but held back at once (see EnqueueHeld).
+	// Held: stored ready but held back at once (see EnqueueChecked).
 	Held bool
 	// Final, when not 0, is the recorded final state of the job this ID
 	// named, finished and no longer kept: 's' succeeded, 'd' dead, 'c'
@@ -167,18 +167,12 @@ func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (create
 	return n != 0, err
 }
 
-// EnqueueHeld is Enqueue that also reports whether a job stored ready is
-// held back at once: its upstream blocked (blockKey is the bucket's block
-// hash) or paused through asynq, or its partition parked. It costs the
-// enqueue no round trip.
-func (s Space) EnqueueHeld(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (created, held bool, err error) {
-	r, err := s.EnqueueChecked(ctx, rdb, e, blockKey)
-	return r.Created, r.Held, err
-}
-
-// EnqueueChecked is EnqueueHeld that also tells a job whose record (in
-// e.Remember) says it finished and was dropped: then nothing is stored,
-// in the same script, so concurrent repeats cannot make the job again.
+// EnqueueChecked is Enqueue that also reports whether a job stored ready
+// is held back at once: its upstream blocked (blockKey is the bucket's
+// block hash) or paused through asynq, or its partition parked, at no
+// extra round trip; and tells a job whose record (in e.Remember) says it
+// finished and was dropped: then nothing is stored, in the same script, so
+// concurrent repeats cannot make the job again.
 func (s Space) EnqueueChecked(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (Enqueued, error) {
 	n, err := s.enqueue(ctx, rdb, e, blockKey)
 	switch n {

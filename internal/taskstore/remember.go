@@ -2,8 +2,6 @@ package taskstore
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -72,13 +70,6 @@ func (r Remembered) RecallArg() string {
 		return ""
 	}
 	return r.Key
-}
-
-// Digest is the field a task ID's record has in its bucket: the first 80
-// bits of its SHA-1, in hex, as RememberLua's digest computes it.
-func Digest(id string) string {
-	sum := sha1.Sum([]byte(id))
-	return hex.EncodeToString(sum[:10])
 }
 
 // Recall returns the final state recorded for id ('s', 'd' or 'c'), or 0
