@@ -7,28 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/shaperhq/shaper/internal/redistest"
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/taskstore"
 )
-
-// usedMemory is Redis's used_memory.
-func usedMemory(t *testing.T, rdb redis.UniversalClient) int64 {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	t.Fatal("no used_memory in INFO memory")
-	return 0
-}
 
 // TestMemoryEstimateCoversAJob: what a queued and a finished job really
 // cost in Redis is at most what shaper.MemoryCosts says (the estimate
@@ -54,7 +37,7 @@ func TestMemoryEstimateCoversAJob(t *testing.T) {
 		q := newQueue(t, rdb, upstreams(0))
 		// One job first, so that the keys every job shares exist already.
 		q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe", Path: "/x", Body: []byte(strings.Repeat("b", body))})
-		before := usedMemory(t, rdb)
+		before := redistest.UsedMemory(t, rdb)
 		for i := range n {
 			_, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe", Method: "POST", Path: "/v1/charges/" + strconv.Itoa(i),
 				Headers: map[string]string{"Content-Type": "application/json"}, Body: []byte(strings.Repeat("b", body))})
@@ -62,11 +45,11 @@ func TestMemoryEstimateCoversAJob(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		queued := float64(usedMemory(t, rdb)-before) / n
+		queued := float64(redistest.UsedMemory(t, rdb)-before) / n
 		finishAll(t, q, rdb, "stripe", func(string) *taskstore.Finished {
 			return &taskstore.Finished{Outcome: tc.outcome, Result: result, Retention: time.Hour, ErrMsg: "upstream said 400"}
 		})
-		finished := float64(usedMemory(t, rdb)-before) / n
+		finished := float64(redistest.UsedMemory(t, rdb)-before) / n
 		t.Logf("per job with a %d-byte body: queued %.0f B (estimate %d); %s with a %d-byte response %.0f B (estimate %d)",
 			body, queued, c.QueuedJob+body, tc.outcome, resp, finished, tc.estimate)
 		if queued > float64(c.QueuedJob+body) {

@@ -357,3 +357,24 @@ func tail(path string) string {
 	}
 	return s
 }
+
+// UsedMemory is the server's INFO memory used_memory, in bytes, as rdb
+// reads it now; it fails the test if Redis does not say.
+func UsedMemory(tb testing.TB, rdb redis.UniversalClient) int64 {
+	tb.Helper()
+	info, err := rdb.Info(context.Background(), "memory").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return n
+		}
+	}
+	tb.Fatal("no used_memory in INFO memory")
+	return 0
+}

@@ -35,23 +35,7 @@ func domains(n int) []string {
 // shrinks its dictionaries from a timer after mass deletes.
 func usedMemory(t *testing.T, rdb *redis.Client) int64 {
 	t.Helper()
-	read := func() int64 {
-		info, err := rdb.Info(context.Background(), "memory").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
-		}
-		t.Fatalf("no used_memory in INFO memory")
-		return 0
-	}
+	read := func() int64 { return redistest.UsedMemory(t, rdb) }
 	last := read()
 	for range 30 {
 		time.Sleep(200 * time.Millisecond)

@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/redistest"
 )
 
 // seedTaken writes n taken tasks as a dequeue leaves them (hash with msg,
@@ -31,26 +32,6 @@ func (e *env) seedTaken(ids []string, lane string) []*Message {
 		e.t.Fatal(err)
 	}
 	return msgs
-}
-
-// usedMemory is Redis's INFO memory used_memory, in bytes.
-func (e *env) usedMemory() int64 {
-	e.t.Helper()
-	s, err := e.rdb.Info(context.Background(), "memory").Result()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, line := range strings.Split(s, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				e.t.Fatal(err)
-			}
-			return n
-		}
-	}
-	e.t.Fatal("INFO memory has no used_memory")
-	return 0
 }
 
 // finishMany seeds and finishes jobs [from, to) as outcome, batch at a
@@ -107,9 +88,9 @@ func TestFinishKeepsAtMost(t *testing.T) {
 				set = e.k.Archived()
 			}
 			e.finishMany(0, 8000, batch, tc.outcome, b)
-			half := e.usedMemory()
+			half := redistest.UsedMemory(e.t, e.rdb)
 			e.finishMany(8000, 16000, batch, tc.outcome, b)
-			full := e.usedMemory()
+			full := redistest.UsedMemory(e.t, e.rdb)
 			t.Logf("used_memory after 8000: %d B, after 16000: %d B (%+d B)", half, full, full-half)
 			if full-half > 1<<20 {
 				t.Errorf("used_memory grew by %d B from 8000 jobs to 16000, want at most 1 MB", full-half)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/redistest"
 )
 
 // idemPattern is the Lua pattern of this file's idempotency-key IDs
@@ -116,14 +118,14 @@ func TestRememberCompact(t *testing.T) {
 	e := newEnv(t, "q")
 	b := Bounds{Completed: 1, Remember: remembering(e, time.Hour, 0)}
 	e.finishIDs([]string{idemID(0)}, 1, Succeeded, b) // scripts loaded, keys made
-	before := e.usedMemory()
+	before := redistest.UsedMemory(e.t, e.rdb)
 	const n = 20000
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = idemID(i + 1)
 	}
 	e.finishIDs(ids, 200, Succeeded, b)
-	after := e.usedMemory()
+	after := redistest.UsedMemory(e.t, e.rdb)
 	keys := e.rdb.Keys(ctx, b.Remember.Key+"*").Val()
 	var usage, records int64
 	for _, k := range keys {
