@@ -23,7 +23,7 @@ import (
 
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/internal/cli"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 const (

@@ -33,7 +33,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/shaperhq/shaper/internal/cli"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 const (

@@ -18,7 +18,7 @@ import (
 
 	"github.com/shaperhq/shaper/client"
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
 

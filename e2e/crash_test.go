@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
 

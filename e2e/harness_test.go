@@ -26,8 +26,8 @@ import (
 
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/internal/apicheck"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/apicheck"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -97,7 +97,7 @@ func newEnv(t *testing.T, fakeCfg fakeupstream.Config, redisOpts redistest.Optio
 }
 
 // checkedClient is an HTTP client for shaper's API that checks every
-// exchange against the OpenAPI document (internal/apicheck) and fails t on
+// exchange against the OpenAPI document (internal/testsupport/apicheck) and fails t on
 // a mismatch.
 func checkedClient(t *testing.T) *http.Client {
 	t.Helper()

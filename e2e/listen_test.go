@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/internal/redistest"
-	"github.com/shaperhq/shaper/internal/stall"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/stall"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -27,7 +27,7 @@ import (
 // quota-header dialects and checks what the upstream received. They measure
 // throughput, so none runs in parallel with another; a host that stands
 // still (a descheduled VM) is excused from throughput bounds by the time
-// internal/stall saw it stand still, and from a "no 429s" bound only for a
+// internal/testsupport/stall saw it stand still, and from a "no 429s" bound only for a
 // 429 whose window such a stall overlaps (stalledRefusals).
 
 // listenWorkers is how many `shaper work` processes every test runs.

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/internal/redistest"
-	"github.com/shaperhq/shaper/internal/stall"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/stall"
 	"github.com/shaperhq/shaper/queue"
 )
 

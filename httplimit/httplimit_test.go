@@ -19,7 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/tokenbucket"
 )
 

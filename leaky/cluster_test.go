@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 // TestScriptsOnCluster runs every script on a real 3-master Redis Cluster,

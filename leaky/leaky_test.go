@@ -14,8 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/childproc"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/childproc"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 var srv *redistest.Server

@@ -16,8 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/internal/childproc"
-	"github.com/shaperhq/shaper/internal/stall"
+	"github.com/shaperhq/shaper/internal/testsupport/childproc"
+	"github.com/shaperhq/shaper/internal/testsupport/stall"
 )
 
 // runChild is the body of a child process: a pacer replica that takes slots

@@ -18,8 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/internal/childproc"
-	"github.com/shaperhq/shaper/internal/stall"
+	"github.com/shaperhq/shaper/internal/testsupport/childproc"
+	"github.com/shaperhq/shaper/internal/testsupport/stall"
 )
 
 // runSpacer is the body of a child process for the spacing test: a replica

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 // TestRetry: a dead job goes back to the queue under its ID and key with

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 func secretKeys(t *testing.T, q *Queue) []string {

@@ -9,7 +9,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/shaperhq/shaper/api"
-	"github.com/shaperhq/shaper/internal/apicheck"
+	"github.com/shaperhq/shaper/internal/testsupport/apicheck"
 )
 
 // TestRoutesMatchDocument: every route registered on the server's mux is

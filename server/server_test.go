@@ -20,8 +20,8 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/client"
-	"github.com/shaperhq/shaper/internal/apicheck"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/apicheck"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -41,7 +41,7 @@ type fixture struct {
 	hs  *httptest.Server
 	reg *prometheus.Registry
 	// hc sends every request of the tests: each exchange is checked
-	// against the OpenAPI document (internal/apicheck), so an
+	// against the OpenAPI document (internal/testsupport/apicheck), so an
 	// undocumented status, header or field fails the test that met it.
 	hc *http.Client
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/client"
 	"github.com/shaperhq/shaper/config"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/queue"
 )
 

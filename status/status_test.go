@@ -10,7 +10,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/drain"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )

@@ -22,7 +22,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/gcra"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/internal/script"
 )
 

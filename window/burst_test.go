@@ -17,7 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/childproc"
+	"github.com/shaperhq/shaper/internal/testsupport/childproc"
 )
 
 const burstRole = "window-burst"

@@ -10,8 +10,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/childproc"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/childproc"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 // srv is the package's one Redis, started in TestMain.

@@ -26,8 +26,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/internal/apicheck"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/apicheck"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 const apiKey = "k-producers"

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/shaperhq/shaper/internal/gcra"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/internal/script"
 )
 

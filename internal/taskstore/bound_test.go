@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 // seedTaken writes n taken tasks as a dequeue leaves them (hash with msg,

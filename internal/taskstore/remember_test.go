@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 // idemPattern is the Lua pattern of this file's idempotency-key IDs

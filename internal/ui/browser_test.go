@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/server"
