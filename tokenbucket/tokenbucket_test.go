@@ -22,8 +22,8 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/gcra"
-	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 // seq keeps the key spaces of separate limiters apart, also across

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/shaperhq/shaper/internal/gcra"
-	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
 var srv *redistest.Server
