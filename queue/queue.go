@@ -63,8 +63,8 @@ type Config struct {
 // Queue enqueues and inspects jobs. Safe for concurrent use.
 type Queue struct {
 	rdb redis.UniversalClient
-	// bulkRdb is go-redis's autopipeliner (see EnqueueMany), or rdb where
-	// it has none (a Ring).
+	// bulkRdb is go-redis's autopipeliner, or rdb where it has none (a
+	// Ring): EnqueueBatch's concurrent round trips share its pipelines.
 	bulkRdb redis.Cmdable
 	insp    *asynq.Inspector
 	ups     map[string]shaper.Upstream
@@ -212,34 +212,102 @@ func (q *Queue) Enqueue(ctx context.Context, job *Job) (*Info, bool, error) {
 	return q.enqueue(ctx, job, q.rdb)
 }
 
-// EnqueueMany is Enqueue for callers that enqueue many jobs at once from
-// concurrent goroutines (a batch request): their round trips to Redis are
-// coalesced into shared pipelines, which costs a lone caller a little and
-// saves a crowd a lot.
-func (q *Queue) EnqueueMany(ctx context.Context, job *Job) (*Info, bool, error) {
-	return q.enqueue(ctx, job, q.bulkRdb)
+// Result is what became of one job of a batch (EnqueueBatch): as
+// Enqueue's three results.
+type Result struct {
+	Info    *Info
+	Created bool
+	Err     error
+}
+
+// EnqueueBatch is Enqueue for many jobs at once (a batch request), in the
+// order given: within a flow, jobs[i] leaves before jobs[i+1]. The work
+// around each store (checks, sensitive headers, reads after a repeat) runs
+// for all jobs concurrently over coalesced pipelines; the stores themselves
+// go in one pipeline, in order, which Redis runs in that order.
+func (q *Queue) EnqueueBatch(ctx context.Context, jobs []*Job) []Result {
+	out := make([]Result, len(jobs))
+	preps := make([]*prepared, len(jobs))
+	each(len(jobs), func(i int) {
+		preps[i], out[i].Err = q.prepare(ctx, jobs[i], q.bulkRdb)
+	})
+	var calls []sched.EnqueueCall
+	var at []int
+	for i, p := range preps {
+		if p != nil {
+			calls = append(calls, p.call)
+			at = append(at, i)
+		}
+	}
+	if len(calls) == 0 {
+		return out
+	}
+	rs, errs := sched.EnqueueInOrder(ctx, q.rdb, calls)
+	each(len(at), func(k int) {
+		i := at[k]
+		out[i].Info, out[i].Created, out[i].Err = q.stored(ctx, jobs[i], preps[i], rs[k], errs[k])
+	})
+	return out
+}
+
+// batchParallel bounds the goroutines of one EnqueueBatch phase.
+const batchParallel = 32
+
+// each runs f(0)…f(n-1), batchParallel at a time, and waits for them.
+func each(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, batchParallel)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
 
 func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info, bool, error) {
-	if err := q.Prepare(job); err != nil {
+	p, err := q.prepare(ctx, job, rdb)
+	if err != nil {
 		return nil, false, err
+	}
+	r, err := p.call.Space.EnqueueChecked(ctx, rdb, p.call.Entry, p.call.BlockKey)
+	return q.stored(ctx, job, p, r, err)
+}
+
+// prepared is a job ready for the enqueue script: its sensitive headers are
+// already in their side key.
+type prepared struct {
+	call   sched.EnqueueCall
+	stored Job
+	secret map[string]string
+}
+
+// prepare checks job, fills in its defaults, checks its upstream's backlog
+// and stores its sensitive headers apart: everything before the enqueue
+// script.
+func (q *Queue) prepare(ctx context.Context, job *Job, rdb redis.Cmdable) (*prepared, error) {
+	if err := q.Prepare(job); err != nil {
+		return nil, err
 	}
 	u := q.ups[job.Upstream]
 	if err := q.checkBacklog(ctx, job.Upstream, u); err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	stored, secret := splitSecrets(job, u)
 	payload, err := EncodeJob(&stored)
 	if err != nil {
-		return nil, false, fmt.Errorf("encode job: %w", err)
+		return nil, fmt.Errorf("encode job: %w", err)
 	}
 	if secret != nil {
 		if err := putSecrets(ctx, rdb, q.prefix, &stored, secret, time.Now()); err != nil {
-			return nil, false, fmt.Errorf("enqueue %s: store sensitive headers: %w", job.ID, err)
+			return nil, fmt.Errorf("enqueue %s: store sensitive headers: %w", job.ID, err)
 		}
 	}
 	if err := q.list(ctx, rdb, job.Upstream); err != nil {
-		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
+		return nil, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}
 	space := sched.For(q.prefix, job.Upstream)
 	fk := sched.FairKey(u, job.Tenant, job.Partition)
@@ -259,15 +327,22 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 	if IsIdempotentID(job.ID) {
 		entry.Remember = remembered(q.prefix, u).RecallArg()
 	}
-	r, err := space.EnqueueChecked(ctx, rdb, entry, q.blocks[job.Upstream])
+	return &prepared{call: sched.EnqueueCall{Space: space, Entry: entry, BlockKey: q.blocks[job.Upstream]},
+		stored: stored, secret: secret}, nil
+}
+
+// stored makes Enqueue's results from the enqueue script's reply r (or
+// its error) for the job p prepared.
+func (q *Queue) stored(ctx context.Context, job *Job, p *prepared, r sched.Enqueued, err error) (*Info, bool, error) {
 	created, held := r.Created, r.Held
-	if err == nil && !created && secret != nil {
+	if err == nil && !created && p.secret != nil {
 		// The repeat found the first job, which has its own side key: this
 		// one names no task. (After an error the task may or may not
 		// exist, so the key is left to its TTL rather than risk a job that
 		// cannot be sent.) The TTL also covers a failed delete.
-		DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &stored)
+		DeleteSecrets(context.WithoutCancel(ctx), q.rdb, q.prefix, &p.stored)
 	}
+	u := q.ups[job.Upstream]
 	switch {
 	case err != nil:
 		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
@@ -289,7 +364,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		return info, false, nil
 	}
 	q.noteEnqueued(job.Upstream)
-	info := &Info{Job: stored, State: StateQueued}
+	info := &Info{Job: p.stored, State: StateQueued}
 	if !job.NotBefore.IsZero() && job.NotBefore.After(time.Now()) {
 		info.State, info.NextAttemptAt = StateScheduled, job.NotBefore
 	}

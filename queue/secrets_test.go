@@ -85,12 +85,13 @@ func TestSensitiveHeadersKeptAside(t *testing.T) {
 	}
 
 	// The batch path keeps them aside the same way.
-	many, _, err := q.EnqueueMany(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/m", Headers: map[string]string{"Cookie": "sid=m"}})
+	r := q.EnqueueBatch(ctx, []*Job{{Tenant: "billing", Upstream: "stripe", Path: "/m", Headers: map[string]string{"Cookie": "sid=m"}}})[0]
+	many, err := r.Info, r.Err
 	if err != nil {
 		t.Fatal(err)
 	}
 	if secret, err := LoadSecrets(ctx, rdb, q.prefix, &many.Job, time.Now()); err != nil || secret["Cookie"] != "sid=m" || many.Headers != nil {
-		t.Fatalf("EnqueueMany: side key %v, %v; stored headers %v", secret, err, many.Headers)
+		t.Fatalf("EnqueueBatch: side key %v, %v; stored headers %v", secret, err, many.Headers)
 	}
 
 	// A job without sensitive headers has no side key.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/shaperhq/shaper/metrics"
@@ -63,7 +62,7 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		s.m.JobsRejected.WithLabelValues(s.upstreamLabel(req.Upstream), "rate_limited").Inc()
 		return
 	}
-	s.process(r.Context(), caller(r), s.cfg.Now(), item{req: req, bad: bad}, "", s.q.Enqueue).write(w)
+	s.process(r.Context(), caller(r), s.cfg.Now(), item{req: req, bad: bad}, "").write(w)
 }
 
 // batchRequest is the body of POST /v1/jobs/batch.
@@ -139,39 +138,52 @@ func (s *Server) decodeBatch(w http.ResponseWriter, r *http.Request) ([]item, *p
 	return items, nil
 }
 
-// batchParallel bounds a batch's enqueues in flight; together they share
-// the queue's pipelines.
-const batchParallel = 32
-
-// processAll runs every item of a batch through process, concurrently.
+// processAll judges every item of a batch as process does, then stores
+// the valid ones together, in the batch's order (queue.EnqueueBatch), so
+// that the jobs of one flow leave in the order the batch gives them.
 func (s *Server) processAll(ctx context.Context, k *keyEntry, items []item) []batchResult {
 	now := s.cfg.Now()
-	results := make([]batchResult, len(items))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, batchParallel)
+	outs := make([]outcome, len(items))
+	var jobs []*queue.Job
+	var at []int
 	for i, it := range items {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			o := s.process(ctx, k, now, it, fmt.Sprintf("jobs[%d].", i), s.q.EnqueueMany)
-			results[i] = batchResult{Index: i, Status: o.status, Job: o.job, Error: o.problem}
-		}()
+		job, o, ok := s.judge(k, now, it, fmt.Sprintf("jobs[%d].", i))
+		if !ok {
+			outs[i] = o
+			continue
+		}
+		jobs = append(jobs, job)
+		at = append(at, i)
 	}
-	wg.Wait()
+	if len(jobs) > 0 {
+		for k, o := range s.storeJobs(ctx, jobs) {
+			outs[at[k]] = o
+		}
+	}
+	results := make([]batchResult, len(items))
+	for i, o := range outs {
+		results[i] = batchResult{Index: i, Status: o.status, Job: o.job, Error: o.problem}
+	}
 	return results
 }
 
-// enqueueFunc stores a job: Queue.Enqueue, or EnqueueMany within a batch.
-type enqueueFunc func(ctx context.Context, job *queue.Job) (*queue.Info, bool, error)
+// process judges one job request and, when it is valid, stores it. With
+// processAll it is the one path of single and batch enqueues: every
+// outcome is counted here or there, and store failures are logged in
+// storeOutcome. prefix names the item's fields ("jobs[3]." in a batch).
+func (s *Server) process(ctx context.Context, k *keyEntry, now time.Time, it item, prefix string) outcome {
+	job, o, ok := s.judge(k, now, it, prefix)
+	if !ok {
+		return o
+	}
+	return s.storeJobs(ctx, []*queue.Job{job})[0]
+}
 
-// process judges one job request and, when it is valid, stores it. It is
-// the one path of single and batch enqueues: every outcome is counted here,
-// and store failures are logged here. prefix names the item's fields
-// ("jobs[3]." in a batch).
-func (s *Server) process(ctx context.Context, k *keyEntry, now time.Time, it item, prefix string, enqueue enqueueFunc) outcome {
+// judge decodes and validates one job request: the job, or the outcome of
+// its refusal (counted) and false.
+func (s *Server) judge(k *keyEntry, now time.Time, it item, prefix string) (*queue.Job, outcome, bool) {
 	if it.bad != nil {
-		return s.reject(it.req.Upstream, "invalid", *it.bad)
+		return nil, s.reject(it.req.Upstream, "invalid", *it.bad), false
 	}
 	job, status, errs := s.toJob(&it.req, k, now, prefix)
 	if errs != nil {
@@ -179,9 +191,9 @@ func (s *Server) process(ctx context.Context, k *keyEntry, now time.Time, it ite
 		if status == http.StatusNotFound {
 			reason, title, typ = "unknown_upstream", "Unknown upstream", problemNotFound
 		}
-		return s.reject(it.req.Upstream, reason, problem{Type: typ, Title: title, Status: status, Detail: summarize(errs), Errors: errs})
+		return nil, s.reject(it.req.Upstream, reason, problem{Type: typ, Title: title, Status: status, Detail: summarize(errs), Errors: errs}), false
 	}
-	return s.storeJob(ctx, job, enqueue)
+	return job, outcome{}, true
 }
 
 // reject counts a job refused for reason and makes p its outcome.
@@ -190,17 +202,36 @@ func (s *Server) reject(upstream, reason string, p problem) outcome {
 	return outcome{status: p.Status, problem: &p}
 }
 
-// storeJob stores one validated job within the store budget, behind the
-// breaker, and makes the outcome: 202 created, 200 an existing job with the
-// same idempotency key, 503 backlog full or store unavailable.
-func (s *Server) storeJob(ctx context.Context, job *queue.Job, enqueue enqueueFunc) outcome {
+// storeJobs stores validated jobs, in order, within the store budget and
+// behind the breaker, and makes each one's outcome (storeOutcome).
+func (s *Server) storeJobs(ctx context.Context, jobs []*queue.Job) []outcome {
+	outs := make([]outcome, len(jobs))
 	if !s.store.allow() {
-		return s.reject(job.Upstream, "store_error", storeUnavailable(
-			"could not store the job: Redis failed moments ago and is not answering yet; nothing was enqueued"))
+		for i, job := range jobs {
+			outs[i] = s.reject(job.Upstream, "store_error", storeUnavailable(
+				"could not store the job: Redis failed moments ago and is not answering yet; nothing was enqueued"))
+		}
+		return outs
 	}
 	tctx, cancel := context.WithDeadline(ctx, storeDeadline(ctx, s.cfg.StoreTimeout))
-	info, created, err := enqueue(tctx, job)
+	var rs []queue.Result
+	if len(jobs) == 1 {
+		info, created, err := s.q.Enqueue(tctx, jobs[0])
+		rs = []queue.Result{{Info: info, Created: created, Err: err}}
+	} else {
+		rs = s.q.EnqueueBatch(tctx, jobs)
+	}
 	cancel()
+	for i, r := range rs {
+		outs[i] = s.storeOutcome(ctx, jobs[i], r)
+	}
+	return outs
+}
+
+// storeOutcome is the outcome of storing job: 202 created, 200 an existing
+// job with the same idempotency key, 503 backlog full or store unavailable.
+func (s *Server) storeOutcome(ctx context.Context, job *queue.Job, r queue.Result) outcome {
+	info, created, err := r.Info, r.Created, r.Err
 	var full *queue.BacklogFullError
 	switch {
 	case errors.As(err, &full):

@@ -175,22 +175,56 @@ func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (create
 // concurrent repeats cannot make the job again.
 func (s Space) EnqueueChecked(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (Enqueued, error) {
 	n, err := s.enqueue(ctx, rdb, e, blockKey)
-	switch n {
-	case 1, 2:
-		return Enqueued{Created: true}, err
-	case 3:
-		return Enqueued{Created: true, Held: true}, err
-	case 4:
-		return Enqueued{Final: 's'}, err
-	case 5:
-		return Enqueued{Final: 'd'}, err
-	case 6:
-		return Enqueued{Final: 'c'}, err
-	}
-	return Enqueued{}, err
+	return enqueued(n), err
 }
 
-func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (int64, error) {
+// EnqueueCall is one job for EnqueueInOrder: the entry, the Space of its
+// upstream and its bucket's block hash (see EnqueueChecked).
+type EnqueueCall struct {
+	Space    Space
+	Entry    Entry
+	BlockKey string
+}
+
+// EnqueueInOrder is EnqueueChecked for many jobs in one pipeline, run by
+// Redis in the order given: the FIFO sequence a job gets is its place in
+// calls, so the jobs of a batch leave their flows in the batch's order
+// (concurrent round trips could reach Redis in any order). It works on a
+// Redis Cluster, each job's keys being in its upstream's slot.
+func EnqueueInOrder(ctx context.Context, rdb redis.UniversalClient, calls []EnqueueCall) ([]Enqueued, []error) {
+	invs := make([]script.Invocation, len(calls))
+	for i, c := range calls {
+		keys, args := c.Space.enqueueInvocation(c.Entry, c.BlockKey)
+		invs[i] = script.Invocation{Keys: keys, Args: args}
+	}
+	vals, errs := script.RunPipelined(ctx, rdb, "sched.enqueue", enqueueScript, invs)
+	out := make([]Enqueued, len(calls))
+	for i, v := range vals {
+		n, _ := v.(int64)
+		out[i] = enqueued(n)
+	}
+	return out, errs
+}
+
+// enqueued reads the enqueue script's reply.
+func enqueued(n int64) Enqueued {
+	switch n {
+	case 1, 2:
+		return Enqueued{Created: true}
+	case 3:
+		return Enqueued{Created: true, Held: true}
+	case 4:
+		return Enqueued{Final: 's'}
+	case 5:
+		return Enqueued{Final: 'd'}
+	case 6:
+		return Enqueued{Final: 'c'}
+	}
+	return Enqueued{}
+}
+
+// enqueueInvocation is the enqueue script's keys and arguments for e.
+func (s Space) enqueueInvocation(e Entry, blockKey string) ([]string, []any) {
 	at := ""
 	if !e.ProcessAt.IsZero() {
 		at = unixSeconds(e.ProcessAt)
@@ -200,9 +234,13 @@ func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKe
 	if blockKey != "" {
 		keys = append(keys, blockKey, s.PausedKey())
 	}
-	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys,
-		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
-		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, e.Remember)
+	return keys, []any{"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
+		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, e.Remember}
+}
+
+func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (int64, error) {
+	keys, args := s.enqueueInvocation(e, blockKey)
+	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys, args...)
 	if err != nil {
 		return 0, err
 	}
