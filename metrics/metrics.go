@@ -79,7 +79,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"upstream"}),
 		UpstreamBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_upstream_blocks_total",
-			Help: "Fleet-wide blocks this replica placed on an upstream by reason (429, quota_exhausted, pause).",
+			Help: "Fleet-wide blocks this replica placed on an upstream by reason (429, quota_exhausted, stated_limit, pause).",
 		}, []string{"upstream", "reason"}),
 		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_redis_errors_total",
