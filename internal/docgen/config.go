@@ -27,11 +27,17 @@ upstreams:
     limits: [{rate: 10, per: 1s}]
 `
 
-// placeholders name the variable part of a key under a map.
-var placeholders = map[string]string{
-	"upstreams":           "NAME",
-	"settle":              "COST",
-	"partition_overrides": "PARTITION",
+// placeholder names the variable part of a key under the map key.
+func placeholder(key string) string {
+	switch key {
+	case "upstreams":
+		return "NAME"
+	case "settle":
+		return "COST"
+	case "partition_overrides":
+		return "PARTITION"
+	}
+	return "KEY"
 }
 
 // key is one row of the reference.
@@ -104,7 +110,7 @@ func (w *keyWalker) walk(v reflect.Value, path, typeName string, real bool) {
 	t := v.Type()
 	siblings := map[string]string{}
 	for i := range t.NumField() {
-		if name := yamlName(t.Field(i)); name != "" && !isStruct(t.Field(i).Type) && !proseWord[t.Field(i).Name] {
+		if name := yamlName(t.Field(i)); name != "" && !isStruct(t.Field(i).Type) && !proseWord(t.Field(i).Name) {
 			siblings[t.Field(i).Name] = name
 		}
 	}
@@ -137,36 +143,30 @@ func (w *keyWalker) walk(v reflect.Value, path, typeName string, real bool) {
 		if real {
 			k.def = defaultOf(fv)
 		}
-		switch elem := ft; {
-		case isStruct(elem):
+		switch {
+		case isStruct(ft):
 			k.typ, k.def = "mapping", ""
 			w.keys = append(w.keys, k)
 			w.walk(fv, p, typeNameOf(ft), real)
-		case elem.Kind() == reflect.Slice && isStruct(elem.Elem()):
+		case ft.Kind() == reflect.Slice && isStruct(ft.Elem()):
 			k.def = "" // the minimal config's own, not a default
-			w.nested(k, p+"[]", elem.Elem())
-		case elem.Kind() == reflect.Map && isStruct(deref(elem.Elem())):
-			ph := placeholders[name]
-			if ph == "" {
-				ph = "KEY"
-			}
+			w.nested(k, p+"[]", ft.Elem())
+		case ft.Kind() == reflect.Map && isStruct(deref(ft.Elem())):
+			ph := placeholder(name)
 			k.def = ""
 			if real && fv.Len() > 0 {
 				// The minimal config's one upstream: its defaults are real.
-				w.expanded[deref(elem.Elem())] = p + "." + ph
+				w.expanded[deref(ft.Elem())] = p + "." + ph
 				w.keys = append(w.keys, k)
 				keys := fv.MapKeys()
 				slices.SortFunc(keys, func(a, b reflect.Value) int { return strings.Compare(a.String(), b.String()) })
-				w.walk(reflect.Indirect(fv.MapIndex(keys[0])), p+"."+ph, typeNameOf(elem.Elem()), true)
+				w.walk(reflect.Indirect(fv.MapIndex(keys[0])), p+"."+ph, typeNameOf(ft.Elem()), true)
 				continue
 			}
-			w.nested(k, p+"."+ph, deref(elem.Elem()))
-		case elem.Kind() == reflect.Map && elem.Elem().Kind() == reflect.Slice && isStruct(elem.Elem().Elem()):
-			ph := placeholders[name]
-			if ph == "" {
-				ph = "KEY"
-			}
-			w.nested(k, p+"."+ph+"[]", elem.Elem().Elem())
+			w.nested(k, p+"."+ph, deref(ft.Elem()))
+		case ft.Kind() == reflect.Map && ft.Elem().Kind() == reflect.Slice && isStruct(ft.Elem().Elem()):
+			ph := placeholder(name)
+			w.nested(k, p+"."+ph+"[]", ft.Elem().Elem())
 		default:
 			w.keys = append(w.keys, k)
 		}
@@ -211,15 +211,15 @@ func deref(t reflect.Type) reflect.Type {
 	return t
 }
 
-var (
-	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
-	stringer        = reflect.TypeFor[fmt.Stringer]()
-)
+// readsText is a type the config spells as text (a duration, a policy).
+func readsText(t reflect.Type) bool {
+	return reflect.PointerTo(t).Implements(reflect.TypeFor[encoding.TextUnmarshaler]())
+}
 
 // isStruct is a struct the config spells as a YAML mapping (not a value
 // such as a duration read from text).
 func isStruct(t reflect.Type) bool {
-	return t.Kind() == reflect.Struct && !reflect.PointerTo(t).Implements(textUnmarshaler)
+	return t.Kind() == reflect.Struct && !readsText(t)
 }
 
 func typeNameOf(t reflect.Type) string { return deref(t).Name() }
@@ -229,7 +229,7 @@ func typeOf(t reflect.Type) string {
 	if t == reflect.TypeFor[config.Duration]() {
 		return "duration"
 	}
-	if reflect.PointerTo(t).Implements(textUnmarshaler) || t.Kind() != reflect.Struct && t.Implements(stringer) {
+	if readsText(t) || t.Kind() != reflect.Struct && t.Implements(reflect.TypeFor[fmt.Stringer]()) {
 		return "string" // spelled as text: on_redis_error
 	}
 	switch t.Kind() {
@@ -361,9 +361,15 @@ func mentions(doc, name string) bool {
 	return slices.Contains(word.FindAllString(doc, -1), name)
 }
 
-// proseWord are field names that comments also use as plain words (Redis
+// proseWord is a field name that comments also use as a plain word (Redis
 // Cluster, rediss:// for TLS): only a doc's subject is taken as the key.
-var proseWord = map[string]bool{"Cluster": true, "Sentinel": true, "TLS": true, "URL": true, "DB": true, "JSON": true}
+func proseWord(name string) bool {
+	switch name {
+	case "Cluster", "Sentinel", "TLS", "URL", "DB", "JSON":
+		return true
+	}
+	return false
+}
 
 // userText turns a field's Go comment into the reference's words: the
 // struct's field names become their YAML keys.
