@@ -70,9 +70,11 @@ type Redis struct {
 	// its path and a cluster has only database 0.
 	DB int `yaml:"db"`
 	// Prefix starts every Redis key shaper itself owns (limiter state,
-	// cancel marks, sensitive headers, drain counters). asynq's queue keys
-	// do not take it: two deployments sharing one Redis must not give an
-	// upstream the same name. Default "shaper".
+	// cancel marks, sensitive headers, drain counters). The jobs themselves
+	// are kept in asynq's keys, which do not take it
+	// (asynq:{shaper.UPSTREAM}:… for each upstream, and asynq:queues): two
+	// deployments sharing one Redis must not give an upstream the same
+	// name, whatever their prefixes. Default "shaper".
 	Prefix string `yaml:"prefix"`
 }
 
@@ -83,7 +85,7 @@ type Sentinel struct {
 	// Addrs are host:port addresses of sentinels.
 	Addrs []string `yaml:"addrs"`
 	// Username and Password authenticate to the sentinels themselves; the
-	// data nodes use Redis.Username and Redis.Password.
+	// data nodes use redis.username and redis.password.
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
 }
@@ -95,7 +97,7 @@ type API struct {
 	// MaxBodyBytes caps a request body; larger ones get 413. Default 1048576.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// Keys are the producers allowed to enqueue. Their secrets come from
-	// the environment (see ResolveKeys), never from the file.
+	// the environment (each key's key_env), never from the file.
 	Keys      []Key     `yaml:"keys"`
 	Admission Admission `yaml:"admission"`
 	// ShutdownTimeout is how long a stopping server waits for requests in
@@ -124,7 +126,8 @@ type Admission struct {
 	// allowed. Default 10.
 	RefillPerSecond float64 `yaml:"refill_per_second"`
 	// OnRedisError is what admission does when Redis cannot answer: allow
-	// (the default), deny or local; see shaper.ParseOnRedisError.
+	// (the default: admit, fail open), deny, or local (each replica limits
+	// on its own).
 	OnRedisError shaper.OnRedisError `yaml:"on_redis_error"`
 }
 
@@ -137,15 +140,20 @@ type Work struct {
 	// finish before handing them back to the queue. Default 30s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
 	// Horizon is the longest pacing wait a worker books ahead: a job is
-	// taken only once its send slot is this close. Default 250ms.
+	// taken only once its send slot is this close; until then it waits in
+	// Redis and holds no worker. Default 250ms.
 	Horizon Duration `yaml:"horizon"`
 	// MaxHold is no longer used (workers take no job they cannot send
 	// within the horizon, so none is held); it is accepted so that older
 	// configs load.
 	MaxHold Duration `yaml:"max_hold"`
-	// PollInterval is the longest an idle upstream goes unlooked-at:
-	// enqueues wake workers at once over pub/sub, so this only bounds the
-	// delay after a lost wake-up. Default 2m.
+	// PollInterval is the longest an idle upstream goes unlooked-at (each
+	// replica looks at each idle upstream this often, with ±10% jitter:
+	// about 13 Redis commands). Enqueues, resumes and blocks wake workers
+	// at once over pub/sub, a broken subscription wakes every upstream when
+	// it comes back, and a retry written by one replica wakes the others,
+	// so this only bounds the delay after a wake-up lost some other way.
+	// Default 2m.
 	PollInterval Duration `yaml:"poll_interval"`
 }
 
@@ -164,9 +172,9 @@ type Upstream struct {
 	// bucket. At least one.
 	Limits []Limit `yaml:"limits"`
 	// Guard is the slack each limit's spacing leaves for a send to slip
-	// (see leaky.Limit.Params). Default leaky.DefaultGuardFor the limits:
-	// 20ms, or a fiftieth of the shortest limit's per if that is smaller.
-	// An explicit guard may not exceed a tenth of the shortest per.
+	// (docs/design.md, Pacing). Default 20ms, or a fiftieth of the shortest
+	// per among the limits and partition limits if that is smaller. An
+	// explicit guard may not exceed a tenth of the shortest per.
 	Guard Duration `yaml:"guard"`
 	// Concurrency caps jobs in flight across all replicas; 0 is unlimited.
 	Concurrency int `yaml:"concurrency"`
@@ -187,33 +195,44 @@ type Upstream struct {
 	// noIdempotencyHeader records an explicit "" in the file.
 	noIdempotencyHeader bool
 	// Lanes are the upstream's queues by name, each with a weight: a lane
-	// of weight 3 is picked three times as often as one of weight 1. Must
-	// include DefaultLane. Default {default: 1}.
+	// of weight 3 is picked three times as often as one of weight 1. They
+	// split each tenant's share, and must include default, the lane of jobs
+	// that name none. Default {default: 1}.
 	Lanes map[string]int `yaml:"lanes"`
-	// Workers is how many goroutines per replica take jobs. Default
-	// shaper.DefaultWorkers: max(Concurrency, 10, the request rate per
-	// second / 40), at most 200.
+	// Workers is how many jobs one replica works on at once. Default
+	// max(Concurrency, 10, the request rate per second / 40), at most 200.
 	Workers int `yaml:"workers"`
 	// MaxResponseBytes caps how much of a response body is kept as the
 	// job's result. Default 1048576.
 	MaxResponseBytes int64 `yaml:"max_response_bytes"`
-	// ResultRetention is how long a succeeded job and its result are kept.
-	// Default 24h.
+	// ResultRetention is how long a succeeded job and its result are kept,
+	// with its response but not its request's body and headers (nothing
+	// reads those again; dead jobs keep them for a retry). Default 24h.
 	ResultRetention Duration `yaml:"result_retention"`
 	// DeadRetention is how long a job that failed for good is kept.
 	// Default 168h.
 	DeadRetention Duration `yaml:"dead_retention"`
 	// ResultMaxCount is how many succeeded jobs are kept at most, beside
-	// ResultRetention; the oldest go first. Default 100000.
+	// ResultRetention; the oldest go first (each finish trims a bounded
+	// few, so an excess, say after lowering it, goes over the next
+	// finishes). Reading a job that went answers 404 job-expired.
+	// Default 100000.
 	ResultMaxCount int64 `yaml:"result_max_count"`
 	// DeadMaxCount is how many dead and cancelled jobs are kept at most,
 	// beside DeadRetention; the oldest go first. Default 100000.
 	DeadMaxCount int64 `yaml:"dead_max_count"`
-	// IdempotencyWindow is how long an idempotency key is remembered
-	// after its job is no longer kept. Default 24h.
+	// IdempotencyWindow is how long, after a finished job is dropped (past
+	// either count or its retention), a repeat of its idempotency key still
+	// answers its id and final state instead of making a new job; at most
+	// 720h. Each such key costs about 85 to 105 B of Redis (at most 120 B)
+	// for that long and up to two twenty-fourths of it more: about drain
+	// rate × window × 100 B. Changing it keeps the records already made
+	// for their own window. Default 24h.
 	IdempotencyWindow Duration `yaml:"idempotency_window"`
-	// PushbackDefault is how long the upstream is paused after a 429 that
-	// does not say when to retry. Default 1s.
+	// PushbackDefault is the longest pause after 429s that do not say when
+	// to retry: the first pauses 25ms, and each one refused right after a
+	// pause twice as long, up to this (docs/upstream-answers.md).
+	// Default 1s.
 	PushbackDefault Duration `yaml:"pushback_default"`
 	// SensitiveHeaders are patterns of job request header names that are
 	// never stored with the job, as Authorization, Cookie and
@@ -227,8 +246,12 @@ type Upstream struct {
 	StoreResponse string `yaml:"store_response"`
 	// StoreResponseHeaders are patterns, as in SensitiveHeaders, of the
 	// upstream's response headers kept with a job; given, they replace the
-	// default list (content type, rate-limit and request-id headers).
-	// Set-Cookie is never kept, whatever they say.
+	// default list: the content type, the rate-limit headers (RateLimit*,
+	// X-RateLimit-*, Retry-After, Stripe-Rate-Limited-Reason) and the
+	// request-id ones (X-Request-Id, Request-Id, Openai-Request-Id,
+	// X-Amzn-RequestId, X-Amz-Request-Id). Set-Cookie is never kept,
+	// whatever they say (not even by "*"). Not for handler upstreams,
+	// whose handler decides what it returns.
 	StoreResponseHeaders []string `yaml:"store_response_headers"`
 	// PartitionLimits are leaky buckets each partition (a job's
 	// partition: a recipient domain, customer or credential id) gets on
@@ -248,7 +271,9 @@ type Upstream struct {
 	// job really used ({tokens: {json: /usage/total_tokens}}): the job's
 	// cost is reserved as an estimate, and the answer's amount replaces it.
 	// Each key must be a cost one of the limits or partition limits count.
-	// Default none: the estimate stands.
+	// Unused units go back to the limits, an overrun is charged; a missing,
+	// negative or non-numeric value leaves the estimate. Default none: the
+	// estimate stands.
 	Settle map[string]Settle `yaml:"settle"`
 }
 
@@ -257,9 +282,10 @@ type Upstream struct {
 type Settle struct {
 	// JSON is an RFC 6901 JSON pointer into the answer's body, starting
 	// with / ("/usage/total_tokens"; ~1 stands for / and ~0 for ~ in a
-	// key). A fraction is rounded up.
+	// key); it walks objects and arrays. A fraction is rounded up.
 	JSON string `yaml:"json"`
-	// Header is a response header holding the amount ("X-Tokens-Used").
+	// Header is a response header holding the amount as a whole or
+	// decimal number ("X-Tokens-Used").
 	Header string `yaml:"header"`
 }
 

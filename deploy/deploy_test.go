@@ -242,8 +242,8 @@ var metricName = regexp.MustCompile(`\bshaper_[a-z0-9_]+`)
 // selector is a metric name and its label matchers, if any.
 var selector = regexp.MustCompile(`\b(shaper_[a-z0-9_]+)(\{[^}]*\})?`)
 
-// perUpstream are the metrics with an upstream label (the README's Metrics
-// table), which every panel must filter by the $upstream variable.
+// perUpstream are the metrics with an upstream label (docs/operations.md,
+// Metrics by process), which every panel must filter by the $upstream variable.
 var perUpstream = []string{
 	"shaper_jobs_enqueued_total", "shaper_jobs_rejected_total", "shaper_dispatches_total",
 	"shaper_upstream_responses_total", "shaper_upstream_request_duration_seconds_bucket",

@@ -79,7 +79,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"upstream"}),
 		UpstreamBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_upstream_blocks_total",
-			Help: "Fleet-wide blocks this replica placed on an upstream by reason (429, quota_exhausted, pause).",
+			Help: "Fleet-wide blocks this replica placed on an upstream by reason (429, quota_exhausted, stated_limit, pause).",
 		}, []string{"upstream", "reason"}),
 		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shaper_redis_errors_total",
@@ -196,8 +196,9 @@ func Build() (version, revision, goversion string) {
 // no configured upstream, so that a typo cannot mint a label.
 const UnknownUpstream = "unknown"
 
-// The label values below are the README's, listed next to the metrics so
-// that every documented series exists at 0 from the start: a rate() or an
+// The label values below are the documented ones (docs/operations.md,
+// Metrics by process), listed next to the metrics so that every
+// documented series exists at 0 from the start: a rate() or an
 // alert over a series that appears only with its first event sees nothing
 // before it, and "no data" reads like "no trouble".
 

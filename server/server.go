@@ -242,7 +242,7 @@ func (s *Server) routes(page http.Handler) {
 	// Anything else, under one label: a raw path must never become one.
 	mux.Handle("/", s.measured("unmatched", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem{Type: problemNotFound, Title: "Not found", Status: http.StatusNotFound,
-			Detail: fmt.Sprintf("no route for %s %s; see the API reference in the README", r.Method, r.URL.Path)})
+			Detail: fmt.Sprintf("no route for %s %s; see docs/http-api.md or GET /v1/openapi.json", r.Method, r.URL.Path)})
 	})))
 	s.mux = mux
 }

@@ -215,6 +215,6 @@ func warnIfEvicting(ctx context.Context, rdb redis.UniversalClient, log *slog.Lo
 		return
 	}
 	if p, ok := v["maxmemory-policy"]; ok && p != "noeviction" {
-		log.Warn("Redis may evict keys, losing jobs: set maxmemory-policy noeviction (see the README, Running it for real)", "maxmemory-policy", p)
+		log.Warn("Redis may evict keys, losing jobs: set maxmemory-policy noeviction (see docs/operations.md, Sizing Redis)", "maxmemory-policy", p)
 	}
 }

@@ -63,7 +63,7 @@ const (
 	upstream = "stripe"
 	tenant   = "t"
 	// listpackDefault is Redis's default hash-max-listpack-value; big is
-	// what shaper's README suggests considering.
+	// what docs/operations.md suggests considering.
 	listpackDefault = 64
 	listpackBig     = 1024
 )

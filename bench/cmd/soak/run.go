@@ -138,8 +138,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (failed b
 	defer srv.Stop()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2})
 	defer rdb.Close()
-	// An evicted key is a lost job: the soak runs Redis as README's
-	// Sizing Redis says to, and checks that it does.
+	// An evicted key is a lost job: the soak runs Redis as
+	// docs/operations.md, Sizing Redis, says to, and checks that it does.
 	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		return false, err
 	}

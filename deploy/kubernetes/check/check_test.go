@@ -224,7 +224,7 @@ type shaperConfig struct {
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}`)
 
 // readConfig reads the parts of a shaper config the manifests depend on,
-// with shaper's defaults (the README's) for keys left out.
+// with shaper's defaults (docs/config.md) for keys left out.
 func readConfig(t *testing.T, path string) shaperConfig {
 	t.Helper()
 	b, err := os.ReadFile(path)
