@@ -245,7 +245,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 	fk := sched.FairKey(u, job.Tenant, job.Partition)
 	msg := &taskstore.Message{
 		Type: TaskType, Payload: payload, ID: job.ID, Queue: space.Queue,
-		Retry: int32(asynqMaxRetry(job.MaxAttempts)),
+		Retry: int32(job.MaxAttempts), // see "Attempts are counted" (protocol.go)
 		// Waits for the upstream happen before a job is taken; the
 		// upstream's own timeout bounds each request.
 		Timeout:   int64((24 * time.Hour).Seconds()),
