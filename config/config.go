@@ -139,10 +139,6 @@ type Work struct {
 	// Horizon is the longest pacing wait a worker books ahead: a job is
 	// taken only once its send slot is this close. Default 250ms.
 	Horizon Duration `yaml:"horizon"`
-	// MaxHold is no longer used (workers take no job they cannot send
-	// within the horizon, so none is held); it is accepted so that older
-	// configs load.
-	MaxHold Duration `yaml:"max_hold"`
 	// PollInterval is the longest an idle upstream goes unlooked-at:
 	// enqueues wake workers at once over pub/sub, so this only bounds the
 	// delay after a lost wake-up. Default 2m.
