@@ -114,8 +114,12 @@ type upstream struct {
 }
 
 // New validates the config and prepares a Dispatcher on rdb (which the
-// caller owns and closes after Run returns).
+// caller owns and closes after Run returns). Like queue.New, it refuses a
+// binary built with an asynq whose Redis layout the store does not know.
 func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
+	if err := taskstore.CheckBuild(); err != nil {
+		return nil, err
+	}
 	if len(cfg.Upstreams) == 0 {
 		return nil, errors.New("dispatcher: no upstreams")
 	}

@@ -86,7 +86,12 @@ type backlogSample struct {
 }
 
 // New returns a Queue on rdb; the caller owns rdb and closes it after Close.
+// It refuses a binary built with an asynq whose Redis layout the store does
+// not know (see CHANGELOG.md).
 func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
+	if err := taskstore.CheckBuild(); err != nil {
+		return nil, err
+	}
 	ups := map[string]shaper.Upstream{}
 	for _, u := range cfg.Upstreams {
 		u = u.WithDefaults()

@@ -62,6 +62,9 @@ them when named.`,
 }
 
 func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
+	if err := f.checkAsynq(); err != nil {
+		return err
+	}
 	log, err := f.logger()
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -78,5 +79,34 @@ upstreams:
 	}
 	if err != nil || info.State != queue.StateSucceeded {
 		t.Errorf("the job after the worker: %+v, %v; want succeeded", info, err)
+	}
+}
+
+// TestStartRefusesUnknownAsynq: serve, work and dev refuse to start, before
+// reading anything else, in a binary linking an asynq whose layout the
+// store does not know, and say what to do.
+func TestStartRefusesUnknownAsynq(t *testing.T) {
+	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", "redis://127.0.0.1:1/0"))
+	newer := func() []*debug.Module {
+		return []*debug.Module{{Path: "github.com/hibiken/asynq", Version: "v0.27.0"}}
+	}
+	for _, args := range [][]string{
+		{"serve", "--config", good},
+		{"work", "--config", good, "--metrics-listen", "off"},
+		{"dev", "--listen", "127.0.0.1:0"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			f := &Factory{In: strings.NewReader(""), Out: &out, ErrOut: &errOut, BuildDeps: newer,
+				LookupEnv: func(k string) (string, bool) { return "ops-secret", k == "OPS_KEY" }}
+			code := f.execute(context.Background(), args)
+			want := "shaper: refusing to start: this binary links github.com/hibiken/asynq v0.27.0, but shaper's store knows the Redis layout of asynq v0.26.0 only; build it with github.com/hibiken/asynq v0.26.0 (go get github.com/hibiken/asynq@v0.26.0)"
+			if code != 1 || !strings.Contains(errOut.String(), want) {
+				t.Errorf("exit %d, stderr %q; want 1 and %q", code, errOut.String(), want)
+			}
+			if out.Len() != 0 {
+				t.Errorf("stdout %q, want nothing", out.String())
+			}
+		})
 	}
 }
