@@ -252,10 +252,6 @@ const (
 	// job is taken only once its send slot is this close, so a slow or
 	// blocked upstream holds no worker, and fair share is decided late.
 	DefaultHorizon = 250 * time.Millisecond
-	// DefaultMaxHold was how long a worker kept a job it could not send
-	// within the horizon; workers no longer take such jobs. Kept so that
-	// configs that set work.max_hold still load.
-	DefaultMaxHold = 10 * time.Second
 	// DefaultPollInterval is the longest a worker leaves an idle upstream
 	// unlooked-at: enqueues wake it at once over pub/sub, and whatever it
 	// knows comes due (a scheduled job, a parked partition) wakes it on

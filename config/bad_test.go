@@ -42,6 +42,8 @@ func TestBadConfigs(t *testing.T) {
 			[]string{`api.admission.burst: unknown key`}},
 		{"unknown work key", "work: {metrics: ':9091'}" + oneUpstream,
 			[]string{`work.metrics: unknown key`}},
+		{"removed key", "work:\n  horizon: 250ms\n  max_hold: 10s\n" + oneUpstream,
+			[]string{`line 3: work.max_hold: removed in 0.1.0: workers take no job they cannot send within work.horizon, so none is held; delete the line`}},
 		{"unknown upstream key", "upstreams: {stripe: {base_url: 'https://a.b', limts: [{rate: 1, per: 1s}]}}",
 			[]string{`upstreams.stripe.limts: unknown key; did you mean "limits"?`, `upstreams.stripe.limits: at least one limit is required`}},
 		{"camelCase key", "upstreams: {s: {baseURL: 'https://a.b', limits: [{rate: 1, per: 1s}]}}",

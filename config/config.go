@@ -143,10 +143,6 @@ type Work struct {
 	// taken only once its send slot is this close; until then it waits in
 	// Redis and holds no worker. Default 250ms.
 	Horizon Duration `yaml:"horizon"`
-	// MaxHold is no longer used (workers take no job they cannot send
-	// within the horizon, so none is held); it is accepted so that older
-	// configs load.
-	MaxHold Duration `yaml:"max_hold"`
 	// PollInterval is the longest an idle upstream goes unlooked-at (each
 	// replica looks at each idle upstream this often, with ±10% jitter:
 	// about 13 Redis commands). Enqueues, resumes and blocks wake workers

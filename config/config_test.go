@@ -135,7 +135,7 @@ upstreams:
 			Admission:       Admission{Capacity: 100, RefillPerSecond: 10, OnRedisError: shaper.FailOpen},
 			ShutdownTimeout: Duration(30 * time.Second),
 		},
-		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(250 * time.Millisecond), MaxHold: Duration(10 * time.Second), PollInterval: Duration(2 * time.Minute)},
+		Work: Work{MetricsListen: ":9091", ShutdownTimeout: Duration(30 * time.Second), Horizon: Duration(250 * time.Millisecond), PollInterval: Duration(2 * time.Minute)},
 	}
 	upstream := func(name, base string, conc, workers int, guard time.Duration, l Limit) *Upstream {
 		return &Upstream{
@@ -208,7 +208,7 @@ api:
   keys: [{name: a.b, tenant: t1, key_env: A, admin: true}]
   admission: {capacity: 5, refill_per_second: 0.5, on_redis_error: local}
   shutdown_timeout: 5s
-work: {metrics_listen: "127.0.0.1:9999", shutdown_timeout: 1m, horizon: 500ms, max_hold: 20s, poll_interval: 50ms}
+work: {metrics_listen: "127.0.0.1:9999", shutdown_timeout: 1m, horizon: 500ms, poll_interval: 50ms}
 upstreams:
   mail:
     handler: true
@@ -249,7 +249,7 @@ upstreams:
 	if !reflect.DeepEqual(c.API, wantAPI) {
 		t.Errorf("api: got %+v, want %+v", c.API, wantAPI)
 	}
-	if want := (Work{MetricsListen: "127.0.0.1:9999", ShutdownTimeout: Duration(time.Minute), Horizon: Duration(500 * time.Millisecond), MaxHold: Duration(20 * time.Second), PollInterval: Duration(50 * time.Millisecond)}); c.Work != want {
+	if want := (Work{MetricsListen: "127.0.0.1:9999", ShutdownTimeout: Duration(time.Minute), Horizon: Duration(500 * time.Millisecond), PollInterval: Duration(50 * time.Millisecond)}); c.Work != want {
 		t.Errorf("work: got %+v, want %+v", c.Work, want)
 	}
 	want := &Upstream{

@@ -274,6 +274,10 @@ func (d *decoder) decodeStruct(n *yaml.Node, path string, v reflect.Value) {
 			if path == "" && strings.HasPrefix(name, "x-") {
 				continue
 			}
+			if why, ok := removedKey(join(path, name)); ok {
+				d.ps.addAt(p.key.Line, join(path, name), "%s", why)
+				continue
+			}
 			d.ps.addAt(p.key.Line, join(path, name), "%s", unknownKey(name, keysOf(v.Type())))
 			continue
 		}
@@ -298,6 +302,17 @@ func keysOf(t reflect.Type) []string {
 		}
 	}
 	return keys
+}
+
+// removedKey says why a key that an earlier version of shaper read is
+// refused now, and what to do instead: a key accepted and ignored would
+// let a config claim a setting that nothing applies.
+func removedKey(path string) (string, bool) {
+	switch path {
+	case "work.max_hold":
+		return "removed in 0.1.0: workers take no job they cannot send within work.horizon, so none is held; delete the line", true
+	}
+	return "", false
 }
 
 // unknownKey suggests the known key a typo most likely meant, or lists

@@ -30,7 +30,6 @@ const (
 	defaultShutdownTimeout   = Duration(shaper.DefaultShutdownTimeout)
 	defaultMetricsListen     = ":9091"
 	defaultHorizon           = Duration(shaper.DefaultHorizon)
-	defaultMaxHold           = Duration(shaper.DefaultMaxHold)
 	defaultPollInterval      = Duration(shaper.DefaultPollInterval)
 	defaultGuard             = Duration(leaky.DefaultGuard)
 	defaultTimeout           = Duration(shaper.DefaultTimeout)
@@ -323,7 +322,6 @@ func (k checker) work(w *Work) {
 	}
 	k.positive("work.shutdown_timeout", w.ShutdownTimeout, defaultShutdownTimeout)
 	k.positive("work.horizon", w.Horizon, defaultHorizon)
-	k.positive("work.max_hold", w.MaxHold, defaultMaxHold)
 	k.positive("work.poll_interval", w.PollInterval, defaultPollInterval)
 }
 
@@ -751,7 +749,6 @@ func applyDefaults(c *Config, lines map[string]int) {
 	}
 	setDefault(&w.ShutdownTimeout, defaultShutdownTimeout)
 	setDefault(&w.Horizon, defaultHorizon)
-	setDefault(&w.MaxHold, defaultMaxHold)
 	setDefault(&w.PollInterval, defaultPollInterval)
 
 	for name, u := range c.Upstreams {

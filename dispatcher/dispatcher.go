@@ -4,11 +4,13 @@
 // replicas run, the upstream sees no more than its limits, and pushback from
 // the upstream (429s, exhausted quotas) pauses every replica.
 //
-// Jobs come from asynq (package queue): one asynq server per upstream, so a
-// slow upstream's waiting workers never starve another's. Waiting for the
-// limiter never spends a job's attempts: a short wait happens in the worker;
-// a long one (a 429 with a long Retry-After, a pause) is held briefly and
-// then handed back to asynq, scheduled for when the upstream expects it.
+// Jobs come from package queue's store, in asynq's key layout, taken by
+// shaper's own scripts (internal/sched) with each one's slot booked in the
+// same step; every upstream has workers of its own, so a slow upstream
+// never starves another's. Waiting for the limiter never spends a job's
+// attempts: a job whose slot is further off than the horizon is not taken,
+// and one met by a pushback (a 429 with a long Retry-After, a pause) is
+// handed back to its queue, scheduled for when the upstream expects it.
 package dispatcher
 
 import (
@@ -112,8 +114,12 @@ type upstream struct {
 }
 
 // New validates the config and prepares a Dispatcher on rdb (which the
-// caller owns and closes after Run returns).
+// caller owns and closes after Run returns). Like queue.New, it refuses a
+// binary built with an asynq whose Redis layout the store does not know.
 func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
+	if err := taskstore.CheckBuild(); err != nil {
+		return nil, err
+	}
 	if len(cfg.Upstreams) == 0 {
 		return nil, errors.New("dispatcher: no upstreams")
 	}
@@ -250,20 +256,6 @@ func (d *Dispatcher) Handle(upstream string, h Handler) error {
 	}
 	u.handler = h
 	return nil
-}
-
-// retryDelay is how long asynq holds a job a worker ended with err before
-// running it again: a hand-back's or a retry's own delay, else fallback.
-func retryDelay(err error, fallback func() time.Duration) time.Duration {
-	var df *queue.Deferral
-	if errors.As(err, &df) {
-		return df.Delay
-	}
-	var rl *retryLater
-	if errors.As(err, &rl) {
-		return rl.delay
-	}
-	return fallback()
 }
 
 // retryLater is a failed attempt with the delay before the next one.

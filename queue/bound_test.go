@@ -49,7 +49,7 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 			t.Fatal(err)
 		}
 		f := taskstore.Finished{ID: info.ID, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded,
-			Retention: time.Hour, Result: []byte(`{"status":200,"body":"b2s="}`)}
+			Retention: time.Hour, Result: []byte(`{"v":2,"s":200,"b":"ok"}`)}
 		if i >= 3 {
 			f.Outcome, f.ErrMsg = taskstore.Dead, "upstream said 400"
 		}

@@ -2,11 +2,9 @@ package queue_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
@@ -59,58 +57,6 @@ func Example() {
 	// true queued created: true
 	// true queued created: false
 	// backlog: 1
-}
-
-// A worker of this version moves jobs left by the previous one, which kept
-// each lane in an asynq queue of its own ("shaper.stripe.default"), into
-// the upstream's one queue; `shaper work` does this at every start.
-func ExampleQueue_MigrateLegacy() {
-	mr, err := miniredis.Run()
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer rdb.Close()
-
-	// A job as the previous version's API stored it.
-	job := queue.Job{ID: queue.NewID("acme", "stripe", "default"), Tenant: "acme", Upstream: "stripe",
-		Lane: "default", Method: "POST", Path: "/v1/refunds", MaxAttempts: 5}
-	payload, _ := json.Marshal(&job)
-	old := asynq.NewClientFromRedisClient(rdb)
-	defer old.Close()
-	if _, err := old.Enqueue(asynq.NewTask(queue.TaskType, payload), asynq.Queue("shaper.stripe.default"),
-		asynq.TaskID(job.ID), asynq.MaxRetry(5)); err != nil {
-		fmt.Println(err)
-		return
-	}
-
-	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe"}}})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer q.Close()
-	ctx := context.Background()
-	for range 2 {
-		m, err := q.MigrateLegacy(ctx, "stripe")
-		if err != nil {
-			fmt.Println(err)
-			return
-		}
-		fmt.Println(m.Moved(), "moved from", m.Queues)
-	}
-	info, err := q.Get(ctx, job.ID, "acme")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	fmt.Println(info.State)
-	// Output:
-	// 1 moved from [shaper.stripe.default]
-	// 0 moved from []
-	// queued
 }
 
 // An operator lists an upstream's cancelled jobs and sends one back to the

@@ -3,8 +3,7 @@
 // name as a hash tag so each upstream lives in one Redis Cluster slot; the
 // order jobs go in is internal/sched's. It defines the job model, enqueues
 // idempotently, bounds each upstream's backlog, reads jobs and queue
-// statistics back for the API and `shaper status`, and carries jobs of the
-// previous per-lane layout over (MigrateLegacy).
+// statistics back for the API and `shaper status`.
 //
 // The dispatcher package drains these queues; this package only stores.
 package queue
@@ -116,10 +115,10 @@ func QueueName(upstream string) string { return sched.QueueName(upstream) }
 // The tag is the first 8 hex digits of a SHA-256 of the tenant: not a secret
 // (anyone who knows a tenant's name can compute it), only a filter. Two
 // tenants share a tag with odds of one in four billion; then the tenant
-// stored in the job decides, as it does for IDs made before tags existed
-// ("stripe.default.k4xq7m..." and "stripe.default.i9be0c..."), which stay
-// valid. IDs hold only [a-z0-9._-], so they are valid asynq task IDs and
-// never contain a Redis Cluster hash tag's braces.
+// stored in the job decides, as it does for an ID a Go caller set in
+// Job.ID without a tag ("stripe.default.order-17"). IDs hold only
+// [a-z0-9._-], so they are valid asynq task IDs and never contain a Redis
+// Cluster hash tag's braces.
 
 // tagLen is the length of the tenant tag at the start of an ID's last part.
 const tagLen = 8
@@ -154,19 +153,21 @@ func idempotentPart(tenant, key string) string {
 // be mistaken for each other.
 const idemHexLen = 30
 
-// idemIDPattern is the Lua pattern an IdempotentID matches (with a tenant
-// tag, or from before tags) and a NewID does not: its records outlive
-// the job (see FinishBounds).
-// (Thirty %x, one per hex digit; TestIdemIDPattern holds it to idemHexLen.)
-const idemIDPattern = "[.-]i" +
+// idemIDPattern is the Lua pattern an IdempotentID's last part matches
+// (tenant tag, "-i", hex digits) and a NewID's does not: its records
+// outlive the job (see FinishBounds). It is also a Go regular expression
+// once each %x is a hex class, which TestIdemIDPattern holds to tagLen,
+// idemHexLen and IsIdempotentID.
+const idemIDPattern = "[.]" + "%x%x%x%x%x%x%x%x" + "[-]i" +
 	"%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "$"
 
 // IsIdempotentID reports whether id was made by IdempotentID.
 func IsIdempotentID(id string) bool {
-	last := id[strings.LastIndexByte(id, '.')+1:]
-	if tag, ok := idTag(id); ok {
-		last = last[len(tag)+1:]
+	tag, ok := idTag(id)
+	if !ok {
+		return false
 	}
+	last := id[strings.LastIndexByte(id, '.')+1+len(tag)+1:]
 	if len(last) != 1+idemHexLen || last[0] != 'i' {
 		return false
 	}
@@ -188,8 +189,8 @@ func ParseID(id string) (upstream, lane string, err error) {
 	return parts[0], parts[1], nil
 }
 
-// idTag returns the tenant tag of an ID, or false for an ID made before
-// tags (or by hand) that has none.
+// idTag returns the tenant tag of an ID, or false for an ID set by hand
+// that has none.
 func idTag(id string) (string, bool) {
 	last := id[strings.LastIndexByte(id, '.')+1:]
 	if len(last) <= tagLen || last[tagLen] != '-' {

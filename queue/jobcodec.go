@@ -15,16 +15,14 @@ import (
 //
 // A queued job is held in Redis until it is sent, and a finished one until
 // its retention ends, so every byte of the payload counts (issue 12). The
-// payload was the Job's API JSON: its ID (already the task's ID and key),
-// an idempotency key that is the ID again when the producer gave none,
-// long field names, RFC 3339 times and the body in base64 (a third more
-// than the body). The stored form leaves out what the task already
-// says, names fields with one or two letters, writes times as Unix
-// nanoseconds and keeps a body that is valid UTF-8 (JSON, form data,
-// text: nearly every API body) as a JSON string.
+// stored form leaves out what the task already says (the ID, and an
+// idempotency key that is the ID), names fields with one or two letters,
+// writes times as Unix nanoseconds and keeps a body that is valid UTF-8
+// (JSON, form data, text: nearly every API body) as a JSON string rather
+// than base64.
 //
-// It is a JSON object whose first member is "v":2, so a payload stored
-// before it (the API JSON, which starts with "id") still decodes.
+// It is a JSON object with "v":2; a payload of any other version is
+// refused rather than guessed at.
 type storedJob struct {
 	V         int               `json:"v"`
 	Tenant    string            `json:"t,omitempty"`
@@ -52,10 +50,6 @@ type storedJob struct {
 
 // storedVersion is the v of the stored form.
 const storedVersion = 2
-
-// storedPrefix is how every stored-form payload begins, whatever its
-// version; the API JSON began with "id".
-const storedPrefix = `{"v":`
 
 // unixNano is t in Unix nanoseconds, 0 for the zero time. Nanoseconds
 // reach from 1678 to 2262; a time outside is stored as the nearest end,
@@ -121,20 +115,9 @@ func compactJSON(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// DecodeJob reads a job stored by EncodeJob, or in the API JSON that
-// payloads held before it; id is the task's ID, which the stored form
-// leaves out.
+// DecodeJob reads a job stored by EncodeJob; id is the task's ID, which
+// the stored form leaves out.
 func DecodeJob(id string, payload []byte) (Job, error) {
-	if !bytes.HasPrefix(payload, []byte(storedPrefix)) {
-		var j Job
-		if err := json.Unmarshal(payload, &j); err != nil {
-			return Job{}, err
-		}
-		if j.ID == "" {
-			j.ID = id
-		}
-		return j, nil
-	}
 	var s storedJob
 	if err := json.Unmarshal(payload, &s); err != nil {
 		return Job{}, err
@@ -178,14 +161,8 @@ func EncodeResponse(r *Response) ([]byte, error) {
 	return compactJSON(&s)
 }
 
-// DecodeResponse reads a response stored by EncodeResponse, or as the API
-// JSON that results held before it.
+// DecodeResponse reads a response stored by EncodeResponse.
 func DecodeResponse(b []byte) (Response, error) {
-	if !bytes.HasPrefix(b, []byte(storedPrefix)) {
-		var r Response
-		err := json.Unmarshal(b, &r)
-		return r, err
-	}
 	var s storedResponse
 	if err := json.Unmarshal(b, &s); err != nil {
 		return Response{}, err

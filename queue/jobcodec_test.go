@@ -39,23 +39,21 @@ func TestJobCodecRoundTrips(t *testing.T) {
 	}
 }
 
-// A payload stored before the compact form (the API JSON) still reads.
-func TestDecodeJobReadsTheOldForm(t *testing.T) {
-	j := Job{ID: "stripe.default.x", Tenant: "t", Upstream: "stripe", Lane: "default", Method: "POST", Path: "/p",
-		Body: []byte{0xff, 1}, IdempotencyKey: "stripe.default.x", MaxAttempts: 3, CreatedAt: time.Now().UTC()}
-	old, _ := json.Marshal(&j)
-	got, err := DecodeJob(j.ID, old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(got, j) {
-		t.Errorf("got %+v, want %+v", got, j)
-	}
-	if _, err := DecodeJob("x", []byte(`{"v":3}`)); err == nil {
-		t.Error(`a stored form of an unknown version: got no error`)
-	}
-	if _, err := DecodeJob("x", []byte(`{"v":2,`)); err == nil {
-		t.Error("a cut payload: got no error")
+// Only the stored form reads: a payload of another version, a cut one, or
+// the Job's API JSON (which has no "v") is an error, not a job with
+// fields missing.
+func TestDecodeJobRefusesOtherForms(t *testing.T) {
+	api, _ := json.Marshal(&Job{ID: "stripe.default.x", Upstream: "stripe", Method: "POST", Path: "/p", MaxAttempts: 3})
+	for name, payload := range map[string]string{
+		"unknown version": `{"v":3}`,
+		"no version":      `{"u":"stripe","p":"/p"}`,
+		"api json":        string(api),
+		"cut":             `{"v":2,`,
+		"not json":        "stripe",
+	} {
+		if j, err := DecodeJob("stripe.default.x", []byte(payload)); err == nil {
+			t.Errorf("%s %s: got %+v, want an error", name, payload, j)
+		}
 	}
 }
 
@@ -108,12 +106,11 @@ func TestResponseCodecRoundTrips(t *testing.T) {
 			}
 		})
 	}
-	old, _ := json.Marshal(&Response{Status: 201, Body: []byte("made")})
-	if got, err := DecodeResponse(old); err != nil || got.Status != 201 || string(got.Body) != "made" {
-		t.Errorf("the old form %s: got %+v, %v", old, got, err)
-	}
-	if _, err := DecodeResponse([]byte(`{"v":9,"s":200}`)); err == nil {
-		t.Error("a stored response of an unknown version: got no error")
+	api, _ := json.Marshal(&Response{Status: 201, Body: []byte("made")})
+	for _, b := range []string{`{"v":9,"s":200}`, string(api), `{"v":2,"s":`} {
+		if got, err := DecodeResponse([]byte(b)); err == nil {
+			t.Errorf("DecodeResponse(%s): got %+v, want an error", b, got)
+		}
 	}
 }
 

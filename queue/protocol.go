@@ -1,8 +1,6 @@
 package queue
 
 import (
-	"context"
-	"errors"
 	"strings"
 	"time"
 
@@ -55,17 +53,15 @@ func BlockWaitsFor(reason string) string {
 // is all asynq keeps of it, so asynq's own tools read it plainly:
 // "waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z
 // (429 from upstream)"; waitingBare starts one that waits for none of
-// those ("waiting: sensitive headers unreadable"). legacyDeferredPrefix
-// started every one before.
+// those ("waiting: sensitive headers unreadable").
 const (
-	waitingPrefix        = "waiting for "
-	waitingBare          = "waiting: "
-	legacyDeferredPrefix = "deferred: "
+	waitingPrefix = "waiting for "
+	waitingBare   = "waiting: "
 )
 
 // Deferral is a worker handing a job back to its queue to wait for its
 // upstream (a 429, its store) rather than failing it: no attempt is spent
-// (IsFailure says no; the store counts it deferred, not retry) and it
+// (the store counts it deferred, not retry) and it
 // runs again after Delay. The job shows as scheduled, not retrying, and a
 // resume makes it due at once (RunDeferred).
 type Deferral struct {
@@ -89,13 +85,6 @@ func (d *Deferral) Error() string {
 	return waitingPrefix + d.For + ": " + d.Why
 }
 
-// IsFailure is asynq's Config.IsFailure for shaper's workers: every error
-// but a Deferral spends an attempt.
-func IsFailure(err error) bool {
-	var d *Deferral
-	return !errors.As(err, &d)
-}
-
 // deferredFor reports whether asynq's last error of a task was a
 // Deferral, and what it waited for ("" when it did not say).
 func deferredFor(lastErr string) (string, bool) {
@@ -106,9 +95,6 @@ func deferredFor(lastErr string) (string, bool) {
 			return what, true
 		}
 		return "", true
-	}
-	if strings.HasPrefix(lastErr, legacyDeferredPrefix) {
-		return WaitingPushback, true
 	}
 	return "", strings.HasPrefix(lastErr, waitingBare)
 }
@@ -122,7 +108,7 @@ func deferred(lastErr string) bool {
 // Attempts are counted by one rule, from asynq's retry count, which counts
 // failed attempts only (a Deferral is not a failure):
 //
-//   - the worker running a job is making attempt retried+1 (Attempt);
+//   - the worker running a job is making attempt retried+1;
 //   - a job waiting (queued, scheduled, retrying) has made retried attempts,
 //     one running or finished retried+1 (what Info.Attempts shows);
 //   - attempt MaxAttempts is the last: the worker ends the job itself after
@@ -130,18 +116,8 @@ func deferred(lastErr string) bool {
 //     more than that needs, so asynq never archives on its own a job that
 //     was only handed back.
 
-// Attempt is the number, from 1, of the attempt a worker is making at a
-// job, read from asynq's handler context.
-func Attempt(ctx context.Context) int {
-	retried, _ := asynq.GetRetryCount(ctx)
-	return retried + 1
-}
-
 // LastAttempt reports whether attempt is the job's last.
 func LastAttempt(job *Job, attempt int) bool { return attempt >= job.MaxAttempts }
-
-// asynqMaxRetry is the MaxRetry a job's task is enqueued with.
-func asynqMaxRetry(maxAttempts int) int { return maxAttempts }
 
 // attemptsMade is how many attempts a job in an asynq state has made.
 func attemptsMade(state asynq.TaskState, retried int) int {

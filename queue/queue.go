@@ -86,7 +86,12 @@ type backlogSample struct {
 }
 
 // New returns a Queue on rdb; the caller owns rdb and closes it after Close.
+// It refuses a binary built with an asynq whose Redis layout the store does
+// not know (see CHANGELOG.md).
 func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
+	if err := taskstore.CheckBuild(); err != nil {
+		return nil, err
+	}
 	ups := map[string]shaper.Upstream{}
 	for _, u := range cfg.Upstreams {
 		u = u.WithDefaults()
@@ -313,7 +318,7 @@ func (q *Queue) prepare(ctx context.Context, job *Job, rdb redis.Cmdable) (*prep
 	fk := sched.FairKey(u, job.Tenant, job.Partition)
 	msg := &taskstore.Message{
 		Type: TaskType, Payload: payload, ID: job.ID, Queue: space.Queue,
-		Retry: int32(asynqMaxRetry(job.MaxAttempts)),
+		Retry: int32(job.MaxAttempts), // see "Attempts are counted" (protocol.go)
 		// Waits for the upstream happen before a job is taken; the
 		// upstream's own timeout bounds each request.
 		Timeout:   int64((24 * time.Hour).Seconds()),

@@ -197,6 +197,10 @@ func TestStatesThroughAsynq(t *testing.T) {
 	if err != nil || len(tk.Jobs) != 3 {
 		t.Fatalf("took %d jobs, %v; want 3", len(tk.Jobs), err)
 	}
+	result, err := EncodeResponse(&Response{Status: 200, Body: []byte("ok")})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var items []taskstore.Finished
 	for _, j := range tk.Jobs {
 		msg, err := taskstore.Unmarshal(j.Msg)
@@ -208,7 +212,7 @@ func TestStatesThroughAsynq(t *testing.T) {
 		case deferred.ID:
 			f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Hour), (&Deferral{Why: "upstream blocked"}).Error()
 		case done.ID:
-			f.Outcome, f.Retention, f.Result = taskstore.Succeeded, time.Hour, []byte(`{"status":200,"body":"b2s="}`)
+			f.Outcome, f.Retention, f.Result = taskstore.Succeeded, time.Hour, result
 		default:
 			f.Outcome, f.ErrMsg = taskstore.Dead, "upstream said 400"
 		}
@@ -260,12 +264,12 @@ func TestIDs(t *testing.T) {
 	if n == NewID("t", "s", "l") {
 		t.Fatal("two new IDs were equal")
 	}
-	legacy := oldIdempotentID("t", "stripe", "default", "k")
+	byHand := "stripe.default.order-17" // set in Job.ID by a Go caller
 	for _, tc := range []struct {
 		id string
 		ok bool
 	}{
-		{a, true}, {n, true}, {legacy, true}, {"stripe.default.3kq7zxmbe2ltwvyd4ph5ia6c", true}, {"stripe.default.x", true},
+		{a, true}, {n, true}, {byHand, true}, {"stripe.default.3kq7zxmbe2ltwvyd4ph5ia6c", true}, {"stripe.default.x", true},
 		{"Stripe.default.x", false}, {"stripe..x", false}, {"", false}, {"a.b.c.d", false},
 	} {
 		if _, _, err := ParseID(tc.id); (err == nil) != tc.ok {
@@ -283,8 +287,8 @@ func TestIDs(t *testing.T) {
 			t.Errorf("foreignID(%q): wrong for its own tenant t or for another u", id)
 		}
 	}
-	// IDs made before tags are never foreign by their tag: the payload decides.
-	for _, id := range []string{legacy, "stripe.default.3kq7zxmbe2ltwvyd4ph5ia6c", "stripe.default.abcdef12"} {
+	// IDs without a tag are never foreign by their tag: the payload decides.
+	for _, id := range []string{byHand, "stripe.default.3kq7zxmbe2ltwvyd4ph5ia6c", "stripe.default.abcdef12"} {
 		if foreignID(id, "u") {
 			t.Errorf("foreignID(%q, u): true for an ID without a tag", id)
 		}
@@ -307,12 +311,12 @@ func TestForeignTenantIsNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A job stored before IDs had tags.
-	old, _, err := q.Enqueue(ctx, &Job{ID: oldIdempotentID("billing", "stripe", "default", "k0"), Tenant: "billing", Upstream: "stripe", Path: "/c"})
+	// A job whose ID a Go caller set, without a tag.
+	byHand, _, err := q.Enqueue(ctx, &Job{ID: "stripe.default.order-17", Tenant: "billing", Upstream: "stripe", Path: "/c"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{tagged.ID, keyed.ID, old.ID} {
+	for _, id := range []string{tagged.ID, keyed.ID, byHand.ID} {
 		if _, err := q.Get(ctx, id, "billing"); err != nil {
 			t.Errorf("own tenant's Get(%s): %v", id, err)
 		}
@@ -336,40 +340,8 @@ func TestForeignTenantIsNotFound(t *testing.T) {
 	}
 }
 
-// oldIdempotentID is the ID an idempotency key gave before IDs carried a
-// tenant tag; such jobs stay readable, but a repeat no longer finds them.
-func oldIdempotentID(tenant, upstream, lane, key string) string {
-	return upstream + "." + lane + "." + idempotentPart(tenant, key)
-}
-
-// TestIdempotentRepeatAcrossUpgrade: a key first used before IDs carried
-// tags is not recognised by a repeat after the upgrade (README, Upgrading):
-// a new job is made, carrying the same idempotency key for the upstream,
-// and the old job stays readable and cancellable by its tenant.
-func TestIdempotentRepeatAcrossUpgrade(t *testing.T) {
-	ctx := context.Background()
-	rdb := srv.Client(t)
-	rdb.FlushAll(ctx)
-	q := newQueue(t, rdb, upstreams(100))
-	old := oldIdempotentID("billing", "stripe", "default", "order-1")
-	if _, _, err := q.Enqueue(ctx, &Job{ID: old, Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"}); err != nil {
-		t.Fatal(err)
-	}
-	again, created, err := q.Enqueue(ctx, &Job{Tenant: "billing", Upstream: "stripe", Path: "/a", IdempotencyKey: "order-1"})
-	if err != nil || !created || again.ID == old || again.IdempotencyKey != "order-1" {
-		t.Fatalf("repeat: got %v, created %v, %v; want a new job with idempotency key order-1", again, created, err)
-	}
-	if info, err := q.Get(ctx, old, "billing"); err != nil || info.IdempotencyKey != "order-1" {
-		t.Fatalf("Get of the old-format job: %v, %v", info, err)
-	}
-	if _, err := q.Cancel(ctx, old, "billing"); err != nil {
-		t.Fatalf("Cancel of the old-format job: %v", err)
-	}
-}
-
 // TestIdempotentEnqueueRoundTrips: an idempotent enqueue, first or
-// repeated, asks Redis nothing beyond the enqueue itself (no look-up of
-// IDs in an older format).
+// repeated, asks Redis nothing beyond the enqueue itself.
 func TestIdempotentEnqueueRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	rdb := srv.Client(t)

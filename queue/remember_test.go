@@ -73,7 +73,7 @@ func (r *rememberRig) finish(id string, raw []byte, outcome taskstore.Outcome) {
 	}
 	u, _ := r.q.Upstream("stripe")
 	f := taskstore.Finished{ID: id, Lane: "default", Msg: msg, Outcome: outcome,
-		Retention: time.Hour, Result: []byte(`{"status":200,"body":"b2s="}`), ErrMsg: "upstream said 400"}
+		Retention: time.Hour, Result: []byte(`{"v":2,"s":200,"b":"ok"}`), ErrMsg: "upstream said 400"}
 	errs, err := taskstore.Finish(context.Background(), r.rdb, taskstore.For(QueueName("stripe")), r.space.CountsKey(),
 		r.space.BacklogKey(), []taskstore.Finished{f}, taskstore.KeepAtMost(FinishBounds("", u)))
 	if err != nil || errs[0] != nil {
@@ -279,8 +279,8 @@ func TestConcurrentRepeatsAfterTheDrop(t *testing.T) {
 // TestIdemIDPattern: the Lua pattern the scripts tell idempotency keys'
 // IDs by agrees with IsIdempotentID, and both tell them from random IDs.
 func TestIdemIDPattern(t *testing.T) {
-	if got := strings.Count(idemIDPattern, "%x"); got != idemHexLen {
-		t.Fatalf("pattern has %d hex digits, want %d", got, idemHexLen)
+	if got := strings.Count(idemIDPattern, "%x"); got != tagLen+idemHexLen {
+		t.Fatalf("pattern has %d hex digits, want %d", got, tagLen+idemHexLen)
 	}
 	lua := regexp.MustCompile(strings.NewReplacer("%x", "[0-9a-fA-F]").Replace(idemIDPattern))
 	for _, tc := range []struct {
@@ -289,7 +289,8 @@ func TestIdemIDPattern(t *testing.T) {
 	}{
 		{IdempotentID("billing", "stripe", "default", "order-17"), true},
 		{IdempotentID("", "s", "bulk", "k"), true},
-		{"stripe.default.i" + strings.Repeat("0a", 15), true}, // from before tenant tags
+		{"stripe.default.i" + strings.Repeat("0a", 15), false}, // no tenant tag: set by hand
+		{"stripe.default.order-i" + strings.Repeat("0a", 15), false},
 		{NewID("billing", "stripe", "default"), false},
 		{"stripe.default.3fa9c1d2-i" + strings.Repeat("a", 29), false},
 		{"stripe.default.3fa9c1d2-i" + strings.Repeat("a", 31), false},

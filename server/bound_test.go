@@ -130,7 +130,7 @@ func (m *mailDrain) finish(body string) string {
 	}
 	_, err = taskstore.Finish(ctx, m.f.rdb, taskstore.For(queue.QueueName("mail")), m.space.CountsKey(), m.space.BacklogKey(),
 		[]taskstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded, Retention: time.Hour,
-			Result: []byte(`{"status":200,"body":"b2s="}`)}},
+			Result: []byte(`{"v":2,"s":200,"b":"ok"}`)}},
 		taskstore.KeepAtMost(queue.FinishBounds("", m.u)))
 	if err != nil {
 		m.t.Fatal(err)

@@ -82,6 +82,9 @@ upstreams:
 `
 
 func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
+	if err := f.checkAsynq(); err != nil {
+		return err
+	}
 	if opts.demoRate < 1 || opts.demoRate > 10000 {
 		return fmt.Errorf("--demo-rate %d: must be between 1 and 10000", opts.demoRate)
 	}

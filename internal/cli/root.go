@@ -11,12 +11,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/shaperhq/shaper/config"
+	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/metrics"
 )
 
@@ -30,6 +32,9 @@ type Factory struct {
 	ErrOut io.Writer
 	// LookupEnv reads the environment; tests pass their own.
 	LookupEnv func(string) (string, bool)
+	// BuildDeps lists the modules the binary was built with; nil reads
+	// the running binary's build info (runtime/debug.ReadBuildInfo).
+	BuildDeps func() []*debug.Module
 
 	// Set by the root command's persistent flags.
 	redisURL  string
@@ -120,6 +125,23 @@ Start with "shaper dev": everything in one process, no setup.`,
 	)
 	addCompletionCmd(root)
 	return root
+}
+
+// checkAsynq refuses to start a command that runs the store (serve, work,
+// dev) when the binary links an asynq whose Redis layout the store does
+// not know; queue.New and dispatcher.New would refuse too, but only after
+// the config is read and Redis dialled.
+func (f *Factory) checkAsynq() error {
+	var deps []*debug.Module
+	if f.BuildDeps != nil {
+		deps = f.BuildDeps()
+	} else if bi, ok := debug.ReadBuildInfo(); ok {
+		deps = bi.Deps
+	}
+	if err := taskstore.CheckAsynq(deps); err != nil {
+		return fmt.Errorf("refusing to start: %w", err)
+	}
+	return nil
 }
 
 // redisOverride is --redis, else $SHAPER_REDIS_URL.

@@ -134,6 +134,9 @@ func newRegistry() (*prometheus.Registry, *metrics.Metrics) {
 }
 
 func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
+	if err := f.checkAsynq(); err != nil {
+		return err
+	}
 	log, err := f.logger()
 	if err != nil {
 		return err

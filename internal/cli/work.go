@@ -21,7 +21,6 @@ import (
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/metrics"
-	"github.com/shaperhq/shaper/queue"
 )
 
 type workOptions struct {
@@ -63,6 +62,9 @@ them when named.`,
 }
 
 func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
+	if err := f.checkAsynq(); err != nil {
+		return err
+	}
 	log, err := f.logger()
 	if err != nil {
 		return err
@@ -85,18 +87,13 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 	defer rdb.Close()
 
 	reg, m := newRegistry()
-	q, err := queue.New(rdb, queueConfig(cfg))
-	if err != nil {
-		return err
-	}
-	defer q.Close()
 	d, err := dispatcher.New(rdb, workerConfig(cfg, chosen, log, m))
 	if err != nil {
 		return err
 	}
 
-	// The metrics listener and the dead-job trimmer outlive d.Run's
-	// shutdown a little, and are stopped and waited for on the way out.
+	// The metrics listener outlives d.Run's shutdown a little, and is
+	// stopped and waited for on the way out.
 	var wg sync.WaitGroup
 	bgCtx, cancelBackground := context.WithCancel(context.Background())
 	defer func() {
@@ -108,14 +105,6 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 			return err
 		}
 	}
-	if left := migrateLegacy(ctx, q, nil, log); len(left) > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			retryMigration(bgCtx, q, left, legacyRetryEvery, log)
-		}()
-	}
-
 	log.Info("worker starting", "upstreams", len(chosen), "version", Version)
 	err = d.Run(ctx)
 	log.Info("worker stopped")
@@ -216,84 +205,4 @@ func workerMux(reg *prometheus.Registry, rdb redis.UniversalClient) http.Handler
 		w.Write([]byte("ok\n"))
 	})
 	return mux
-}
-
-// legacyRetryEvery is how often a worker tries again to move jobs that an
-// old worker still held when it started.
-const legacyRetryEvery = 10 * time.Second
-
-// migrateLegacy moves the jobs of the named upstreams (every configured one
-// when none are named) left in the previous layout's per-lane queues into
-// the new one (queue.MigrateLegacy), after one round trip that finds
-// nothing once a deployment has migrated. It logs what moved at INFO and
-// what was left at WARN, and returns the upstreams to try again: those
-// with jobs whose old worker's lease has not run out, or whose migration
-// failed.
-func migrateLegacy(ctx context.Context, q *queue.Queue, names []string, log *slog.Logger) []string {
-	found, err := q.LegacyUpstreams(ctx, names...)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		log.Warn("could not look for jobs of the previous queue layout", "err", err)
-		if len(names) == 0 {
-			for _, u := range q.Upstreams() {
-				names = append(names, u.Name)
-			}
-		}
-		return names
-	}
-	var again []string
-	for _, name := range found {
-		if len(names) == 0 {
-			// At startup dispatch waits for this, and a deep old backlog
-			// takes a while (some thousands of jobs a second).
-			log.Info("moving jobs from the previous queue layout", "upstream", name)
-		}
-		m, err := q.MigrateLegacy(ctx, name)
-		if m.Moved() > 0 || m.Existing > 0 || m.Dropped > 0 {
-			log.Info("moved jobs from the previous queue layout", "upstream", name, "moved", m.Moved(),
-				"pending", m.Pending, "scheduled", m.Scheduled, "retry", m.Retry, "dead", m.Dead,
-				"succeeded", m.Succeeded, "active", m.Active, "active_dead", m.Exhausted,
-				"already_moved", m.Existing, "dropped", m.Dropped, "queues", m.Queues)
-		}
-		for i, s := range m.Skipped {
-			if i == 10 {
-				log.Warn("left more jobs in the previous queue layout", "upstream", name, "more", len(m.Skipped)-i)
-				break
-			}
-			if s.LeaseUntil.IsZero() {
-				log.Warn("left a job in the previous queue layout", "upstream", name, "queue", s.Queue, "job", s.ID, "reason", s.Reason)
-			} else {
-				log.Warn("a worker of the previous version holds a job; moving it once its lease ends (stop the old workers)",
-					"upstream", name, "queue", s.Queue, "job", s.ID, "lease_until", s.LeaseUntil)
-			}
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("could not move jobs from the previous queue layout", "upstream", name, "err", err)
-				again = append(again, name)
-			}
-			continue
-		}
-		if m.Leased() > 0 {
-			again = append(again, name)
-		}
-	}
-	return again
-}
-
-// retryMigration tries the upstreams' migration again every interval until
-// none is left to try or ctx ends.
-func retryMigration(ctx context.Context, q *queue.Queue, names []string, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for len(names) > 0 {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		names = migrateLegacy(ctx, q, names, log)
-	}
 }

@@ -526,67 +526,6 @@ func (t *Taker) Take(ctx context.Context, n int) (Take, error) {
 	return out, nil
 }
 
-// Placement is a state Place puts a job in directly.
-type Placement uint8
-
-const (
-	// PlaceRetry: waiting in asynq's retry set until its time, when a
-	// take moves it into its flow; counted retry:LANE and in its
-	// partition's backlog.
-	PlaceRetry Placement = iota + 1
-	// PlaceDead: in asynq's archive, scored by when it died; counted
-	// dead:LANE.
-	PlaceDead
-	// PlaceSucceeded: in asynq's completed set, scored by when its
-	// retention ends, with its result; counted succeeded:LANE.
-	PlaceSucceeded
-)
-
-func (p Placement) String() string {
-	switch p {
-	case PlaceRetry:
-		return "retry"
-	case PlaceDead:
-		return "dead"
-	case PlaceSucceeded:
-		return "succeeded"
-	}
-	return "Placement(" + strconv.Itoa(int(p)) + ")"
-}
-
-// Place stores e directly as retrying, dead or succeeded, scored at at in
-// that state's asynq set (retry: when it comes due; dead: when it died;
-// succeeded: when its retention ends), with result (succeeded only, nil
-// for none) in the task hash. It is for jobs carried over from elsewhere
-// with their history: e.Msg keeps its counters. e.ProcessAt is not used.
-// created is false, with nothing changed, if a job with e.ID exists.
-func (s Space) Place(ctx context.Context, rdb redis.Scripter, e Entry, p Placement, at time.Time, result []byte) (created bool, err error) {
-	var set, state string
-	switch p {
-	case PlaceRetry:
-		set, state = s.a.Retry(), "retry"
-	case PlaceDead:
-		set, state = s.a.Archived(), "archived"
-	case PlaceSucceeded:
-		set, state = s.a.Completed(), "completed"
-	default:
-		return false, fmt.Errorf("place %s: unknown placement %v", e.ID, p)
-	}
-	hasResult := "0"
-	if result != nil && p == PlaceSucceeded {
-		hasResult = "1"
-	}
-	keys := []string{s.TaskKey(e.ID), s.vKey(), s.CountsKey(), s.BacklogKey(), set}
-	v, err := script.Run(ctx, rdb, "sched.place", placeScript, keys,
-		e.ID, e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), state, p.String(),
-		unixSeconds(at), hasResult, result, s.wake, s.Upstream)
-	if err != nil {
-		return false, err
-	}
-	n, _ := v.(int64)
-	return n != 0, nil
-}
-
 // Hold is what keeps an upstream's waiting jobs from being taken, read at
 // one instant on Redis's clock.
 type Hold struct {

@@ -14,13 +14,11 @@ package childproc
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 )
 
 const envRole = "SHAPER_CHILD_ROLE"
@@ -36,20 +34,6 @@ func Command(tb testing.TB, role string, env ...string) *exec.Cmd {
 	cmd.Env = append(append(os.Environ(), envRole+"="+role), env...)
 	cmd.Stderr = &logWriter{tb: tb, prefix: role}
 	return cmd
-}
-
-// StartAt is a shared start instant for children, far enough ahead that all
-// of them are up and waiting when it comes.
-func StartAt(d time.Duration) time.Time { return time.Now().Add(d) }
-
-// SleepUntil waits for a StartAt instant passed to a child.
-func SleepUntil(unixNano string) error {
-	var n int64
-	if _, err := fmt.Sscan(unixNano, &n); err != nil {
-		return fmt.Errorf("bad start time %q: %w", unixNano, err)
-	}
-	time.Sleep(time.Until(time.Unix(0, n)))
-	return nil
 }
 
 // Lines reads a child's stdout line by line until EOF.
