@@ -152,8 +152,9 @@ type Rates struct {
 	// none of them sent anything. Not shown: status reads it to tell a
 	// drain that is starting from one that is slow.
 	Recent float64 `json:"-"`
-	// RecentFull is true when the first of the last 10 seconds sent
-	// something, so Recent spans all 10 of them.
+	// RecentFull is true when every one of the last 10 seconds sent
+	// something: a drain under way all along, not one that is starting
+	// or starting again.
 	RecentFull bool `json:"-"`
 }
 
@@ -172,21 +173,20 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix, upstream strin
 		return Rates{}, fmt.Errorf("read drain counts of %s: %w", upstream, err)
 	}
 	var sum10, sum60 float64
-	oldest := -1 // the oldest of the last 10 seconds that sent anything
+	oldest, busy := -1, 0 // the oldest of the last 10 seconds that sent anything; how many did
 	for i, v := range vals {
 		n := count(v)
 		if i < 10 {
 			sum10 += n
 			if n > 0 {
-				oldest = i
+				oldest, busy = i, busy+1
 			}
 		}
 		sum60 += n
 	}
-	r := Rates{Last10s: sum10 / 10, Last60s: sum60 / 60}
+	r := Rates{Last10s: sum10 / 10, Last60s: sum60 / 60, RecentFull: busy == 10}
 	if oldest >= 0 {
 		r.Recent = sum10 / float64(oldest+1)
-		r.RecentFull = oldest == 9
 	}
 	return r, nil
 }

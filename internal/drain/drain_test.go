@@ -18,15 +18,16 @@ func TestRecent(t *testing.T) {
 	ctx := context.Background()
 	base := time.Unix(1_800_000_000, 0)
 	for _, tc := range []struct {
-		name        string
-		perSecond   []int64 // sends in the seconds now-2, now-3, …
-		last10s     float64
-		recent      float64
-		recentFull  bool
+		name       string
+		perSecond  []int64 // sends in the seconds now-2, now-3, …
+		last10s    float64
+		recent     float64
+		recentFull bool
 	}{
 		{name: "idle", perSecond: nil, last10s: 0, recent: 0, recentFull: false},
 		{name: "began 3s ago", perSecond: []int64{5, 5, 5}, last10s: 1.5, recent: 5, recentFull: false},
 		{name: "a gap inside", perSecond: []int64{1, 0, 0, 1}, last10s: 0.2, recent: 0.5, recentFull: false},
+		{name: "starting again", perSecond: []int64{0, 0, 0, 3, 3, 3, 3, 3, 3, 3}, last10s: 2.1, recent: 2.1, recentFull: false},
 		{name: "ten full seconds", perSecond: []int64{2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 9}, last10s: 2, recent: 2, recentFull: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -92,7 +93,7 @@ func TestHistory(t *testing.T) {
 	if !last.At.Equal(stepEnd) || last.Rate != 4 {
 		t.Fatalf("latest point %+v, want 4/s ending at %v", last, stepEnd)
 	}
-	if !first.At.Equal(stepEnd.Add(-History + HistoryStep)) || first.Rate != 0.7 {
+	if !first.At.Equal(stepEnd.Add(-History+HistoryStep)) || first.Rate != 0.7 {
 		t.Fatalf("oldest point %+v, want 0.7/s ending at %v", first, stepEnd.Add(-History+HistoryStep))
 	}
 	for _, p := range pts[1 : len(pts)-1] {
