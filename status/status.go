@@ -445,3 +445,33 @@ func showLimits(configured []leaky.Limit, guard time.Duration, states []leaky.Li
 	}
 	return shown, stated
 }
+
+// History is an upstream's drain rate over the last drain.History, one
+// Point per drain.HistoryStep, oldest first: what the status page's chart
+// opens with, before it has polled. The JSON is GET
+// /v1/upstreams/{name}/history.
+type History struct {
+	Name string `json:"name"`
+	// StepSeconds is how long each point's step is.
+	StepSeconds float64 `json:"step_seconds"`
+	// Points each end at At and give the step's sends per second.
+	Points []drain.Point `json:"points"`
+}
+
+// History reads an upstream's drain history, on the same clock as
+// Upstream.
+func (r *Reader) History(ctx context.Context, name string) (History, error) {
+	b, ok := r.buckets[name]
+	if !ok {
+		return History{}, fmt.Errorf("upstream %q: %w", name, queue.ErrUnknownUpstream)
+	}
+	st, err := b.State(ctx)
+	if err != nil {
+		return History{}, err
+	}
+	pts, err := drain.HistoryAt(ctx, r.rdb, r.prefix, name, st.Now)
+	if err != nil {
+		return History{}, err
+	}
+	return History{Name: name, StepSeconds: drain.HistoryStep.Seconds(), Points: pts}, nil
+}
