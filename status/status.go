@@ -1,9 +1,11 @@
 // Package status reads what `shaper status` and GET /v1/upstreams show about
 // each upstream, from Redis alone: its limits, the rate all replicas
 // together drained it at over the last 10 and 60 seconds, its backlog by
-// lane, jobs in flight, retrying and dead, whether it is paused, and how long
-// the backlog will take to drain at the current rate. It also owns pausing
-// and resuming an upstream, for the API and the command line alike.
+// lane, jobs in flight, retrying and dead, whether it is paused, how long
+// the backlog will take to drain (at the limit while the pacer holds it
+// back, else at the observed rate: see Upstream.TimeToDrainSeconds), and the
+// last 15 minutes of drain rate for the status page's chart. It also owns
+// pausing and resuming an upstream, for the API and the command line alike.
 package status
 
 import (
