@@ -37,10 +37,19 @@ type UpstreamStatus struct {
 	// when the upstream is not paused.
 	PausedUntil time.Time `json:"paused_until,omitzero"`
 	PauseReason string    `json:"pause_reason,omitempty"`
-	// TimeToDrainSeconds is how long the backlog takes at the recent drain
-	// rate; nil when that cannot be told (a backlog but no recent drain).
+	// TimeToDrainSeconds is how long the backlog will take: at the limits
+	// while the pacer holds the backlog back, else at the rate observed
+	// lately, as TimeToDrainBasis says; nil while paused, or when it
+	// cannot be told (a backlog, an idle pacer and no recent drain).
 	// TimeToDrain reads it as a duration.
 	TimeToDrainSeconds *float64 `json:"time_to_drain_seconds"`
+	// TimeToDrainBasis is "limit" or "observed"; empty when
+	// TimeToDrainSeconds is nil, there is no backlog, or the server
+	// predates it.
+	TimeToDrainBasis string `json:"time_to_drain_basis,omitempty"`
+	// TimeToDrainAtLimitSeconds is how long the backlog takes at the
+	// limits as paced now, the best case.
+	TimeToDrainAtLimitSeconds float64 `json:"time_to_drain_at_limit_seconds"`
 	// Partitions counts the upstream's partitions with jobs not yet
 	// finished and lists the busiest of them; zero from a server that
 	// predates partitions.

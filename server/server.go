@@ -227,6 +227,7 @@ func (s *Server) routes(page http.Handler) {
 	handle("POST /v1/jobs/{id}/retry", s.authed(s.handleRetry))
 	handle("GET /v1/upstreams", s.authed(s.handleUpstreams))
 	handle("GET /v1/upstreams/{name}", s.authed(s.handleUpstream))
+	handle("GET /v1/upstreams/{name}/history", s.authed(s.handleHistory))
 	handle("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
 	handle("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
 	handle("POST /v1/upstreams/{name}/retry-dead", s.authed(s.admin(s.handleRetryDead)))

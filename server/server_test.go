@@ -20,6 +20,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/client"
+	"github.com/shaperhq/shaper/internal/drain"
 	"github.com/shaperhq/shaper/internal/testsupport/apicheck"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
@@ -472,6 +473,49 @@ func TestPauseResumeAndStatus(t *testing.T) {
 		if _, ok := first[k]; !ok {
 			t.Errorf("status lacks %q: %v", k, first)
 		}
+	}
+}
+
+// TestUpstreamHistory: GET /v1/upstreams/{name}/history is 15 minutes of
+// 10 s steps, oldest first, from the counts workers keep: the step before
+// last holds 30 sends over 10 s.
+func TestUpstreamHistory(t *testing.T) {
+	f := newFixture(t, generous, 1000)
+	rec := drain.NewRecorder(f.rdb, "")
+	now := time.Now()
+	stepEnd := now.Truncate(10 * time.Second).Add(-10 * time.Second)
+	for i := range 30 {
+		rec.Sent("mail", stepEnd.Add(-time.Duration(1+i%10)*time.Second))
+	}
+	if err := rec.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := f.do("GET", "/v1/upstreams/mail/history", "")
+	pts, _ := body["points"].([]any)
+	if resp.StatusCode != 200 || body["name"] != "mail" || body["step_seconds"] != 10.0 || len(pts) != 90 {
+		t.Fatalf("got %d %v, want mail's 90 points of 10 s", resp.StatusCode, body)
+	}
+	var found bool
+	for _, p := range pts {
+		pt := p.(map[string]any)
+		at, _ := time.Parse(time.RFC3339, fmt.Sprint(pt["at"]))
+		if at.Equal(stepEnd) {
+			found = true
+			if pt["drain_rate"] != 3.0 {
+				t.Errorf("step ending %v: got %v, want 3/s", stepEnd, pt["drain_rate"])
+			}
+		} else if pt["drain_rate"] != 0.0 {
+			t.Errorf("step ending %v: got %v, want 0", at, pt["drain_rate"])
+		}
+	}
+	if !found {
+		t.Errorf("no point ends at %v: %v", stepEnd, pts)
+	}
+	if resp, _ := f.do("GET", "/v1/upstreams/nope/history", ""); resp.StatusCode != 404 {
+		t.Errorf("unknown upstream: got %d, want 404", resp.StatusCode)
+	}
+	if resp, _ := f.do("GET", "/v1/upstreams/mail/history", "", "Authorization", "Bearer wrong"); resp.StatusCode != 401 {
+		t.Errorf("bad key: got %d, want 401", resp.StatusCode)
 	}
 }
 

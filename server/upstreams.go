@@ -29,6 +29,18 @@ func (s *Server) handleUpstream(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
+// handleHistory is an upstream's drain rate over the last 15 minutes, which
+// the status page's chart opens with.
+func (s *Server) handleHistory(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	h, err := s.st.History(r.Context(), name)
+	if err != nil {
+		s.upstreamError(w, r, name, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h)
+}
+
 func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, name string, err error) {
 	if errors.Is(err, queue.ErrUnknownUpstream) {
 		writeProblem(w, problem{Type: problemNotFound, Title: "Unknown upstream", Status: http.StatusNotFound,

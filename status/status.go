@@ -1,9 +1,11 @@
 // Package status reads what `shaper status` and GET /v1/upstreams show about
 // each upstream, from Redis alone: its limits, the rate all replicas
 // together drained it at over the last 10 and 60 seconds, its backlog by
-// lane, jobs in flight, retrying and dead, whether it is paused, and how long
-// the backlog will take to drain at the current rate. It also owns pausing
-// and resuming an upstream, for the API and the command line alike.
+// lane, jobs in flight, retrying and dead, whether it is paused, how long
+// the backlog will take to drain (at the limit while the pacer holds it
+// back, else at the observed rate: see Upstream.TimeToDrainSeconds), and the
+// last 15 minutes of drain rate for the status page's chart. It also owns
+// pausing and resuming an upstream, for the API and the command line alike.
 package status
 
 import (
@@ -95,12 +97,20 @@ type Upstream struct {
 	// PauseReason is AsynqPauseReason).
 	PausedUntil *time.Time `json:"paused_until"`
 	PauseReason string     `json:"pause_reason,omitempty"`
-	// TimeToDrainSeconds is the backlog over the last 10 seconds' drain
-	// rate; null while paused, or when there is a backlog but nothing has
-	// drained lately.
+	// TimeToDrainSeconds is how long the backlog will take, by the rule
+	// of TimeToDrainBasis: at the limit (AtLimitSeconds) while the pacer
+	// is what holds the backlog back, else at the observed rate. Null
+	// while paused, or when there is a backlog, the pacer is idle and
+	// nothing has drained in the last 10 seconds.
 	TimeToDrainSeconds *float64 `json:"time_to_drain_seconds"`
-	// AtLimitSeconds is how long the backlog takes at the configured
-	// sustained rate, the best case.
+	// TimeToDrainBasis says what TimeToDrainSeconds rests on: BasisLimit
+	// or BasisObserved; empty when it is null or there is no backlog.
+	TimeToDrainBasis string `json:"time_to_drain_basis,omitempty"`
+	// AtLimitSeconds is how long the backlog takes at the limits as paced
+	// now, the best case: the whole backlog at the tightest request
+	// limit's sustained rate (slowed as its effective rate is below its
+	// configured one), and each of the Partitions.Top at its partition's
+	// own limits, whichever is longest. 0 with no limit on requests.
 	AtLimitSeconds float64 `json:"time_to_drain_at_limit_seconds"`
 	// Partitions counts the partitions with jobs not yet finished, and
 	// Top shows the ones with the most (at most TopPartitions).
@@ -135,11 +145,28 @@ type Reader struct {
 	names   []string
 }
 
+// Option adjusts a Reader.
+type Option func(*readerOpts)
+
+type readerOpts struct {
+	now func() time.Time
+}
+
+// WithClock reads the time from now instead of Redis's clock, as
+// leaky.Config.Now does for the pacer: for tests only.
+func WithClock(now func() time.Time) Option {
+	return func(o *readerOpts) { o.now = now }
+}
+
 // NewReader prepares a Reader for the upstreams q holds.
-func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string) (*Reader, error) {
+func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string, opts ...Option) (*Reader, error) {
+	var o readerOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
 	prefix = keyspace.Prefix(prefix)
 	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]shaper.Upstream{}, buckets: map[string]*leaky.Bucket{}}
-	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix})
+	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix, Now: o.now})
 	for _, u := range q.Upstreams() {
 		b, err := pacer.Bucket(queue.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 		if err != nil {
@@ -210,15 +237,6 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
 	}
 	u.Limits, u.StatedLimits = showLimits(src.Limits, b.Config().Guard, st.Limits)
-	sustained := 0.0
-	for _, l := range u.Limits {
-		// The best case is the configured drain slowed as the effective
-		// rate is below the configured one.
-		per := l.SustainedPerSecond * l.EffectiveRate / float64(l.Rate)
-		if l.Cost == "" && (sustained == 0 || per < sustained) {
-			sustained = per
-		}
-	}
 	var active int64
 	for _, c := range counts {
 		u.Backlog.Total += c.Backlog()
@@ -250,20 +268,140 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 			u.PausedUntil, u.PauseReason = &t, AsynqPauseReason
 		}
 	}
-	switch {
-	case u.PausedUntil != nil:
-		// Nothing drains while paused; the recent rate says nothing.
-	case u.Backlog.Total == 0:
-		zero := 0.0
-		u.TimeToDrainSeconds = &zero
-	case rates.Last10s > 0:
-		s := float64(u.Backlog.Total) / rates.Last10s
-		u.TimeToDrainSeconds = &s
-	}
-	if sustained > 0 {
-		u.AtLimitSeconds = float64(u.Backlog.Total) / sustained
-	}
+	u.AtLimitSeconds = atLimitSeconds(u.Backlog.Total, sustainedPerSecond(u.Limits), src, b.Config().Guard, shown)
+	u.TimeToDrainSeconds, u.TimeToDrainBasis = timeToDrain(drainView{
+		Backlog: u.Backlog.Total, Paused: u.PausedUntil != nil, AtLimit: u.AtLimitSeconds,
+		Pacing: pacing(b.Config(), st, u.WaitingFor[queue.WaitingLimit]), Rates: rates,
+	})
 	return u, nil
+}
+
+// Bases of Upstream.TimeToDrainSeconds.
+const (
+	// BasisLimit: the backlog drains at the limits (AtLimitSeconds).
+	BasisLimit = "limit"
+	// BasisObserved: the backlog drains at the rate observed lately.
+	BasisObserved = "observed"
+)
+
+// slower is how far below the limits an observed rate must be, over ten
+// seconds that all sent something, to be believed over a pacer that has
+// sends booked ahead: by more than the 20% the estimate at the limit is
+// meant to be right within.
+const slower = 0.8
+
+// drainView is what the time to drain is decided from.
+type drainView struct {
+	Backlog int64
+	Paused  bool
+	// AtLimit is the backlog's time at the limits; 0 with no limit on
+	// requests.
+	AtLimit float64
+	// Pacing is true when the pacer holds the backlog back now (pacing).
+	Pacing bool
+	Rates  drain.Rates
+}
+
+// timeToDrain is the time to drain and its basis. The rule:
+//
+//   - Paused or blocked: none. Nothing drains, and the rate before says
+//     nothing of the rate after.
+//   - No backlog: 0.
+//   - While the pacer holds the backlog back (see pacing), the backlog
+//     drains at the limits: AtLimit. That is right from the first read,
+//     where a rate averaged over the last 10 seconds still counts the idle
+//     seconds before the drain began and reads low (a drain of 30 jobs at
+//     5/s read as 4m30s). The one exception is a drain observed over all of
+//     the last 10 seconds more than a fifth below the limits: something
+//     the pacer does not see (too few workers, a slow upstream with no
+//     concurrency cap) slows it, and the observed rate is the honest one.
+//   - Otherwise something else sets the pace (a full concurrency cap: the
+//     upstream's latency; a cost limit; workers that do not keep up), and
+//     the backlog drains at the rate observed since the drain began within
+//     the last 10 seconds (drain.Rates.Recent), never faster than the
+//     limits; none when nothing has drained in them.
+func timeToDrain(v drainView) (*float64, string) {
+	backlog := float64(v.Backlog)
+	var s float64
+	var basis string
+	r := v.Rates
+	switch {
+	case v.Paused:
+		return nil, ""
+	case v.Backlog == 0:
+		return &s, ""
+	case v.Pacing && v.AtLimit > 0 && !(r.RecentFull && r.Recent < slower*backlog/v.AtLimit):
+		s, basis = v.AtLimit, BasisLimit
+	case r.Recent > 0:
+		s, basis = max(backlog/r.Recent, v.AtLimit), BasisObserved
+	default:
+		return nil, ""
+	}
+	return &s, basis
+}
+
+// pacing reports whether the pacer holds the backlog back now: a limit on
+// requests has spent its burst and has a send booked ahead, which happens
+// only while workers take jobs as fast as it allows, or jobs wait for
+// their partition's limit (waitingLimit of them). A full concurrency cap
+// rules it out: then the upstream's latency, not the limit, sets the pace.
+func pacing(cfg leaky.BucketConfig, st leaky.State, waitingLimit int64) bool {
+	if cfg.Concurrency > 0 && st.InFlight >= int64(cfg.Concurrency) {
+		return false
+	}
+	if waitingLimit > 0 {
+		return true
+	}
+	for i, l := range cfg.Limits {
+		if l.Cost != "" || i >= len(st.Booked) {
+			continue
+		}
+		// The bucket's level as time: past (capacity-1) intervals, the
+		// next send waits for its slot.
+		p := l.Params(cfg.Guard)
+		if st.Booked[i] > time.Duration((p.Capacity-1)*p.Interval)*time.Microsecond {
+			return true
+		}
+	}
+	return false
+}
+
+// sustainedPerSecond is the rate a full backlog drains at under the
+// tightest limit on requests as paced now: its sustained rate slowed as
+// its effective rate is below its configured one. 0 with none.
+func sustainedPerSecond(limits []Limit) float64 {
+	sustained := 0.0
+	for _, l := range limits {
+		per := l.SustainedPerSecond * l.EffectiveRate / float64(l.Rate)
+		if l.Cost == "" && (sustained == 0 || per < sustained) {
+			sustained = per
+		}
+	}
+	return sustained
+}
+
+// atLimitSeconds is Upstream.AtLimitSeconds: the backlog at sustained, or
+// a busy partition at its own limits if that takes longer. Only the
+// partitions shown (the busiest) are looked at, which is cheap and finds
+// the longest for partitions under the same limits; one with an override
+// of its own may be missed.
+func atLimitSeconds(backlog int64, sustained float64, src shaper.Upstream, guard time.Duration, top []PartitionBacklog) float64 {
+	if sustained <= 0 {
+		return 0
+	}
+	secs := float64(backlog) / sustained
+	for _, p := range top {
+		per := 0.0
+		for _, l := range src.PartitionLimitsFor(p.Partition) {
+			if r := l.SustainedRate(guard) / l.Per.Seconds(); l.Cost == "" && (per == 0 || r < per) {
+				per = r
+			}
+		}
+		if per > 0 {
+			secs = max(secs, float64(p.Backlog)/per)
+		}
+	}
+	return secs
 }
 
 // showLimits shows the configured limits, each at the rate the fleet paces
@@ -308,4 +446,34 @@ func showLimits(configured []leaky.Limit, guard time.Duration, states []leaky.Li
 		})
 	}
 	return shown, stated
+}
+
+// History is an upstream's drain rate over the last drain.History, one
+// Point per drain.HistoryStep, oldest first: what the status page's chart
+// opens with, before it has polled. The JSON is GET
+// /v1/upstreams/{name}/history.
+type History struct {
+	Name string `json:"name"`
+	// StepSeconds is how long each point's step is.
+	StepSeconds float64 `json:"step_seconds"`
+	// Points each end at At and give the step's sends per second.
+	Points []drain.Point `json:"points"`
+}
+
+// History reads an upstream's drain history, on the same clock as
+// Upstream.
+func (r *Reader) History(ctx context.Context, name string) (History, error) {
+	b, ok := r.buckets[name]
+	if !ok {
+		return History{}, fmt.Errorf("upstream %q: %w", name, queue.ErrUnknownUpstream)
+	}
+	st, err := b.State(ctx)
+	if err != nil {
+		return History{}, err
+	}
+	pts, err := drain.HistoryAt(ctx, r.rdb, r.prefix, name, st.Now)
+	if err != nil {
+		return History{}, err
+	}
+	return History{Name: name, StepSeconds: drain.HistoryStep.Seconds(), Points: pts}, nil
 }

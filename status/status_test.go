@@ -98,25 +98,6 @@ func TestUpstreamStatus(t *testing.T) {
 	}
 }
 
-// TestDrainKeysExpire: the per-second counts never outlive drain.Keep.
-func TestDrainKeysExpire(t *testing.T) {
-	ctx := context.Background()
-	rdb := srv.Client(t)
-	rdb.FlushAll(ctx)
-	rec := drain.NewRecorder(rdb, "")
-	rec.Sent("api", time.Now())
-	if err := rec.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	keys, _ := rdb.Keys(ctx, "shaper:drain:*").Result()
-	if len(keys) != 1 {
-		t.Fatalf("keys %v", keys)
-	}
-	if ttl := rdb.TTL(ctx, keys[0]).Val(); ttl <= 0 || ttl > drain.Keep {
-		t.Fatalf("TTL %v, want within %v", ttl, drain.Keep)
-	}
-}
-
 // TestPartitionBacklog: status counts the partitions with jobs not yet
 // finished and lists the busiest TopPartitions of them, most first; a job
 // that finishes (here, cancelled) leaves the count.

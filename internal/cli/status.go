@@ -40,7 +40,11 @@ func newCmdStatus(f *Factory) *cobra.Command {
 		Long: `Show, per upstream and across all replicas: the configured limits, the rate
 jobs were sent at over the last 10 and 60 seconds, the backlog by lane, jobs
 in flight, retrying and dead, whether the upstream is paused (and until
-when), and how long the backlog takes to drain at the current rate. Below
+when), and how long the backlog takes to drain: at the limits while the
+pacer is what holds it back (right from the first look, where the 10 s
+rate still counts the idle seconds before the drain), else at the rate
+observed lately, marked "(observed rate)": a full concurrency cap, a slow
+upstream or too few workers set the pace then. Below
 the table, an upstream whose jobs carry partitions gets a line with how many
 partitions have backlog and the busiest of them.
 
@@ -251,6 +255,9 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 			drainTime = "paused"
 		case u.TimeToDrainSeconds != nil:
 			drainTime = humanDuration(time.Duration(*u.TimeToDrainSeconds * float64(time.Second)))
+			if u.TimeToDrainBasis == status.BasisObserved {
+				drainTime += " (observed rate)"
+			}
 		case u.Backlog.Total > 0:
 			drainTime = "stalled"
 			if u.AtLimitSeconds > 0 {

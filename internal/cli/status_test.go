@@ -149,3 +149,30 @@ func TestStatusWatchPlain(t *testing.T) {
 		t.Errorf("isTerminal(pipe) = true, want false")
 	}
 }
+
+// TestTimeToDrainColumn: the table says when the time to drain rests on the
+// observed rate rather than the limit, and why there is none.
+func TestTimeToDrainColumn(t *testing.T) {
+	secs := func(v float64) *float64 { return &v }
+	paused := time.Now().Add(time.Minute)
+	for _, tc := range []struct {
+		name string
+		u    status.Upstream
+		want string
+	}{
+		{"at the limit", status.Upstream{Backlog: status.Backlog{Total: 30}, TimeToDrainSeconds: secs(6), TimeToDrainBasis: status.BasisLimit}, "  6s\n"},
+		{"observed", status.Upstream{Backlog: status.Backlog{Total: 30}, TimeToDrainSeconds: secs(15), TimeToDrainBasis: status.BasisObserved}, "  15s (observed rate)\n"},
+		{"stalled", status.Upstream{Backlog: status.Backlog{Total: 30}, AtLimitSeconds: 6}, "  stalled (6s at the limit)\n"},
+		{"paused", status.Upstream{Backlog: status.Backlog{Total: 30}, PausedUntil: &paused, AtLimitSeconds: 6}, "  paused\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.u.Name = "demo"
+			var out bytes.Buffer
+			printStatus(&out, []status.Upstream{tc.u}, time.Now())
+			lines := strings.SplitAfter(out.String(), "\n")
+			if len(lines) < 2 || !strings.HasSuffix(lines[1], tc.want) {
+				t.Fatalf("got %q, want a row ending %q", out.String(), tc.want)
+			}
+		})
+	}
+}

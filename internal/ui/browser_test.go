@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/drain"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -325,8 +326,35 @@ func TestPageInChromium(t *testing.T) {
 		}
 	}
 
+	// Ten minutes of drain at 4/s, ending two minutes ago: the history the
+	// chart must open with.
+	rec := drain.NewRecorder(rdb, "")
+	for sec := 2 * 60; sec < 12*60; sec++ {
+		for range 4 {
+			rec.Sent("mail", time.Now().Add(-time.Duration(sec)*time.Second))
+		}
+	}
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	b := startBrowser(t)
 	started := time.Now()
+	// What the chart holds the first time it is drawn, before anything
+	// else runs: a MutationObserver's callback comes right after the task
+	// that drew it, before the page could poll again.
+	b.call("Page.enable", map[string]any{}, nil)
+	b.call("Page.addScriptToEvaluateOnNewDocument", map[string]any{"source": `
+		window.firstChart = null;
+		new MutationObserver(() => {
+			const line = document.querySelector('[data-upstream="mail"] svg.chart polyline.drain');
+			if (window.firstChart === null && line) {
+				window.firstChart = {
+					points: (line.getAttribute("points") || "").trim().split(/\s+/).filter(Boolean).length,
+					caption: document.querySelector('[data-upstream="mail"] [data-field="chart_caption"]').textContent,
+				};
+			}
+		}).observe(document, { childList: true, subtree: true, characterData: true });`}, nil)
 
 	// A viewer's key, from the fragment.
 	b.open(hs.URL + "/ui/#key=view-secret")
@@ -346,6 +374,15 @@ func TestPageInChromium(t *testing.T) {
 	}
 	if got := b.text(`[data-upstream="mail"] [data-field="chart_caption"]`); !strings.Contains(got, "drain rate now 0/s") || !strings.Contains(got, "limit 10/s") {
 		t.Errorf("chart caption: got %q, want the drain rate and the limit in words", got)
+	}
+	// The first paint already has the 15 minutes Redis keeps (90 steps
+	// of 10 s, and the first reading), with the 4/s peak.
+	first, _ := b.eval(`window.firstChart`).(map[string]any)
+	if n, _ := first["points"].(float64); n < 85 {
+		t.Errorf("the chart's first paint: got %v points, want the history's 90 and the first reading (%v)", first["points"], first)
+	}
+	if c, _ := first["caption"].(string); !strings.Contains(c, "over the last 1") || !strings.Contains(c, "from the drain counts the workers keep") || !strings.Contains(c, "peak 4/s") {
+		t.Errorf("the chart's first caption: got %q, want 15 minutes from the drain counts, peak 4/s", c)
 	}
 
 	// The dead jobs, listed as data (never as markup), and one retried.

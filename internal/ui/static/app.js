@@ -1,6 +1,8 @@
 // shaper status page. A client of the JSON API like any other: it polls
-// GET /v1/upstreams every two seconds with the key it was given, keeps the
-// drain rates it saw to draw them, and acts through the same endpoints as
+// GET /v1/upstreams every two seconds with the key it was given, opens each
+// upstream's chart with the last 15 minutes of drain rate (GET
+// /v1/upstreams/{name}/history), adds the rates it reads to it, and acts
+// through the same endpoints as
 // the CLI (pause, resume, the job listing and retry). No framework and no
 // build step: this file is served as written, under a CSP that allows only
 // scripts from this origin, so it never builds HTML from strings.
@@ -9,7 +11,7 @@
 (() => {
   const KEY_STORE = "shaper.apiKey";
   const POLL_MS = 2000;
-  const WINDOW_MS = 5 * 60 * 1000; // how much polled history the chart shows
+  const WINDOW_MS = 15 * 60 * 1000; // what the chart shows: the history the API keeps (drain.History)
   const DEAD_LIMIT = 20;
   const DEAD_REFRESH_MS = 10000; // the dead list is re-read at least this often
   const UNTIL_RESUMED_MS = 300 * 24 * 3600 * 1000; // as status.UntilResumed
@@ -210,9 +212,14 @@
       if (gen !== page.generation) {
         return;
       }
-      const now = Date.now();
       const upstreams = (data && data.upstreams) || [];
-      render(upstreams, now);
+      // A new card opens with its history, so its first paint has it.
+      const histories = await readHistories(upstreams.filter((u) => !page.cards.has(u.name)).map((u) => u.name));
+      if (gen !== page.generation) {
+        return;
+      }
+      const now = Date.now();
+      render(upstreams, now, histories);
       setConnection(upstreams.length ? "Live: read every " + POLL_MS / 1000 + " s." : "Live: no upstreams are configured.");
       $("updated").textContent = "Last read " + clock(now) + ".";
     } catch (err) {
@@ -228,14 +235,33 @@
     page.timer = setTimeout(poll, POLL_MS);
   }
 
-  function render(upstreams, now) {
+  // readHistories reads each named upstream's drain history: name ->
+  // points, oldest first. One the API does not give (an older server
+  // answers 404, or the read fails) is left out: that chart starts with
+  // this page's own readings, as it always did.
+  async function readHistories(names) {
+    const out = new Map();
+    await Promise.all(names.map(async (name) => {
+      try {
+        const h = await api("GET", "v1/upstreams/" + encodeURIComponent(name) + "/history");
+        if (h && Array.isArray(h.points)) {
+          out.set(name, h.points);
+        }
+      } catch (err) {
+        // Not shown: the status itself is what the page is for.
+      }
+    }));
+    return out;
+  }
+
+  function render(upstreams, now, histories) {
     const container = $("upstreams");
     const seen = new Set();
     for (const u of upstreams) {
       seen.add(u.name);
       let card = page.cards.get(u.name);
       if (!card) {
-        card = new Card(u.name);
+        card = new Card(u.name, histories && histories.get(u.name));
         page.cards.set(u.name, card);
       }
       container.appendChild(card.root); // keeps the API's order (by name)
@@ -254,10 +280,12 @@
   let cardCount = 0;
 
   class Card {
-    constructor(name) {
+    constructor(name, points) {
       this.name = name;
       this.id = "u" + ++cardCount;
-      this.history = []; // {t, drain, limit} as polled
+      this.history = []; // {t, drain, limit}: the API's history, then as polled
+      this.seed = points || []; // the API's history, taken in by the first update
+      this.seeded = false;
       this.last = null;
       this.dead = { inFlight: false, fetchedAt: 0, count: -1, stale: true, ids: "" };
 
@@ -343,6 +371,18 @@
       this.last = u;
       const limit = limitPerSecond(u.limits);
       const drain = (u.drain_rate && u.drain_rate.last_10s) || 0;
+      if (this.seed.length) {
+        // Each step's rate over its 10 s, as last_10s is; the limit of the
+        // past is not kept, so it is drawn at the limit as paced now.
+        for (const p of this.seed) {
+          const t = Date.parse(p.at);
+          if (t < now && (!this.history.length || t > this.history[this.history.length - 1].t)) {
+            this.history.push({ t, drain: p.drain_rate || 0, limit });
+          }
+        }
+        this.seed = [];
+        this.seeded = true;
+      }
       this.history.push({ t: now, drain, limit });
       while (this.history.length && this.history[0].t < now - WINDOW_MS) {
         this.history.shift();
@@ -443,9 +483,10 @@
         g.push(svg("line", { class: "grid", x1: left, x2: W - right, y1: y(v), y2: y(v) }));
         g.push(svg("text", { class: "axis", x: left - 6, y: y(v) + 4, "text-anchor": "end" }, [short(v)]));
       }
-      for (let m = 5; m >= 0; m--) {
+      const minutes = WINDOW_MS / 60000;
+      for (let m = minutes; m >= 0; m -= 5) {
         const t = now - m * 60000;
-        g.push(svg("text", { class: "axis", x: x(t), y: H - 6, "text-anchor": m === 5 ? "start" : m === 0 ? "end" : "middle" },
+        g.push(svg("text", { class: "axis", x: x(t), y: H - 6, "text-anchor": m === minutes ? "start" : m === 0 ? "end" : "middle" },
           [m === 0 ? "now" : "−" + m + " min"]));
       }
       const line = (cls, pick) => {
@@ -463,8 +504,9 @@
       const latest = pts[pts.length - 1];
       const peak = pts.reduce((m, p) => Math.max(m, p.drain), 0);
       const span = pts.length > 1 ? "last " + duration((now - pts[0].t) / 1000) : "first reading";
-      this.caption.textContent = "Requests per second over the " + span +
-        " this page has read: drain rate now " + rate(latest.drain) + " (peak " + rate(peak) + ")" +
+      const source = this.seeded ? ", from the drain counts the workers keep and then this page's readings" : " this page has read";
+      this.caption.textContent = "Requests per second over the " + span + source +
+        ": drain rate now " + rate(latest.drain) + " (peak " + rate(peak) + ")" +
         (latest.limit === null ? "; no limit on requests." : ", limit " + rate(latest.limit) + ".");
     }
 
