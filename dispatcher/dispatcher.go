@@ -252,28 +252,6 @@ func (d *Dispatcher) Handle(upstream string, h Handler) error {
 	return nil
 }
 
-// retryDelay is how long asynq holds a job a worker ended with err before
-// running it again: a hand-back's or a retry's own delay, else fallback.
-func retryDelay(err error, fallback func() time.Duration) time.Duration {
-	var df *queue.Deferral
-	if errors.As(err, &df) {
-		return df.Delay
-	}
-	var rl *retryLater
-	if errors.As(err, &rl) {
-		return rl.delay
-	}
-	return fallback()
-}
-
-// retryLater is a failed attempt with the delay before the next one.
-type retryLater struct {
-	delay time.Duration
-	why   string
-}
-
-func (e *retryLater) Error() string { return e.why }
-
 // backoff is the delay before attempt n+1 after n failed ones: exponential
 // from min, capped at max, with full jitter above min.
 func backoff(n int, min, max time.Duration) time.Duration {

@@ -206,7 +206,7 @@ func TestStatesThroughAsynq(t *testing.T) {
 		f := taskstore.Finished{ID: j.ID, Lane: "default", Msg: msg}
 		switch j.ID {
 		case deferred.ID:
-			f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Hour), (&Deferral{Why: "upstream blocked"}).Error()
+			f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Hour), "waiting: upstream blocked"
 		case done.ID:
 			f.Outcome, f.Retention, f.Result = taskstore.Succeeded, time.Hour, []byte(`{"status":200,"body":"b2s="}`)
 		default:
