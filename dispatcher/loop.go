@@ -527,18 +527,18 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		if errors.Is(err, leaky.ErrLate) {
 			d.m.LateSlots.WithLabelValues(name).Inc()
 		}
-		return requeue
+		return requeue()
 	}
 	waited := time.Since(start)
 	d.m.PacingWait.WithLabelValues(name).Observe(waited.Seconds())
 	v, resp, sent := d.send(ctx, u, job, r)
 	if !sent {
 		d.m.LateSlots.WithLabelValues(name).Inc()
-		return requeue
+		return requeue()
 	}
 	if ctx.Err() != nil && v.kind == kindRetry {
 		// Cut off by the shutdown timeout: not the upstream's fault.
-		return requeue
+		return requeue()
 	}
 	v = d.heed(ctx, u, job, resp, v)
 	if d.log.Enabled(ctx, slog.LevelDebug) {

@@ -87,7 +87,7 @@ func dead(format string, args ...any) outcome {
 }
 
 // requeue: not sent; back to the head of its queue.
-var requeue = outcome{kind: outRequeue}
+func requeue() outcome { return outcome{kind: outRequeue} }
 
 // with is o keeping resp as the job's stored answer.
 func (o outcome) with(resp *queue.Response) outcome {
