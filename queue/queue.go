@@ -89,19 +89,14 @@ type backlogSample struct {
 func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 	ups := map[string]shaper.Upstream{}
 	for _, u := range cfg.Upstreams {
-		u = u.WithDefaults()
-		if !ValidName(u.Name) {
-			return nil, fmt.Errorf("upstream %q: not a valid name", u.Name)
+		// The one check of an upstream; the queue relies on it.
+		if err := u.Validate(); err != nil {
+			return nil, fmt.Errorf("queue: %w", err)
 		}
 		if _, dup := ups[u.Name]; dup {
 			return nil, fmt.Errorf("upstream %s: configured twice", u.Name)
 		}
-		for l := range u.Lanes {
-			if !ValidName(l) {
-				return nil, fmt.Errorf("upstream %s: lane %q: not a valid name", u.Name, l)
-			}
-		}
-		ups[u.Name] = u
+		ups[u.Name] = u.WithDefaults()
 	}
 	q := &Queue{
 		rdb:     rdb,
