@@ -565,10 +565,7 @@ func (u *Upstream) shaperSettle() map[string]shaper.Settle {
 var (
 	// plainKey is a mapping key that reads unambiguously in a dotted path.
 	plainKey = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
-	// upstreamName and laneName become parts of Redis keys, hash tags and
-	// asynq queue names, and label values in metrics.
-	upstreamName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-	// keyName is an API key's name or tenant: it appears in logs, metrics
+	// keyName is an API key's name (a tenant is shaper.ValidTenant): it appears in logs, metrics
 	// and job records.
 	keyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 	// prefixName may not hold { or }, which would change Redis Cluster
@@ -576,8 +573,6 @@ var (
 	prefixName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$`)
 	envName    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	bareVar    = regexp.MustCompile(`^\$[A-Za-z_][A-Za-z0-9_]*`)
-	// headerName is an RFC 9110 token.
-	headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 	bareNumber = regexp.MustCompile(`^[+-]?[0-9]+(\.[0-9]*)?$`)
 	yamlLine   = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 )

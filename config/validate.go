@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -47,13 +46,9 @@ const (
 	defaultPushback          = Duration(shaper.DefaultPushback)
 	defaultStoreResponse     = shaper.StoreFull
 
+	// maxBytes bounds api.max_body_bytes (an upstream's bounds are
+	// shaper.Upstream.Validate's).
 	maxBytes = 1 << 30
-	// maxKept bounds result_max_count and dead_max_count: more finished
-	// jobs than this per upstream is tens of GB of Redis.
-	maxKept = 10_000_000
-	// maxIdemWindow bounds idempotency_window: its records cost the
-	// drain rate times the window.
-	maxIdemWindow = Duration(30 * 24 * time.Hour)
 )
 
 // checker validates a decoded Config into the problems collected while
@@ -284,7 +279,7 @@ func (k checker) api(a *API) {
 				names[key.Name] = i
 			}
 		}
-		if (key.Tenant != "" || k.set(p+".tenant")) && !keyName.MatchString(key.Tenant) {
+		if (key.Tenant != "" || k.set(p+".tenant")) && !shaper.ValidTenant(key.Tenant) {
 			k.add(p+".tenant", "%q: letters, digits and _ . - only, at most 64 (leave it out to use the name)", key.Tenant)
 		}
 		switch {
@@ -325,390 +320,164 @@ func (k checker) work(w *Work) {
 	k.positive("work.poll_interval", w.PollInterval, defaultPollInterval)
 }
 
+// upstream checks an upstream as the file wrote it. The rules of an
+// upstream are shaper.Upstream.Validate's: this puts its problems at the
+// file's paths and lines, and adds what only a file can get wrong (a field
+// written empty or 0 where leaving it out means the default, handler: true
+// beside HTTP fields, tenants no API key has).
 func (k checker) upstream(p, name string, u *Upstream, tenants map[string]bool) {
-	if !upstreamName.MatchString(name) {
-		hint := ""
-		if lower := strings.ToLower(name); upstreamName.MatchString(lower) {
-			hint = fmt.Sprintf("; did you mean %q?", lower)
-		}
-		k.add(p, "not a valid upstream name (lowercase letters, digits, _ and -, starting with a letter or digit, at most 63: it becomes part of queue names and Redis keys)%s", hint)
-	}
 	if u == nil {
+		k.fromShaper(p, shaper.Upstream{Name: name}.Problems().List, skips{}, func(sp shaper.Problem) bool { return len(sp.Path) == 0 })
 		k.add(p, "empty (an upstream needs at least base_url and limits)")
 		return
 	}
+	su := u.Shaper()
+	su.Name = name
+	su.NoIdempotencyHeader = u.IdempotencyHeader == "" && k.set(p+".idempotency_header")
+	// What the file's own checks say better, or what could not be
+	// decoded: the upstream's problem there is left out.
+	skip := skips{under: map[string]bool{}, at: map[string]bool{}}
 	switch {
 	case u.Handler && u.BaseURL != "":
 		k.add(p+".base_url", "an upstream with handler: true makes no HTTP calls (remove base_url, or handler)")
+		skip.under[p+".base_url"] = true
 	case u.Handler:
 	case u.BaseURL == "":
 		k.add(p+".base_url", "required (the absolute https:// URL job paths are relative to), unless handler: true")
-	default:
-		if err := checkBaseURL(u.BaseURL); err != nil {
-			k.add(p+".base_url", "%v", err)
-		}
 	}
 	if u.Handler && len(u.Headers) > 0 {
 		k.add(p+".headers", "an upstream with handler: true makes no HTTP calls (remove headers, or handler)")
 	}
-
-	lp := p + ".limits"
-	if len(u.Limits) == 0 {
-		k.add(lp, "at least one limit is required (e.g. [{rate: 100, per: 1s}])")
-	}
-	shortest, limitsOK := k.limits(lp, u.Limits, nil)
-	pShortest, pOK := k.partitions(p, u)
-	if pShortest > 0 && (shortest == 0 || pShortest < shortest) {
-		shortest = pShortest
-	}
-	limitsOK = limitsOK && pOK
-	switch g := u.Guard; {
-	case g < 0:
-		k.add(p+".guard", "%v: must not be negative", g)
-	case g == 0 && k.set(p+".guard"):
-		k.add(p+".guard", "0s: must be positive (leave it out for the default %v)", defaultGuard)
-	case g > 0 && limitsOK && shortest > 0 && time.Duration(g) > shortest/10:
-		k.add(p+".guard", "%v: must be at most a tenth of the shortest limit's per (%v)", g, shortest/10)
-	}
-
-	switch {
-	case u.Concurrency < 0:
-		k.add(p+".concurrency", "%d: must be 0 (unlimited) or more", u.Concurrency)
-	case u.Concurrency > 1_000_000:
-		k.add(p+".concurrency", "%d: must be at most 1000000 (0 is unlimited)", u.Concurrency)
-	}
-	k.positive(p+".timeout", u.Timeout, defaultTimeout)
-	k.atLeast(p+".max_pending", u.MaxPending, 1, 1e12, defaultMaxPending)
-
-	rp := p + ".retry"
-	k.atLeast(rp+".max_attempts", int64(u.Retry.MaxAttempts), 1, 10_000, defaultMaxAttempts)
-	k.positive(rp+".min_backoff", u.Retry.MinBackoff, defaultMinBackoff)
-	k.positive(rp+".max_backoff", u.Retry.MaxBackoff, defaultMaxBackoff)
-	lo, hi := or(u.Retry.MinBackoff, defaultMinBackoff), or(u.Retry.MaxBackoff, defaultMaxBackoff)
-	if lo > 0 && hi > 0 && lo > hi && !k.ps.isBroken(rp) {
-		k.add(rp, "min_backoff %v is above max_backoff %v%s", lo, hi, defaultNote(u.Retry.MaxBackoff == 0))
-	}
-
-	k.fairness(p, u.Fairness, tenants)
-	k.headers(p, u)
-	k.settle(p, u)
-
-	switch {
-	case u.Lanes == nil && k.set(p+".lanes"), u.Lanes != nil && len(u.Lanes) == 0:
-		k.add(p+".lanes", "no lanes (list at least %s: 1, or leave lanes out)", DefaultLane)
-	case u.Lanes != nil:
-		if _, ok := u.Lanes[DefaultLane]; !ok {
-			k.add(p+".lanes", "must include %q, the lane of jobs that name none", DefaultLane)
-		}
-		for _, lane := range sortedKeys(u.Lanes) {
-			lpath := join(p+".lanes", lane)
-			if !upstreamName.MatchString(lane) {
-				k.add(lpath, "not a valid lane name (lowercase letters, digits, _ and -, at most 63)")
-			}
-			if w := u.Lanes[lane]; w < 1 || w > 1000 {
-				k.add(lpath, "weight %d: must be 1 to 1000", w)
-			}
-		}
-	}
-
-	switch {
-	case u.Workers < 0:
-		k.add(p+".workers", "%d: must be 0 (automatic) or more", u.Workers)
-	case u.Workers > 10_000:
-		k.add(p+".workers", "%d: must be at most 10000", u.Workers)
-	}
-	k.atLeast(p+".max_response_bytes", u.MaxResponseBytes, 1, maxBytes, defaultMaxResponseBytes)
-	k.positive(p+".result_retention", u.ResultRetention, defaultResultRetention)
-	k.positive(p+".dead_retention", u.DeadRetention, defaultDeadRetention)
-	k.atLeast(p+".result_max_count", u.ResultMaxCount, 1, maxKept, defaultResultMaxCount)
-	k.atLeast(p+".dead_max_count", u.DeadMaxCount, 1, maxKept, defaultDeadMaxCount)
-	k.positive(p+".idempotency_window", u.IdempotencyWindow, defaultIdemWindow)
-	if u.IdempotencyWindow > maxIdemWindow {
-		k.add(p+".idempotency_window", "%v: must be at most %v", u.IdempotencyWindow, maxIdemWindow)
-	}
-	k.positive(p+".pushback_default", u.PushbackDefault, defaultPushback)
-
-	if u.Handler && len(u.SensitiveHeaders) > 0 {
-		k.add(p+".sensitive_headers", "an upstream with handler: true takes no job headers (remove sensitive_headers, or handler)")
-	}
-	for i, pat := range u.SensitiveHeaders {
-		if err := shaper.ValidHeaderPattern(pat); err != nil {
-			k.add(index(p+".sensitive_headers", i), "%v", err)
-		}
-	}
-	if u.Handler && len(u.StoreResponseHeaders) > 0 {
-		k.add(p+".store_response_headers", "an upstream with handler: true stores its handler's response as the handler returns it (remove store_response_headers, or handler)")
-	}
-	for i, pat := range u.StoreResponseHeaders {
-		if err := shaper.ValidHeaderPattern(pat); err != nil {
-			k.add(index(p+".store_response_headers", i), "%v", err)
-		}
-	}
-	switch u.StoreResponse {
-	case "full", "headers", "status":
-	case "":
-		if k.set(p + ".store_response") {
-			k.add(p+".store_response", "empty: want full, headers or status (or leave it out for %s)", defaultStoreResponse)
-		}
-	default:
-		k.add(p+".store_response", "%q: want full (status, headers and body), headers (no body) or status", u.StoreResponse)
-	}
-}
-
-// limits checks a list of limits as leaky.Limit.Validate does, and
-// returns the shortest per among them and whether every one is valid. A
-// cost a limit counts must be in costs, unless costs is nil.
-func (k checker) limits(lp string, ls []Limit, costs []string) (shortest time.Duration, ok bool) {
-	ok = true
-	for i, l := range ls {
-		ip := index(lp, i)
-		if k.ps.isBroken(ip) {
-			ok = false
-			continue
-		}
-		switch {
-		case l.Rate == 0 && !k.set(ip+".rate"):
-			k.add(ip+".rate", "required (the most units in any window of length per)")
-		case l.Per == 0 && !k.set(ip+".per"):
-			k.add(ip+".per", "required (the window, e.g. 1s or 1m)")
-		default:
-			if err := l.Leaky().Validate(); err != nil {
-				k.add(ip, "%v", err)
-				break
-			}
-			if l.Adaptive && costs != nil {
-				k.add(ip+".adaptive", "only the upstream's own limits may be adaptive, not partition limits (remove adaptive here; put an adaptive limit in limits)")
-				break
-			}
-			if l.Adaptive && l.Cost != "" {
-				k.add(ip+".adaptive", "only request limits may be adaptive, and this one counts %s (remove adaptive, or cost)", l.Cost)
-				break
-			}
-			if costs != nil && l.Cost != "" && !slices.Contains(costs, l.Cost) {
-				counted := "requests only"
-				if len(costs) > 0 {
-					counted = strings.Join(costs, ", ")
-				}
-				k.add(ip+".cost", "%q is counted by none of the upstream's limits, and a job may only carry costs they count (they count: %s; add a limit with cost: %s to limits)", l.Cost, counted, l.Cost)
-				break
-			}
-			if shortest == 0 || time.Duration(l.Per) < shortest {
-				shortest = time.Duration(l.Per)
-			}
-			continue
-		}
-		ok = false
-	}
-	return shortest, ok
-}
-
-// partitions checks partition_limits and partition_overrides, and returns
-// the shortest per among them and whether every limit is valid.
-func (k checker) partitions(p string, u *Upstream) (shortest time.Duration, ok bool) {
-	costs := []string{}
-	for _, l := range u.Limits {
-		if l.Cost != "" && !slices.Contains(costs, l.Cost) {
-			costs = append(costs, l.Cost)
-		}
-	}
-	slices.Sort(costs)
-	shorter := func(d time.Duration) {
-		if d > 0 && (shortest == 0 || d < shortest) {
-			shortest = d
-		}
-	}
-
+	k.limitsWritten(p+".limits", u.Limits, skip)
 	pl := p + ".partition_limits"
 	if u.PartitionLimits != nil && len(u.PartitionLimits) == 0 && k.set(pl) {
 		k.add(pl, "an empty list (leave partition_limits out to limit no partition but those in partition_overrides)")
 	}
-	d, ok := k.limits(pl, u.PartitionLimits, costs)
-	shorter(d)
-
+	k.limitsWritten(pl, u.PartitionLimits, skip)
 	po := p + ".partition_overrides"
 	if u.PartitionOverrides != nil && len(u.PartitionOverrides) == 0 && k.set(po) {
 		k.add(po, "an empty mapping (leave partition_overrides out, or name partitions: {gmail.com: [{rate: 1000, per: 1m}]})")
 	}
 	for _, name := range sortedKeys(u.PartitionOverrides) {
 		op := join(po, name)
-		if err := shaper.CheckPartition(name); err != nil {
-			k.add(op, "not a valid partition: %v", err)
+		if k.ps.isBroken(op) {
+			skip.at[op] = true
 		}
-		ls := u.PartitionOverrides[name]
-		if len(ls) == 0 && !k.ps.isBroken(op) {
-			k.add(op, "no limits (an override replaces partition_limits for this partition; list at least one, e.g. [{rate: 1000, per: 1m}])")
-			continue
-		}
-		d, lok := k.limits(op, ls, costs)
-		shorter(d)
-		ok = ok && lok
+		k.limitsWritten(op, u.PartitionOverrides[name], skip)
 	}
-	return shortest, ok
-}
-
-// settle checks where the upstream's answers give the costs jobs used:
-// each key a cost some limit counts, each source exactly one valid json
-// pointer or header name.
-func (k checker) settle(p string, u *Upstream) {
+	k.writtenZero(p+".guard", u.Guard == 0, "0s: must be positive (leave it out for the default %v)", defaultGuard)
+	k.writtenZero(p+".timeout", u.Timeout == 0, "0s: must be positive (leave it out for the default %v)", defaultTimeout)
+	k.writtenZero(p+".max_pending", u.MaxPending == 0, "0: must be at least 1 (leave it out for the default %d)", defaultMaxPending)
+	rp := p + ".retry"
+	k.writtenZero(rp+".max_attempts", u.Retry.MaxAttempts == 0, "0: must be at least 1 (leave it out for the default %d)", defaultMaxAttempts)
+	k.writtenZero(rp+".min_backoff", u.Retry.MinBackoff == 0, "0s: must be positive (leave it out for the default %v)", defaultMinBackoff)
+	k.writtenZero(rp+".max_backoff", u.Retry.MaxBackoff == 0, "0s: must be positive (leave it out for the default %v)", defaultMaxBackoff)
+	if k.ps.isBroken(rp) {
+		skip.at[rp] = true
+	}
+	fp := p + ".fairness"
+	if u.Fairness.By == "" && k.set(fp+".by") {
+		k.add(fp+".by", "empty: want tenant, partition or none (or leave it out for %s)", shaper.FairByTenant)
+	}
+	if by := u.Fairness.By; (by == "" || by == shaper.FairByTenant) && tenants != nil {
+		for _, name := range sortedKeys(u.Fairness.Weights) {
+			if !tenants[name] && shaper.ValidTenant(name) {
+				k.add(join(fp+".weights", name), "no API key has tenant %q (tenants: %s; by: tenant weighs the tenants of api.keys)", name, strings.Join(sortedKeys(tenants), ", "))
+			}
+		}
+	}
 	sp := p + ".settle"
 	if u.Settle != nil && len(u.Settle) == 0 && k.set(sp) {
 		k.add(sp, "an empty mapping (leave settle out, or name a cost: {tokens: {json: /usage/total_tokens}})")
 	}
-	if len(u.Settle) == 0 {
-		return
-	}
-	counted := []string{}
-	for _, l := range u.Shaper().EveryLimit() {
-		if l.Cost != "" && !slices.Contains(counted, l.Cost) {
-			counted = append(counted, l.Cost)
-		}
-	}
-	slices.Sort(counted)
 	for _, cost := range sortedKeys(u.Settle) {
 		cp := join(sp, cost)
-		if !slices.Contains(counted, cost) {
-			they := "requests only, one per job, which needs no settling"
-			if len(counted) > 0 {
-				they = strings.Join(counted, ", ")
-			}
-			k.add(cp, "no limit counts %q, so there is nothing to settle (the limits count: %s)", cost, they)
-			continue
+		if !slices.ContainsFunc(su.EveryLimit(), func(l leaky.Limit) bool { return l.Cost == cost }) {
+			continue // the upstream's problem
 		}
-		s := u.Settle[cost]
-		if s.JSON == "" && k.set(cp+".json") {
+		switch s := u.Settle[cost]; {
+		case s.JSON == "" && k.set(cp+".json"):
 			k.add(cp+".json", "empty: want a JSON pointer into the answer's body, starting with / (e.g. /usage/total_tokens)")
-			continue
-		}
-		if s.Header == "" && k.set(cp+".header") {
+			skip.at[cp] = true
+		case s.Header == "" && k.set(cp+".header"):
 			k.add(cp+".header", "empty: want the name of a response header (e.g. X-Tokens-Used)")
+			skip.at[cp] = true
+		}
+	}
+	if u.Lanes == nil && k.set(p+".lanes") || u.Lanes != nil && len(u.Lanes) == 0 {
+		k.add(p+".lanes", "no lanes (list at least %s: 1, or leave lanes out)", DefaultLane)
+	}
+	k.writtenZero(p+".max_response_bytes", u.MaxResponseBytes == 0, "0: must be at least 1 (leave it out for the default %d)", defaultMaxResponseBytes)
+	k.writtenZero(p+".result_retention", u.ResultRetention == 0, "0s: must be positive (leave it out for the default %v)", defaultResultRetention)
+	k.writtenZero(p+".dead_retention", u.DeadRetention == 0, "0s: must be positive (leave it out for the default %v)", defaultDeadRetention)
+	k.writtenZero(p+".result_max_count", u.ResultMaxCount == 0, "0: must be at least 1 (leave it out for the default %d)", defaultResultMaxCount)
+	k.writtenZero(p+".dead_max_count", u.DeadMaxCount == 0, "0: must be at least 1 (leave it out for the default %d)", defaultDeadMaxCount)
+	k.writtenZero(p+".idempotency_window", u.IdempotencyWindow == 0, "0s: must be positive (leave it out for the default %v)", defaultIdemWindow)
+	k.writtenZero(p+".pushback_default", u.PushbackDefault == 0, "0s: must be positive (leave it out for the default %v)", defaultPushback)
+	if u.Handler && len(u.SensitiveHeaders) > 0 {
+		k.add(p+".sensitive_headers", "an upstream with handler: true takes no job headers (remove sensitive_headers, or handler)")
+	}
+	if u.Handler && len(u.StoreResponseHeaders) > 0 {
+		k.add(p+".store_response_headers", "an upstream with handler: true stores its handler's response as the handler returns it (remove store_response_headers, or handler)")
+	}
+	if u.StoreResponse == "" && k.set(p+".store_response") {
+		k.add(p+".store_response", "empty: want full, headers or status (or leave it out for %s)", defaultStoreResponse)
+	}
+	k.fromShaper(p, su.Problems().List, skip, nil)
+}
+
+// skips are the paths whose upstream problems are left out: at a path
+// (at) or at and under it (under).
+type skips struct{ at, under map[string]bool }
+
+// fromShaper adds an upstream's problems (those keep picks, nil all) at
+// their paths under p.
+func (k checker) fromShaper(p string, list []shaper.Problem, skip skips, keep func(shaper.Problem) bool) {
+	for _, sp := range list {
+		if keep != nil && !keep(sp) {
 			continue
 		}
-		if err := s.Shaper().Validate(); err != nil {
-			k.add(cp, "%v", err)
-		}
-	}
-}
-
-// fairness checks how the upstream shares its slots; tenants is nil when
-// the config has no API keys to hold tenant weights to.
-func (k checker) fairness(p string, f Fairness, tenants map[string]bool) {
-	fp := p + ".fairness"
-	by := f.By
-	switch by {
-	case shaper.FairByTenant, shaper.FairByPartition, shaper.FairByNone:
-	case "":
-		if k.set(fp + ".by") {
-			k.add(fp+".by", "empty: want tenant, partition or none (or leave it out for %s)", shaper.FairByTenant)
-		}
-		by = shaper.FairByTenant
-	default:
-		k.add(fp+".by", "%q is not one of tenant, partition, none", by)
-		by = ""
-	}
-	wp := fp + ".weights"
-	if by == shaper.FairByNone && len(f.Weights) > 0 {
-		k.add(wp, "by: none shares nothing by weight (remove weights, or set by: tenant or by: partition)")
-		return
-	}
-	for _, name := range sortedKeys(f.Weights) {
-		np := join(wp, name)
-		if w := f.Weights[name]; w < 1 || w > 1000 {
-			k.add(np, "weight %d: must be 1 to 1000", w)
-		}
-		switch by {
-		case shaper.FairByTenant:
-			switch {
-			case !keyName.MatchString(name):
-				k.add(np, "not a tenant name (letters, digits and _ . - only, at most 64; by: tenant weighs tenants)")
-			case tenants != nil && !tenants[name]:
-				k.add(np, "no API key has tenant %q (tenants: %s; by: tenant weighs the tenants of api.keys)", name, strings.Join(sortedKeys(tenants), ", "))
+		path, left := p, false
+		for _, e := range sp.Path {
+			switch e := e.(type) {
+			case int:
+				path = index(path, e)
+			case string:
+				path = join(path, e)
 			}
-		case shaper.FairByPartition:
-			if err := shaper.CheckPartition(name); err != nil {
-				k.add(np, "not a valid partition: %v", err)
-			}
+			left = left || skip.under[path]
+		}
+		if !left && !skip.at[path] {
+			k.add(path, "%s", sp.Msg)
 		}
 	}
 }
 
-// managedHeader reports headers the HTTP client sets itself; a configured
-// value would conflict with it or frame the request differently.
-func managedHeader(name string) bool {
-	switch strings.ToLower(name) {
-	case "host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "keep-alive", "proxy-connection":
-		return true
+// writtenZero reports a field the file wrote as 0 (or empty), whose zero
+// would otherwise quietly mean its default.
+func (k checker) writtenZero(path string, zero bool, format string, def any) {
+	if zero && k.set(path) {
+		k.add(path, format, def)
 	}
-	return false
 }
 
-func (k checker) headers(p string, u *Upstream) {
-	idem := u.IdempotencyHeader
-	if idem != "" {
-		if !headerName.MatchString(idem) {
-			k.add(p+".idempotency_header", "%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", idem)
-		} else if managedHeader(idem) {
-			k.add(p+".idempotency_header", "%s is managed by the HTTP client", idem)
-		}
-	} else if !k.set(p + ".idempotency_header") {
-		idem = defaultIdempotencyHeader
-	}
-	seen := map[string]string{}
-	for _, name := range sortedKeys(u.Headers) {
-		hp := join(p+".headers", name)
-		lower := strings.ToLower(name)
+// limitsWritten reports the limits the file left a rate or per out of;
+// those, and limits that could not be decoded, are left out of the
+// upstream's problems.
+func (k checker) limitsWritten(lp string, ls []Limit, skip skips) {
+	for i, l := range ls {
+		ip := index(lp, i)
 		switch {
-		case !headerName.MatchString(name):
-			k.add(hp, "not a header name (letters, digits and !#$%%&'*+-.^_`|~)")
-		case managedHeader(name):
-			k.add(hp, "managed by the HTTP client (remove it)")
-		case idem != "" && lower == strings.ToLower(idem):
-			k.add(hp, "is the idempotency_header, which each job sets (remove it)")
-		case seen[lower] != "":
-			k.add(hp, "the same header as %q (names are case-insensitive)", seen[lower])
+		case k.ps.isBroken(ip):
+		case l.Rate == 0 && !k.set(ip+".rate"):
+			k.add(ip+".rate", "required (the most units in any window of length per)")
+		case l.Per == 0 && !k.set(ip+".per"):
+			k.add(ip+".per", "required (the window, e.g. 1s or 1m)")
+		default:
+			continue
 		}
-		seen[lower] = name
-		// The value is not quoted back: it usually holds a credential.
-		if strings.ContainsFunc(u.Headers[name], func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
-			k.add(hp, "value holds a line break or control character (not allowed in a header)")
-		}
+		skip.under[ip] = true
 	}
-}
-
-// checkBaseURL wants an absolute http(s) URL that a job's path can be
-// appended to; credentials belong in headers, where logs do not print them.
-func checkBaseURL(s string) error {
-	u, err := url.Parse(s)
-	switch {
-	case err != nil:
-		return errors.New("not a valid URL (want e.g. https://api.stripe.com)")
-	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Errorf("scheme %q: want an absolute http:// or https:// URL", u.Scheme)
-	case u.Opaque != "" || u.Host == "":
-		return errors.New("no host (want e.g. https://api.stripe.com)")
-	case u.User != nil:
-		return errors.New("holds credentials (put them in headers, e.g. Authorization: \"Bearer ${TOKEN}\")")
-	case u.RawQuery != "" || u.ForceQuery:
-		return errors.New("has a query (a job's path carries its own query)")
-	case u.Fragment != "" || strings.Contains(s, "#"):
-		return errors.New("has a fragment (#…), which is never sent")
-	case u.Port() != "" && !validPort(u.Port(), 1):
-		return fmt.Errorf("port %s: want 1 to 65535", u.Port())
-	}
-	return nil
-}
-
-func defaultNote(isDefault bool) string {
-	if isDefault {
-		return " (the default)"
-	}
-	return ""
-}
-
-func or(d, def Duration) Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/internal/ratelimit"
+	"github.com/shaperhq/shaper/queue"
 )
 
 func TestClassify(t *testing.T) {
@@ -94,5 +95,30 @@ func TestBackoff(t *testing.T) {
 	}
 	if d := backoff(1, time.Second, time.Minute); d != time.Second {
 		t.Fatalf("first retry: got %v, want the minimum", d)
+	}
+}
+
+// A hand-back's words are for asynq's tools; its kind and what it waits
+// for are fields, which end records as the typed mark.
+func TestOutcomeLastError(t *testing.T) {
+	now := time.Date(2026, 11, 30, 14, 2, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		o        outcome
+		kind     outcomeKind
+		waitsFor string
+		want     string
+	}{
+		{pushedBack(verdict{wait: time.Minute, reason: "429 from upstream", until: now.Add(7250 * time.Millisecond)}, now),
+			outHandBack, queue.WaitingPushback, "waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z (429 from upstream)"},
+		{pushedBack(verdict{wait: time.Second, reason: "429 from upstream (endpoint-rate)"}, now),
+			outHandBack, queue.WaitingPushback, "waiting for pushback: job held until 2026-11-30T14:02:01.000Z (429 from upstream (endpoint-rate))"},
+		{handBack(time.Second, "sensitive headers unreadable"), outHandBack, "", "waiting: sensitive headers unreadable"},
+		{retryAfter(time.Second, "attempt 1 of 3: upstream answered 503"), outRetry, "", "attempt 1 of 3: upstream answered 503"},
+		{dead("upstream answered %d", 400), outDead, "", "upstream answered 400"},
+		{succeeded(nil), outSucceeded, "", ""},
+	} {
+		if tc.o.kind != tc.kind || tc.o.waitsFor != tc.waitsFor || tc.o.lastError() != tc.want {
+			t.Errorf("got %v waiting for %q, %q; want %v waiting for %q, %q", tc.o.kind, tc.o.waitsFor, tc.o.lastError(), tc.kind, tc.waitsFor, tc.want)
+		}
 	}
 }

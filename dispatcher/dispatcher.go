@@ -143,6 +143,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 		if _, dup := d.ups[uc.Name]; dup {
 			return nil, fmt.Errorf("dispatcher: upstream %s configured twice", uc.Name)
 		}
+		// The one check of an upstream; what follows relies on it.
+		if err := uc.Validate(); err != nil {
+			return nil, fmt.Errorf("dispatcher: %w", err)
+		}
 		u, err := d.newUpstream(pacer, uc)
 		if err != nil {
 			return nil, fmt.Errorf("dispatcher: upstream %s: %w", uc.Name, err)
@@ -163,20 +167,7 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstream, error) {
-	if !queue.ValidName(uc.Name) {
-		return nil, fmt.Errorf("not a valid upstream name")
-	}
 	uc = uc.WithDefaults()
-	switch uc.StoreResponse {
-	case shaper.StoreFull, shaper.StoreHeaders, shaper.StoreStatus:
-	default:
-		return nil, fmt.Errorf("store_response %q: want full, headers or status", uc.StoreResponse)
-	}
-	for _, p := range uc.StoreResponseHeaders {
-		if err := shaper.ValidHeaderPattern(p); err != nil {
-			return nil, fmt.Errorf("store_response_headers: %w", err)
-		}
-	}
 	bucket, err := pacer.Bucket(sched.QueueName(uc.Name), leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
 		// A lease lives through the wait for its slot and the request.
@@ -217,9 +208,10 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 		}
 	})
 	if uc.BaseURL != "" {
+		// Validate has checked it.
 		base, err := url.Parse(uc.BaseURL)
-		if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-			return nil, fmt.Errorf("base URL %q: want an absolute http or https URL", uc.BaseURL)
+		if err != nil {
+			return nil, err
 		}
 		u.base = base
 		transport := d.cfg.Transport
@@ -257,14 +249,6 @@ func (d *Dispatcher) Handle(upstream string, h Handler) error {
 	u.handler = h
 	return nil
 }
-
-// retryLater is a failed attempt with the delay before the next one.
-type retryLater struct {
-	delay time.Duration
-	why   string
-}
-
-func (e *retryLater) Error() string { return e.why }
 
 // backoff is the delay before attempt n+1 after n failed ones: exponential
 // from min, capped at max, with full jitter above min.

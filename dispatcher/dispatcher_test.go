@@ -61,7 +61,7 @@ func newHarness(t *testing.T, fakeCfg fakeupstream.Config, up shaper.Upstream, m
 		up.Name = "api"
 	}
 	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{
-		{Name: up.Name, MaxPending: 100000, Retry: shaper.Retry{MaxAttempts: maxAttempts}, ResultRetention: time.Hour, DeadRetention: time.Hour},
+		{Name: up.Name, Limits: []leaky.Limit{leaky.PerSecond(1000)}, MaxPending: 100000, Retry: shaper.Retry{MaxAttempts: maxAttempts}, ResultRetention: time.Hour, DeadRetention: time.Hour},
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -62,6 +62,11 @@ func TestBare429sPauseForLongerWhileRepeated(t *testing.T) {
 	if got.State != queue.StateSucceeded || got.Attempts != 1 {
 		t.Fatalf("got %s after %d attempts (%s), want succeeded on its first attempt: pushback spends none", got.State, got.Attempts, got.LastError)
 	}
+	// The hand-backs' words stay in asynq's message; their mark says they
+	// were no failure.
+	if got.LastError != "" {
+		t.Errorf("last error %q after pushbacks alone, want none", got.LastError)
+	}
 	at := rec.arrivals()
 	if len(at) != 5 {
 		t.Fatalf("got %d requests, want 4 refused and 1 accepted", len(at))

@@ -494,41 +494,28 @@ func (d *Dispatcher) work(ctx context.Context, u *upstream, t sched.Taken) {
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 		msg = &taskstore.Message{Type: queue.TaskType, ID: t.ID, Queue: u.store.Queue(), Payload: t.Msg}
 		job := queue.Job{ID: t.ID, Upstream: name}
-		d.end(ctx, u, t, msg, &job, dead("undecodable task message: %v", err), nil)
+		d.end(ctx, u, t, msg, &job, dead("undecodable task message: %v", err))
 		return
 	}
 	job, err := queue.DecodeJob(msg.ID, msg.Payload)
 	if err != nil {
 		job = queue.Job{ID: t.ID, Upstream: name}
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-		d.end(ctx, u, t, msg, &job, dead("undecodable job: %v", err), nil)
+		d.end(ctx, u, t, msg, &job, dead("undecodable job: %v", err))
 		return
 	}
-	outcome, resp := d.run(ctx, u, t, msg, &job)
-	d.end(ctx, u, t, msg, &job, outcome, resp)
+	d.end(ctx, u, t, msg, &job, d.run(ctx, u, t, msg, &job))
 }
 
-// deadError ends a job for good.
-type deadError struct{ why string }
-
-func (e *deadError) Error() string { return e.why }
-
-func dead(format string, args ...any) error { return &deadError{why: fmt.Sprintf(format, args...)} }
-
-// errRequeue: the job was not sent (shutdown, a missed slot, a block) and
-// goes back to the head of its queue as it was.
-var errRequeue = errors.New("not sent; back to the head of its queue")
-
-// run decides a job's outcome: nil (succeeded), a *queue.Deferral, a
-// *retryLater, a *deadError or errRequeue.
-func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job) (error, *queue.Response) {
+// run sends a job when its slot comes and decides its outcome.
+func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job) outcome {
 	name := u.cfg.Name
 	if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
 		d.m.Dispatches.WithLabelValues(name, "expired").Inc()
-		return dead("expired at %s before it could be dispatched", job.ExpiresAt.Format(time.RFC3339)), nil
+		return dead("expired at %s before it could be dispatched", job.ExpiresAt.Format(time.RFC3339))
 	}
-	if err := d.withSecrets(ctx, job); err != nil {
-		return err, nil
+	if o, ok := d.withSecrets(ctx, job); !ok {
+		return o
 	}
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -540,18 +527,18 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		if errors.Is(err, leaky.ErrLate) {
 			d.m.LateSlots.WithLabelValues(name).Inc()
 		}
-		return errRequeue, nil
+		return requeue()
 	}
 	waited := time.Since(start)
 	d.m.PacingWait.WithLabelValues(name).Observe(waited.Seconds())
 	v, resp, sent := d.send(ctx, u, job, r)
 	if !sent {
 		d.m.LateSlots.WithLabelValues(name).Inc()
-		return errRequeue, nil
+		return requeue()
 	}
 	if ctx.Err() != nil && v.kind == kindRetry {
 		// Cut off by the shutdown timeout: not the upstream's fault.
-		return errRequeue, nil
+		return requeue()
 	}
 	v = d.heed(ctx, u, job, resp, v)
 	if d.log.Enabled(ctx, slog.LevelDebug) {
@@ -570,31 +557,31 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	switch v.kind {
 	case kindDone:
 		d.m.Dispatches.WithLabelValues(name, "succeeded").Inc()
-		return nil, stored
+		return succeeded(stored)
 	case kindPushback:
 		d.m.Dispatches.WithLabelValues(name, "deferred").Inc()
-		return pushedBack(v, time.Now()), stored
+		return pushedBack(v, time.Now()).with(stored)
 	case kindRetry:
 		if !queue.LastAttempt(job, attempt) {
 			d.m.Dispatches.WithLabelValues(name, "retry").Inc()
 			delay := max(backoff(attempt, u.cfg.Retry.MinBackoff, u.cfg.Retry.MaxBackoff), v.wait)
-			return &retryLater{delay: delay, why: fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)}, stored
+			return retryAfter(delay, fmt.Sprintf("attempt %d of %d: %s", attempt, job.MaxAttempts, v.reason)).with(stored)
 		}
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-		return dead("gave up after %d attempts: %s", attempt, v.reason), stored
+		return dead("gave up after %d attempts: %s", attempt, v.reason).with(stored)
 	default:
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-		return dead("%s", v.reason), stored
+		return dead("%s", v.reason).with(stored)
 	}
 }
 
 // end records a job's outcome in Redis, with its response, and releases
 // what the job held. While Redis is unreachable it keeps trying, up to
 // outcomeWait, so that an answered job is not sent again.
-func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job, outcome error, resp *queue.Response) {
+func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job, o outcome) {
 	name := u.cfg.Name
 	bg := context.WithoutCancel(ctx)
-	if errors.Is(outcome, errRequeue) {
+	if o.kind == outRequeue {
 		// Held (its lease extended) until Redis takes it back: a job whose
 		// lease ran out would be recovered with an attempt spent, though
 		// it was never sent.
@@ -615,26 +602,22 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		cancel()
 	}
 	f := taskstore.Finished{ID: t.ID, Lane: job.Lane, Partition: job.Partition, Msg: msg}
-	if resp != nil {
-		if b, err := queue.EncodeResponse(resp); err == nil {
+	if o.resp != nil {
+		if b, err := queue.EncodeResponse(o.resp); err == nil {
 			f.Result = b
 		}
 	}
-	var df *queue.Deferral
-	var rl *retryLater
-	var de *deadError
-	switch {
-	case outcome == nil:
+	switch o.kind {
+	case outSucceeded:
 		f.Outcome, f.Retention, f.Msg = taskstore.Succeeded, u.cfg.ResultRetention, queue.SucceededMessage(msg)
-	case errors.As(outcome, &df):
-		f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(df.Delay), df.Error()
-	case errors.As(outcome, &rl):
-		f.Outcome, f.RetryAt, f.ErrMsg, f.Failure = taskstore.Retry, time.Now().Add(rl.delay), rl.Error(), true
-	case errors.As(outcome, &de):
-		f.Outcome, f.ErrMsg = taskstore.Dead, de.Error()
+	case outHandBack:
+		f.Outcome, f.RetryAt, f.WaitsFor = taskstore.Retry, time.Now().Add(o.delay), o.waitsFor
+	case outRetry:
+		f.Outcome, f.RetryAt, f.Failure = taskstore.Retry, time.Now().Add(o.delay), true
 	default:
-		f.Outcome, f.RetryAt, f.ErrMsg, f.Failure = taskstore.Retry, time.Now().Add(time.Second), outcome.Error(), true
+		f.Outcome = taskstore.Dead
 	}
+	f.ErrMsg = o.lastError()
 	err := d.untilStored(bg, "results", "record a job's outcome", u, t.ID, func(ctx context.Context) error {
 		itemErr, err := u.finish.Do(ctx, f)
 		if err == nil && itemErr != nil {

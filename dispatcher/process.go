@@ -19,26 +19,27 @@ import (
 )
 
 // withSecrets puts a job's sensitive headers (kept aside by the queue) back
-// into its headers for the send. Without them the job cannot be sent as
-// given: it waits while Redis cannot be reached, and dies for any other
-// failure (expired, undecodable, a command the server refuses), which a
-// wait would not cure: handing it back would loop forever.
-func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
+// into its headers for the send; it reports false, with the job's
+// outcome, when the job cannot be sent as given. Then it waits while Redis
+// cannot be reached, and dies for any other failure (expired,
+// undecodable, a command the server refuses), which a wait would not
+// cure: handing it back would loop forever.
+func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) (outcome, bool) {
 	secret, err := queue.LoadSecrets(ctx, d.rdb, d.cfg.Prefix, job, time.Now())
 	switch {
 	case errors.Is(err, queue.ErrSecretsGone):
 		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
-		return dead("%v", err)
+		return dead("%v", err), false
 	case err != nil && unreachable(err):
 		d.m.RedisErrors.WithLabelValues("secrets").Inc()
 		d.log.Error("cannot read a job's sensitive headers; handing it back", "job", job.ID, "err", err)
-		return handBack(time.Second, "sensitive headers unreadable")
+		return handBack(time.Second, "sensitive headers unreadable"), false
 	case err != nil:
 		d.m.RedisErrors.WithLabelValues("secrets").Inc()
 		d.m.Dispatches.WithLabelValues(job.Upstream, "dead").Inc()
-		return dead("cannot use the job's sensitive headers: %v", err)
+		return dead("cannot use the job's sensitive headers: %v", err), false
 	case secret == nil:
-		return nil
+		return outcome{}, true
 	}
 	headers := make(map[string]string, len(job.Headers)+len(secret))
 	for k, v := range job.Headers {
@@ -48,7 +49,7 @@ func (d *Dispatcher) withSecrets(ctx context.Context, job *queue.Job) error {
 		headers[k] = v
 	}
 	job.Headers = headers
-	return nil
+	return outcome{}, true
 }
 
 // unreachable reports whether a Redis error says the store could not be
@@ -116,33 +117,7 @@ func (d *Dispatcher) block(ctx context.Context, u *upstream, dur time.Duration, 
 	return until
 }
 
-// handBack returns the job to its queue after delay, spending no attempt.
-func handBack(delay time.Duration, why string) error {
-	return &queue.Deferral{Delay: delay, Why: why}
-}
-
-// pushedBack hands back the job an upstream refused (a 429): it waits,
-// spending no attempt, and says in asynq's last error what for, when
-// that ends (on Redis's clock, as the block is kept), and the answer:
-// "waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z
-// (429 from upstream)".
-func pushedBack(v verdict, now time.Time) error {
-	why := "job held until " + stamp(now.Add(v.wait)) + " (" + v.reason + ")"
-	if !v.until.IsZero() {
-		why = "upstream blocked until " + stamp(v.until) + " (" + v.reason + ")"
-	}
-	return &queue.Deferral{Delay: v.wait, For: queue.WaitingPushback, Why: why}
-}
-
-// stamp writes a time as a reader of asynq's tools wants it: UTC, to the
-// millisecond.
-func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
-
-// errTooLate: the reservation's slot slipped past the guard before the
-// request could leave; nothing was sent.
-var errTooLate = errors.New("slot slipped before the send")
-
-// send performs the job under reservation r and reads the outcome. It
+// send performs the job under reservation r and reads the answer. It
 // reports false, having sent nothing, if the slot slipped past the guard
 // before the request left.
 func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *leaky.Reservation) (_ verdict, _ *queue.Response, sent bool) {
@@ -175,17 +150,13 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 		v.sentAt = r.Now.Add(r.Delay)
 		return v, resp, true
 	}
-	resp, err := u.do(ctx, job, r)
-	if errors.Is(err, errTooLate) {
+	resp, failed, sent := u.do(ctx, job, r)
+	switch {
+	case !sent:
 		return verdict{}, nil, false
-	}
-	if err != nil {
+	case resp == nil:
 		d.m.UpstreamResponses.WithLabelValues(name, "error").Inc()
-		var pe *permanentError
-		if errors.As(err, &pe) {
-			return verdict{kind: kindDead, reason: err.Error()}, nil, true
-		}
-		return verdict{kind: kindRetry, reason: err.Error()}, nil, true
+		return failed, nil, true
 	}
 	d.m.UpstreamResponses.WithLabelValues(name, responseClass(resp.Status)).Inc()
 	h := http.Header(resp.Headers)
@@ -196,11 +167,14 @@ func (d *Dispatcher) send(ctx context.Context, u *upstream, job *queue.Job, r *l
 	return v, resp, true
 }
 
-// do sends an HTTP job under reservation r.
-func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation) (*queue.Response, error) {
+// do sends an HTTP job under reservation r and returns the answer. Without
+// one, the verdict says why: dead for a request that cannot be built, a
+// retry for one that failed on the way. It reports sent false, having sent
+// nothing, if the slot slipped past the guard before the request left.
+func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation) (_ *queue.Response, failed verdict, sent bool) {
 	target, err := queue.Target(u.base, job.Path)
 	if err != nil {
-		return nil, Permanent(err)
+		return nil, verdict{kind: kindDead, reason: err.Error()}, true
 	}
 	method := job.Method
 	if method == "" {
@@ -214,7 +188,7 @@ func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, method, target.String(), bytes.NewReader(job.Body))
 	if err != nil {
-		return nil, Permanent(fmt.Errorf("build request: %w", err))
+		return nil, verdict{kind: kindDead, reason: "build request: " + err.Error()}, true
 	}
 	// The URL as Target built it, not reparsed: its raw path is the one sent.
 	req.URL = target
@@ -229,16 +203,16 @@ func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation)
 	}
 	// The last moment to judge the slot: any later and the bytes are out.
 	if r.TooLate() {
-		return nil, errTooLate
+		return nil, verdict{}, false
 	}
 	resp, err := u.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("send to %s: %w", u.cfg.Name, err)
+		return nil, verdict{kind: kindRetry, reason: fmt.Sprintf("send to %s: %v", u.cfg.Name, err)}, true
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, u.cfg.MaxResponseBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("read answer of %s: %w", u.cfg.Name, err)
+		return nil, verdict{kind: kindRetry, reason: fmt.Sprintf("read answer of %s: %v", u.cfg.Name, err)}, true
 	}
 	out := &queue.Response{Status: resp.StatusCode, Headers: resp.Header}
 	if int64(len(body)) > u.cfg.MaxResponseBytes {
@@ -247,7 +221,7 @@ func (u *upstream) do(ctx context.Context, job *queue.Job, r *leaky.Reservation)
 	out.Body = body
 	// Drain what is left so the connection can be reused.
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<20))
-	return out, nil
+	return out, verdict{}, true
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -39,7 +39,7 @@ func TestNoSecretsLeftInRedis(t *testing.T) {
 	secrets := []string{"AUTH-SECRET-1f9c", "COOKIE-SECRET-77aa", "TOKEN-SECRET-0b3e", "SETCOOKIE-SECRET-5d21"}
 	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 3)
 	q, err := queue.New(h.rdb, queue.Config{Upstreams: []shaper.Upstream{
-		{Name: "api", MaxPending: 1000, Retry: shaper.Retry{MaxAttempts: 3}, ResultRetention: time.Hour, DeadRetention: time.Hour,
+		{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(1000)}, MaxPending: 1000, Retry: shaper.Retry{MaxAttempts: 3}, ResultRetention: time.Hour, DeadRetention: time.Hour,
 			SensitiveHeaders: []string{"X-*-Token"}},
 	}})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -27,7 +28,7 @@ func Example() {
 	defer rdb.Close()
 
 	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{
-		{Name: "stripe", MaxPending: 1000, Retry: shaper.Retry{MaxAttempts: 5}},
+		{Name: "stripe", Limits: []leaky.Limit{leaky.PerSecond(1000)}, MaxPending: 1000, Retry: shaper.Retry{MaxAttempts: 5}},
 	}})
 	if err != nil {
 		fmt.Println(err)
@@ -70,7 +71,7 @@ func ExampleQueue_Retry() {
 	defer mr.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe"}}})
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe", Limits: []leaky.Limit{leaky.PerSecond(1000)}}}})
 	if err != nil {
 		fmt.Println(err)
 		return

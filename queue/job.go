@@ -14,10 +14,11 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
-	"github.com/shaperhq/shaper/internal/sched"
-	"regexp"
 	"strings"
 	"time"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/sched"
 )
 
 // TaskType is the asynq task type of every shaper job.
@@ -93,12 +94,9 @@ type Response struct {
 	Truncated bool                `json:"truncated,omitempty"`
 }
 
-// namePattern is what upstream and lane names may be: they become queue names
-// and Redis hash tags.
-var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-
-// ValidName reports whether s can name an upstream or a lane.
-func ValidName(s string) bool { return namePattern.MatchString(s) }
+// ValidName reports whether s can name an upstream or a lane (they become
+// queue names and Redis hash tags): shaper.ValidName.
+func ValidName(s string) bool { return shaper.ValidName(s) }
 
 // QueueName is the asynq queue of an upstream: all its lanes together,
 // so that one script can choose among them (see internal/sched).

@@ -493,7 +493,7 @@ func TestListEveryUpstream(t *testing.T) {
 	rdb.FlushAll(ctx)
 	var ups []shaper.Upstream
 	for i := range ListUpstreamsPerPage + 4 {
-		ups = append(ups, shaper.Upstream{Name: fmt.Sprintf("u%02d", i), Lanes: map[string]int{"default": 1}, Retry: shaper.Retry{MaxAttempts: 3},
+		ups = append(ups, shaper.Upstream{Name: fmt.Sprintf("u%02d", i), Limits: []leaky.Limit{leaky.PerSecond(1000)}, Lanes: map[string]int{"default": 1}, Retry: shaper.Retry{MaxAttempts: 3},
 			ResultRetention: time.Hour, DeadRetention: time.Hour})
 	}
 	ups[3].Lanes = map[string]int{"default": 1, "bulk": 1}

@@ -1,15 +1,14 @@
 package queue
 
 import (
-	"strings"
-	"time"
-
 	"github.com/hibiken/asynq"
 )
 
-// What a worker and the queue agree on about a job's life in asynq: how a
-// hand-back is told from a failure, and how attempts are counted. Both
-// sides call these; neither spells the rules itself.
+// What a worker and the queue agree on about a job's life in asynq: what a
+// held job waits for, and how attempts are counted. Both sides call these;
+// neither spells the rules itself. (A hand-back is told from a failure by
+// the task's typed mark, taskstore.Finished.WaitsFor, never by its last
+// error's words.)
 
 // What a waiting job waits for (Info.WaitingFor): it could otherwise go
 // now, and is held back by one of these.
@@ -49,64 +48,8 @@ func BlockWaitsFor(reason string) string {
 	return WaitingPause
 }
 
-// waitingPrefix starts a hand-back's message in asynq's last error, which
-// is all asynq keeps of it, so asynq's own tools read it plainly:
-// "waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z
-// (429 from upstream)"; waitingBare starts one that waits for none of
-// those ("waiting: sensitive headers unreadable").
-const (
-	waitingPrefix = "waiting for "
-	waitingBare   = "waiting: "
-)
-
-// Deferral is a worker handing a job back to its queue to wait for its
-// upstream (a 429, its store) rather than failing it: no attempt is spent
-// (the store counts it deferred, not retry) and it
-// runs again after Delay. The job shows as scheduled, not retrying, and a
-// resume makes it due at once (RunDeferred).
-type Deferral struct {
-	// Delay is how long the job waits in its queue before a worker takes
-	// it again; zero makes it due at once. The worker renews the job's
-	// sensitive headers to outlast it (RenewSecrets).
-	Delay time.Duration
-	// For is what it waits for (WaitingPushback, ...); "" for a wait of
-	// shaper's own (its store unreachable).
-	For string
-	// Why says what it waits for in words ("upstream blocked until ...
-	// (429 from upstream)"); it becomes the job's last error, after
-	// "waiting for FOR: ".
-	Why string
-}
-
-func (d *Deferral) Error() string {
-	if d.For == "" {
-		return waitingBare + d.Why
-	}
-	return waitingPrefix + d.For + ": " + d.Why
-}
-
-// deferredFor reports whether asynq's last error of a task was a
-// Deferral, and what it waited for ("" when it did not say).
-func deferredFor(lastErr string) (string, bool) {
-	if rest, ok := strings.CutPrefix(lastErr, waitingPrefix); ok {
-		what, _, _ := strings.Cut(rest, ":")
-		switch what {
-		case WaitingPause, WaitingPushback, WaitingLimit:
-			return what, true
-		}
-		return "", true
-	}
-	return "", strings.HasPrefix(lastErr, waitingBare)
-}
-
-// deferred reports whether asynq's last error of a task was a Deferral.
-func deferred(lastErr string) bool {
-	_, ok := deferredFor(lastErr)
-	return ok
-}
-
 // Attempts are counted by one rule, from asynq's retry count, which counts
-// failed attempts only (a Deferral is not a failure):
+// failed attempts only (a hand-back is not a failure):
 //
 //   - the worker running a job is making attempt retried+1;
 //   - a job waiting (queued, scheduled, retrying) has made retried attempts,

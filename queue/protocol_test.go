@@ -2,36 +2,11 @@ package queue
 
 import (
 	"testing"
-	"time"
 
 	"github.com/hibiken/asynq"
 )
 
-func TestDeferralProtocol(t *testing.T) {
-	d := &Deferral{Delay: time.Second, For: WaitingPushback, Why: "upstream blocked"}
-	// asynq keeps only the message: it must read plainly, and still tell
-	// a deferral, and what it waits for, from a failure.
-	for _, tc := range []struct {
-		lastErr  string
-		deferred bool
-		waits    string
-	}{
-		{d.Error(), true, WaitingPushback},
-		{"waiting for pushback: upstream blocked until 2026-11-30T14:02:07.250Z (429 from upstream)", true, WaitingPushback},
-		{(&Deferral{Why: "sensitive headers unreadable"}).Error(), true, ""},
-		{"waiting: sensitive headers unreadable", true, ""},
-		{"upstream answered 500", false, ""},
-		{"attempt 1 of 3: waiting for pushback: x", false, ""},
-		{"", false, ""},
-	} {
-		waits, ok := deferredFor(tc.lastErr)
-		if ok != tc.deferred || waits != tc.waits || deferred(tc.lastErr) != tc.deferred {
-			t.Errorf("deferredFor(%q): got %q, %v; want %q, %v", tc.lastErr, waits, ok, tc.waits, tc.deferred)
-		}
-	}
-	if got, want := d.Error(), "waiting for pushback: upstream blocked"; got != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
+func TestBlockWaitsFor(t *testing.T) {
 	for reason, want := range map[string]string{BlockRefused: WaitingPushback, BlockQuota: WaitingPushback,
 		BlockStatedLimit: WaitingPushback, "paused by ops": WaitingPause, "": WaitingPause} {
 		if got := BlockWaitsFor(reason); got != want {

@@ -94,19 +94,14 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 	}
 	ups := map[string]shaper.Upstream{}
 	for _, u := range cfg.Upstreams {
-		u = u.WithDefaults()
-		if !ValidName(u.Name) {
-			return nil, fmt.Errorf("upstream %q: not a valid name", u.Name)
+		// The one check of an upstream; the queue relies on it.
+		if err := u.Validate(); err != nil {
+			return nil, fmt.Errorf("queue: %w", err)
 		}
 		if _, dup := ups[u.Name]; dup {
 			return nil, fmt.Errorf("upstream %s: configured twice", u.Name)
 		}
-		for l := range u.Lanes {
-			if !ValidName(l) {
-				return nil, fmt.Errorf("upstream %s: lane %q: not a valid name", u.Name, l)
-			}
-		}
-		ups[u.Name] = u
+		ups[u.Name] = u.WithDefaults()
 	}
 	q := &Queue{
 		rdb:     rdb,
@@ -164,9 +159,6 @@ type Info struct {
 	LastFailedAt  time.Time `json:"last_failed_at,omitzero"`
 	CompletedAt   time.Time `json:"completed_at,omitzero"`
 	Response      *Response `json:"response,omitempty"`
-	// handedBack: a retry that spent no attempt (a Deferral), which the
-	// upstream's hold may still be keeping.
-	handedBack bool
 }
 
 // Prepare fills in a job's defaults and checks it against the config: the
@@ -673,21 +665,42 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 // describeWait tells a waiting job held back from one free to go: a job
 // in its flow while its upstream is paused or blocked, or its partition
 // parked, and a job handed back, are scheduled with WaitingFor and, when
-// known, NextAttemptAt the hold's end. Other states are left as they are.
+// known, NextAttemptAt the hold's end. A job whose last end was a
+// hand-back shows no last error: that wait was no failure. Other states
+// are left as they are.
 func (q *Queue) describeWait(ctx context.Context, info *Info) error {
-	// Only a job waiting in its flow or handed back can be held; one
-	// scheduled by its not_before or a retry's backoff is not read again.
-	if info.State != StateQueued && !info.handedBack {
-		return nil
-	}
 	if _, ok := q.ups[info.Upstream]; !ok {
 		// An upstream no longer configured: no block key to read (and ""
 		// would be another hash slot on a cluster).
 		return nil
 	}
-	h, err := sched.For(q.prefix, info.Upstream).ReadJobHold(ctx, q.rdb, q.blocks[info.Upstream], info.ID)
+	space := sched.For(q.prefix, info.Upstream)
+	switch info.State {
+	case StateQueued, StateRetrying:
+		// Only a job waiting in its flow or in the retry set (handed
+		// back, or after a failure) can be held; one scheduled by its
+		// not_before is not read again.
+	case StateActive, StateSucceeded:
+		if info.LastError == "" {
+			return nil
+		}
+		sd, err := q.rdb.HGet(ctx, space.TaskKey(info.ID), "sd").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if _, back := taskstore.WaitsFor(sd); back {
+			info.LastError = ""
+		}
+		return nil
+	default:
+		return nil
+	}
+	h, err := space.ReadJobHold(ctx, q.rdb, q.blocks[info.Upstream], info.ID)
 	if err != nil {
 		return err
+	}
+	if h.Deferred {
+		info.LastError = ""
 	}
 	all := holdOf(h.Hold)
 	var until time.Time
@@ -699,10 +712,14 @@ func (q *Queue) describeWait(ctx context.Context, info *Info) error {
 		info.State, info.WaitingFor, info.NextAttemptAt = StateScheduled, all, until
 	case h.State == "aggregating" && !h.ParkedUntil.IsZero():
 		info.State, info.WaitingFor, info.NextAttemptAt = StateScheduled, WaitingLimit, h.ParkedUntil
-	case h.State == "retry" && h.Deferred && all != "":
-		info.WaitingFor = all
-		if until.After(info.NextAttemptAt) {
-			info.NextAttemptAt = until
+	case h.State == "retry" && h.Deferred:
+		// Handed back: no attempt spent, it waits for its upstream.
+		info.State, info.WaitingFor = StateScheduled, h.WaitsFor
+		if all != "" {
+			info.WaitingFor = all
+			if until.After(info.NextAttemptAt) {
+				info.NextAttemptAt = until
+			}
 		}
 	}
 	return nil
@@ -715,7 +732,6 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	}
 	info := &Info{Job: job, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt, CompletedAt: ti.CompletedAt,
 		Attempts: attemptsMade(ti.State, ti.Retried)}
-	waits, handedBack := deferredFor(ti.LastErr)
 	switch ti.State {
 	case asynq.TaskStatePending, asynq.TaskStateAggregating:
 		// Aggregating: waiting in its flow (see internal/sched).
@@ -723,11 +739,9 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	case asynq.TaskStateScheduled:
 		info.State, info.NextAttemptAt = StateScheduled, ti.NextProcessAt
 	case asynq.TaskStateRetry:
+		// Or handed back to wait, which only shaper's mark tells (see
+		// describeWait).
 		info.State, info.NextAttemptAt = StateRetrying, ti.NextProcessAt
-		if handedBack {
-			// Handed back: no attempt spent, it waits for its upstream.
-			info.State, info.WaitingFor, info.handedBack = StateScheduled, waits, true
-		}
 	case asynq.TaskStateActive:
 		info.State = StateActive
 	case asynq.TaskStateCompleted:
@@ -736,10 +750,6 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 		info.State = StateDead
 	default:
 		info.State = StateQueued
-	}
-	if handedBack && info.State != StateDead {
-		// A deferral is not an error the producer needs to see as one.
-		info.LastError = ""
 	}
 	if len(ti.Result) > 0 {
 		if resp, err := DecodeResponse(ti.Result); err == nil {
@@ -852,11 +862,11 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("list waiting jobs of %s: %w", qn, err)
 		}
-		for _, t := range tasks {
-			if deferred(t.LastErr) {
-				ids = append(ids, t.ID)
-			}
+		back, err := q.handedBack(ctx, upstream, tasks)
+		if err != nil {
+			return 0, fmt.Errorf("list waiting jobs of %s: %w", qn, err)
 		}
+		ids = append(ids, back...)
 		if len(tasks) < 500 {
 			break
 		}
@@ -873,6 +883,31 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 		ids = ids[n:]
 	}
 	return moved, nil
+}
+
+// handedBack picks, of tasks in the retry set, those handed back to wait
+// (shaper's sd mark) rather than failed.
+func (q *Queue) handedBack(ctx context.Context, upstream string, tasks []*asynq.TaskInfo) ([]string, error) {
+	space := sched.For(q.prefix, upstream)
+	cmds := make([]*redis.StringCmd, len(tasks))
+	q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range tasks {
+			cmds[i] = p.HGet(ctx, space.TaskKey(t.ID), "sd")
+		}
+		return nil
+	})
+	var ids []string
+	for i, t := range tasks {
+		// (Pipelined's own error is the first command's that failed, a
+		// task with no mark included.)
+		if err := cmds[i].Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		if _, back := taskstore.WaitsFor(cmds[i].Val()); back {
+			ids = append(ids, t.ID)
+		}
+	}
+	return ids, nil
 }
 
 // ClearAsynqPause lifts a pause placed on the upstream's queue through

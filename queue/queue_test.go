@@ -33,7 +33,7 @@ func newQueue(t *testing.T, rdb redis.UniversalClient, ups []shaper.Upstream) *Q
 
 func upstreams(maxPending int64) []shaper.Upstream {
 	return []shaper.Upstream{
-		{Name: "stripe", Lanes: map[string]int{"default": 1, "bulk": 1}, MaxPending: maxPending, Retry: shaper.Retry{MaxAttempts: 3},
+		{Name: "stripe", Limits: []leaky.Limit{leaky.PerSecond(1000)}, Lanes: map[string]int{"default": 1, "bulk": 1}, MaxPending: maxPending, Retry: shaper.Retry{MaxAttempts: 3},
 			ResultRetention: time.Hour, DeadRetention: time.Hour},
 	}
 }
@@ -210,7 +210,7 @@ func TestStatesThroughAsynq(t *testing.T) {
 		f := taskstore.Finished{ID: j.ID, Lane: "default", Msg: msg}
 		switch j.ID {
 		case deferred.ID:
-			f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Hour), (&Deferral{Why: "upstream blocked"}).Error()
+			f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Hour), "waiting: upstream blocked"
 		case done.ID:
 			f.Outcome, f.Retention, f.Result = taskstore.Succeeded, time.Hour, result
 		default:
@@ -398,8 +398,8 @@ func TestOnCluster(t *testing.T) {
 	cl := redistest.NewCluster(t)
 	ctx := context.Background()
 	q := newQueue(t, cl.Client(t), []shaper.Upstream{
-		{Name: "a", Lanes: map[string]int{"default": 1, "low": 1}, MaxPending: 10},
-		{Name: "b", MaxPending: 10},
+		{Name: "a", Limits: []leaky.Limit{leaky.PerSecond(1000)}, Lanes: map[string]int{"default": 1, "low": 1}, MaxPending: 10},
+		{Name: "b", Limits: []leaky.Limit{leaky.PerSecond(1000)}, MaxPending: 10},
 	})
 	for _, up := range []string{"a", "b"} {
 		info, _, err := q.Enqueue(ctx, &Job{Upstream: up, IdempotencyKey: "k"})
@@ -418,5 +418,15 @@ func TestOnCluster(t *testing.T) {
 		if _, err := q.Cancel(ctx, info.ID, ""); err != nil {
 			t.Fatalf("cancel on %s: %v", up, err)
 		}
+	}
+}
+
+// The queue relies on the upstream's one check, and says what it found.
+func TestNewValidatesUpstreams(t *testing.T) {
+	rdb := srv.Client(t)
+	_, err := New(rdb, Config{Upstreams: []shaper.Upstream{{Name: "stripe", Lanes: map[string]int{"default": 1, "Bulk": 1}}}})
+	var ps *shaper.Problems
+	if !errors.As(err, &ps) || len(ps.List) != 2 || ps.List[0].Field() != "limits" || ps.List[1].Field() != "lanes.Bulk" {
+		t.Fatalf("got %v, want the missing limits and the lane's name", err)
 	}
 }

@@ -120,18 +120,23 @@ func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancell
 	// A few tries: the message is rewritten in Go and set only if it is
 	// unchanged, and a concurrent retry, trim or cancel can change it.
 	for try := 0; ; try++ {
-		var msgCmd *redis.StringCmd
+		var msgCmd, sdCmd *redis.StringCmd
 		var markCmd *redis.IntCmd
-		_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			msgCmd = p.HGet(ctx, space.TaskKey(id), "msg")
+			sdCmd = p.HGet(ctx, space.TaskKey(id), "sd")
 			markCmd = p.Exists(ctx, q.cancelKey(id))
 			return nil
 		})
 		if errors.Is(msgCmd.Err(), redis.Nil) {
 			return fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
-		if err != nil {
-			return fmt.Errorf("retry %s: %w", id, err)
+		// (Pipelined's own error is the first command's that failed, a
+		// missing mark included.)
+		for _, c := range []redis.Cmder{msgCmd, sdCmd, markCmd} {
+			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("retry %s: %w", id, err)
+			}
 		}
 		if markCmd.Val() == 1 && !cancelled {
 			return fmt.Errorf("job %s: %w", id, errCancelled)
@@ -151,7 +156,8 @@ func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancell
 		job.RetriedAt = time.Now().UTC()
 		job.Retries++
 		job.PreviousError = ""
-		if !deferred(msg.ErrorMsg) {
+		if _, back := taskstore.WaitsFor(sdCmd.Val()); !back {
+			// (A job cancelled while handed back died of no error.)
 			job.PreviousError = msg.ErrorMsg
 		}
 		job.ExpiresAt = time.Time{}

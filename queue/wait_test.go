@@ -136,8 +136,8 @@ func TestWaitingFor(t *testing.T) {
 			setup: func(r *waitRig) string {
 				met := r.enqueue(Job{Path: "/met", Partition: "p"}).ID
 				r.takeAndEnd(func(id string, f *taskstore.Finished) bool {
-					d := &Deferral{Delay: time.Minute, For: WaitingPushback, Why: "upstream blocked until then (429 from upstream)"}
-					f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(d.Delay), d.Error()
+					f.Outcome, f.RetryAt, f.WaitsFor = taskstore.Retry, time.Now().Add(time.Minute), WaitingPushback
+					f.ErrMsg = "waiting for pushback: upstream blocked until then (429 from upstream)"
 					return true
 				})
 				if _, err := r.bucket.Block(context.Background(), time.Minute, BlockRefused); err != nil {
@@ -167,8 +167,8 @@ func TestWaitingFor(t *testing.T) {
 			setup: func(r *waitRig) string {
 				id := r.enqueue(Job{Path: "/met"}).ID
 				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-					d := &Deferral{Delay: time.Minute, For: WaitingPushback, Why: "job held (429 from upstream (endpoint-rate))"}
-					f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(d.Delay), d.Error()
+					f.Outcome, f.RetryAt, f.WaitsFor = taskstore.Retry, time.Now().Add(time.Minute), WaitingPushback
+					f.ErrMsg = "waiting for pushback: job held (429 from upstream (endpoint-rate))"
 					return true
 				})
 				return id
@@ -200,6 +200,36 @@ func TestWaitingFor(t *testing.T) {
 			setup:  func(r *waitRig) string { return r.enqueue(Job{Path: "/a", NotBefore: time.Now().Add(time.Hour)}).ID },
 			want:   want{StateScheduled, "", true},
 			counts: LaneCounts{Scheduled: 1},
+		},
+		{
+			// Handed back for a wait of shaper's own (its store): scheduled,
+			// waiting for nothing named. The mark says so, not the words.
+			name: "handed back, no cause named",
+			setup: func(r *waitRig) string {
+				id := r.enqueue(Job{Path: "/a"}).ID
+				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
+					f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Minute), "attempt 1 of 3: upstream answered 503"
+					return true
+				})
+				return id
+			},
+			want: want{StateScheduled, "", true},
+			// (The counters know a hand-back, not its cause.)
+			counts: LaneCounts{Scheduled: 1, WaitingFor: map[string]int64{WaitingPushback: 1}},
+		},
+		{
+			// A failure is one whatever its message reads like.
+			name: "failed attempt, worded as a wait",
+			setup: func(r *waitRig) string {
+				id := r.enqueue(Job{Path: "/a"}).ID
+				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
+					f.Outcome, f.Failure, f.RetryAt, f.ErrMsg = taskstore.Retry, true, time.Now().Add(time.Minute), "waiting for pushback: x"
+					return true
+				})
+				return id
+			},
+			want:   want{StateRetrying, "", true},
+			counts: LaneCounts{Retry: 1},
 		},
 		{
 			// A failed attempt waiting to retry is retrying, paused or not.

@@ -202,7 +202,7 @@ func TestStatusJSON(t *testing.T) {
 	rdb := srv.Client(t)
 	rdb.FlushAll(ctx)
 	good := writeFile(t, "good.yaml", strings.ReplaceAll(goodConfig, "%REDIS%", srv.URL()))
-	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe", Lanes: map[string]int{"default": 1, "bulk": 1}}}})
+	q, err := queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: "stripe", Limits: []leaky.Limit{leaky.PerSecond(1000)}, Lanes: map[string]int{"default": 1, "bulk": 1}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

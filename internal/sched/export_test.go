@@ -37,7 +37,9 @@ func (s Space) GroupKey(lane, fk, pk string) string {
 //     no other job;
 //   - the counts hash equals the jobs per state:lane (pending, scheduled,
 //     retry, deferred, active, dead, succeeded), with no other field; a
-//     retrying job with the deferral mark (sd) is deferred;
+//     retrying job with the deferral mark (sd) is deferred (the mark stays
+//     after it leaves the retry set, until an attempt fails: it tells the
+//     job's last error a hand-back's);
 //   - the partition backlog equals the unfinished jobs per partition.
 //
 // Stale entries that only cost a take a step (a lane whose partitions all
@@ -150,9 +152,6 @@ func (s Space) Check(ctx context.Context, rdb redis.Cmdable, ids []string) error
 			unfinished = false
 		default:
 			bad("job %s: unknown state %q", id, state)
-		}
-		if state != "retry" && sd != "" {
-			bad("job %s: %s with a deferral mark", id, state)
 		}
 		if state != "aggregating" && group != "" {
 			bad("job %s: %s with a group field %q", id, state, group)

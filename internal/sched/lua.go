@@ -34,8 +34,9 @@ import (
 // A job waiting in a flow is, to asynq's Inspector, an aggregating task of
 // group LANE|FK|PK; the task hash also carries shaper's fields sl (lane), sf
 // (fairness key), sp (partition), sc (costs "name=n,..."), sq (FIFO seq),
-// and sd ("1" while it waits in asynq's retry set handed back, not failed;
-// see taskstore.Finish).
+// and sd (set when the job is handed back to wait, not failed: what it
+// waits for, "1" for nothing named; it stays until an attempt fails or the
+// job dies, so the last error reads as a hand-back's; see taskstore.Finish).
 
 // flowLua is shared by the scripts that put jobs into flows. It expects
 // locals: P (our prefix "P:s:{Q}:"), G (asynq's group prefix), T (asynq's
@@ -80,11 +81,10 @@ local function count(k, field, by)
 end
 
 -- The counter a job leaving asynq's retry set was counted in: deferred
--- (handed back, sd = "1") or retry (after a failed attempt). The mark goes
--- with it.
+-- (handed back, sd set) or retry (after a failed attempt). The mark stays:
+-- it says the last error is a hand-back's.
 local function waited_as(tk, sd)
-  if sd == '1' then
-    redis.call('HDEL', tk, 'sd')
+  if sd then
     return 'deferred:'
   end
   return 'retry:'
@@ -655,9 +655,8 @@ elseif state == 'scheduled' then
 elseif state == 'retry' then
   redis.call('ZREM', KEYS[5], ARGV[3])
   from = 'retry:'
-  if f[5] == '1' then
+  if f[5] then
     from = 'deferred:'
-    redis.call('HDEL', KEYS[1], 'sd')
   end
 else
   return state
@@ -723,7 +722,7 @@ return n
 //
 // Returns {now µs, state ("" none), block end µs (0 none), block reason,
 // asynq's paused mark (nil none), partition's park end µs (0 unless the
-// job waits in its flow), 1 if handed back (sd) else 0}.
+// job waits in its flow), the sd mark ("" none)}.
 var jobHoldScript = script.New(`
 local now = shaper_now(ARGV[1])
 local f = redis.call('HMGET', KEYS[1], 'state', 'sl', 'sf', 'sp', 'sd')
@@ -733,9 +732,7 @@ if f[1] == 'aggregating' and f[2] then
   local sc = redis.call('ZSCORE', ARGV[2] .. 'r:' .. f[2] .. '|' .. (f[3] or ''), f[4] or '')
   if sc then parked = tonumber(sc) end
 end
-local sd = 0
-if f[5] == '1' then sd = 1 end
-return {now, f[1] or '', tonumber(b[1] or '0'), b[2] or '', redis.call('GET', KEYS[3]), parked, sd}
+return {now, f[1] or '', tonumber(b[1] or '0'), b[2] or '', redis.call('GET', KEYS[3]), parked, f[5] or ''}
 `)
 
 // holdsScript reads an upstream's counters and what holds its waiting

@@ -564,9 +564,11 @@ type JobHold struct {
 	// its partition may send again, if later than Now: its partition's
 	// limits hold it.
 	ParkedUntil time.Time
-	// Deferred: the job waits in asynq's retry set handed back (a 429),
-	// not after a failed attempt.
+	// Deferred: the job's last end was a hand-back (a 429), not a failed
+	// attempt; in asynq's retry set (State "retry") it waits, spending no
+	// attempt, for WaitsFor ("" for nothing named).
 	Deferred bool
+	WaitsFor string
 }
 
 // ReadJobHold reads what keeps job id from being taken now; blockKey is
@@ -587,8 +589,8 @@ func (s Space) ReadJobHold(ctx context.Context, rdb redis.Scripter, blockKey, id
 	if p, _ := arr[5].(int64); p > now {
 		h.ParkedUntil = time.UnixMicro(p)
 	}
-	d, _ := arr[6].(int64)
-	h.Deferred = d == 1
+	sd, _ := arr[6].(string)
+	h.WaitsFor, h.Deferred = taskstore.WaitsFor(sd)
 	return h, nil
 }
 

@@ -41,13 +41,14 @@ import "github.com/shaperhq/shaper/internal/script"
 //	  (Remembered.args): the bucket index key ("" = none; its buckets are
 //	  built from it, in the queue's slot), window and span in seconds, the
 //	  Lua pattern of such an ID, the cancel mark's prefix
-//	then per item, 11 values:
+//	then per item, 12 values:
 //	  id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
 //	  "d" dead), encoded message to store, "1" when a result follows (else
 //	  "0"), result, score in the completed set ("" = delete the task) or in
 //	  the retry set, "1" when a retry is a failure (else "0"), index in KEYS
 //	  of the uniqueness lock to release (0 = none), and a lease score the
-//	  task's lease must not be later than ("" = any: a recovery's check)
+//	  task's lease must not be later than ("" = any: a recovery's check),
+//	  and a deferring retry's sd mark (what it waits for)
 //
 // Returns one integer per item: 1 finished, 0 not active.
 var finishScript = script.New(trimLib + `
@@ -88,12 +89,12 @@ local processed, failed = 0, 0
 local out = {}
 local i = 0
 local retried = false
-for b = 18, #ARGV, 11 do
+for b = 18, #ARGV, 12 do
   i = i + 1
   local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
   local failure, unique = ARGV[b + 8], tonumber(ARGV[b + 9])
-  local lapsed = ARGV[b + 10]
+  local lapsed, waits = ARGV[b + 10], ARGV[b + 11]
   local task = KEYS[11 + g + i]
   -- A caller that could not decode the job knows no lane: the task's
   -- own, where shaper's enqueue wrote them. (Read only then: this runs
@@ -151,14 +152,16 @@ for b = 18, #ARGV, 11 do
         processed = processed + 1
         failed = failed + 1
       else
-        -- Handed back: shaper's sd mark tells it from a failure when it
-        -- leaves the retry set (see internal/sched).
-        redis.call('HSET', task, 'msg', msg, 'state', 'retry', 'sd', '1')
+        -- Handed back: shaper's sd mark (what it waits for) tells it from
+        -- a failure, in the retry set and after (see internal/sched); it
+        -- goes when an attempt fails or the task dies.
+        redis.call('HSET', task, 'msg', msg, 'state', 'retry', 'sd', waits)
         count('deferred:' .. lane, 1)
       end
     else
       redis.call('ZADD', archived, now, id)
       redis.call('HSET', task, 'msg', msg, 'state', 'archived')
+      redis.call('HDEL', task, 'sd')
       count('dead:' .. lane, 1)
       leave_backlog(partition)
       processed = processed + 1

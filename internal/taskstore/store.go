@@ -1,6 +1,7 @@
 package taskstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +61,22 @@ func (o Outcome) code() string {
 	return "d"
 }
 
+// handedBackMark is the sd field of a task handed back to wait for
+// nothing named (Finished.WaitsFor "").
+const handedBackMark = "1"
+
+// WaitsFor reads a task hash's sd field: whether the task's last end was
+// a hand-back, and what it waits for ("" for nothing named).
+func WaitsFor(sd string) (what string, handedBack bool) {
+	if sd == "" {
+		return "", false
+	}
+	if sd == handedBackMark {
+		return "", true
+	}
+	return sd, true
+}
+
 // Finished is one taken task to end, and how.
 type Finished struct {
 	ID        string
@@ -90,6 +107,12 @@ type Finished struct {
 	// Retried, LastFailedAt and the processed and failed counts stay as
 	// they were, and it is counted deferred, not retry.
 	Failure bool
+	// WaitsFor (a Retry without Failure) is what the handed-back task
+	// waits for, kept in the task hash's sd field ("" keeps "1": a wait
+	// of shaper's own). The mark stays until an attempt fails or the task
+	// dies, so a reader can tell the last error a hand-back's, not a
+	// failure's (see internal/sched's JobHold.HandedBack).
+	WaitsFor string
 }
 
 // Finish ends taken tasks of one queue in a single script call, and
@@ -227,7 +250,7 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	for _, it := range items {
 		keys = append(keys, k.Task(it.ID))
 	}
-	args := make([]any, 0, 17+11*len(items))
+	args := make([]any, 0, 17+12*len(items))
 	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message,
 		max(b.Completed, 0), max(b.Archived, 0), TrimMargin, goneMax, goneFor, k.TaskPrefix(),
 		strings.Join(b.SidePrefixes, "\n"))
@@ -280,8 +303,9 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 		if !it.LeaseLapsedBy.IsZero() {
 			lapsed = Score(it.LeaseLapsedBy)
 		}
+		waits := cmp.Or(it.WaitsFor, handedBackMark)
 		args = append(args, it.ID, it.Lane, it.Partition, it.Outcome.code(), msg.Marshal(),
-			hasResult, result, score, failure, unique, lapsed)
+			hasResult, result, score, failure, unique, lapsed, waits)
 	}
 	v, err := script.Run(ctx, rdb, "finish", finishScript, keys, args...)
 	if err != nil {

@@ -265,13 +265,15 @@ func TestFinishRetry(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		failure     bool
+		waitsFor    string
 		wantRetried int
 		wantStats   [4]int // processed, failed today; processed, failed total
 		wantCounts  map[string]int64
-		wantSD      string // the task hash's sd field: "1" marks a deferral
+		wantSD      string // the task hash's sd field: "1" marks a deferral that names no cause
 	}{
-		{"failure spends an attempt", true, 2, [4]int{1, 1, 1, 1}, map[string]int64{"retry:default": 1}, ""},
-		{"deferral spends none", false, 1, [4]int{0, 0, 0, 0}, map[string]int64{"deferred:default": 1}, "1"},
+		{"failure spends an attempt", true, "", 2, [4]int{1, 1, 1, 1}, map[string]int64{"retry:default": 1}, ""},
+		{"deferral spends none", false, "", 1, [4]int{0, 0, 0, 0}, map[string]int64{"deferred:default": 1}, "1"},
+		{"deferral for pushback", false, "pushback", 1, [4]int{0, 0, 0, 0}, map[string]int64{"deferred:default": 1}, "pushback"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, "q")
@@ -280,7 +282,7 @@ func TestFinishRetry(t *testing.T) {
 			retryAt := time.Now().Add(42 * time.Second).Truncate(time.Millisecond).Add(250 * time.Millisecond)
 			before := time.Now()
 			errs := e.finish(Finished{ID: "a", Lane: "default", Partition: "acct-1", Msg: m, Outcome: Retry,
-				RetryAt: retryAt, ErrMsg: "upstream 503", Failure: tc.failure})
+				RetryAt: retryAt, ErrMsg: "upstream 503", Failure: tc.failure, WaitsFor: tc.waitsFor})
 			if errs[0] != nil {
 				t.Fatal(errs[0])
 			}
@@ -296,6 +298,9 @@ func TestFinishRetry(t *testing.T) {
 			}
 			if got := e.rdb.HGet(context.Background(), e.k.Task("a"), "sd").Val(); got != tc.wantSD {
 				t.Fatalf("sd field: got %q, want %q", got, tc.wantSD)
+			}
+			if what, back := WaitsFor(e.rdb.HGet(context.Background(), e.k.Task("a"), "sd").Val()); back == tc.failure || what != tc.waitsFor {
+				t.Fatalf("WaitsFor: got %q, %v; want %q, %v", what, back, tc.waitsFor, !tc.failure)
 			}
 			// shaper keeps the milliseconds.
 			score := e.rdb.ZScore(context.Background(), e.k.Retry(), "a").Val()

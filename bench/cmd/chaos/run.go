@@ -21,6 +21,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
 	"github.com/shaperhq/shaper/bench/internal/sched"
+	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -192,7 +193,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: time.Second, ReadTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, MaxRetries: -1, PoolSize: 4})
 	defer rdb.Close()
-	c.q, err = queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: upstreamName, MaxPending: int64(10*o.jobs + 1000)}}})
+	c.q, err = queue.New(rdb, queue.Config{Upstreams: []shaper.Upstream{{Name: upstreamName,
+		Limits: []leaky.Limit{leaky.PerSecond(int64(o.rate))}, MaxPending: int64(10*o.jobs + 1000)}}})
 	if err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
 	"github.com/shaperhq/shaper/bench/internal/stats"
+	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -235,11 +236,12 @@ func scrape(addrs []string, metric string) (float64, error) {
 }
 
 // newQueue opens shaper's queue for the named upstreams with the config
-// defaults a user gets.
+// defaults a user gets. The queue only stores: the limit makes the
+// upstream valid to it, and the workers pace by their own.
 func (b *bench) newQueue(names ...string) (*queue.Queue, error) {
 	var qc queue.Config
 	for _, n := range names {
-		qc.Upstreams = append(qc.Upstreams, shaper.Upstream{Name: n, MaxPending: 100_000_000})
+		qc.Upstreams = append(qc.Upstreams, shaper.Upstream{Name: n, Limits: []leaky.Limit{leaky.PerSecond(1000)}, MaxPending: 100_000_000})
 	}
 	return queue.New(b.rdb, qc)
 }

@@ -73,7 +73,7 @@ const (
 var queueName = queue.QueueName(upstream)
 
 func upstreams() []shaper.Upstream {
-	return []shaper.Upstream{{Name: upstream, Lanes: map[string]int{"default": 1}, Retry: shaper.Retry{MaxAttempts: 3},
+	return []shaper.Upstream{{Name: upstream, Limits: []leaky.Limit{leaky.PerSecond(1000)}, Lanes: map[string]int{"default": 1}, Retry: shaper.Retry{MaxAttempts: 3},
 		ResultRetention: time.Hour, DeadRetention: time.Hour}}
 }
 
