@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -23,12 +22,12 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 	ups[0].ResultMaxCount, ups[0].DeadMaxCount = 2, 1
 	q := newQueue(t, rdb, ups)
 	u, _ := q.Upstream("stripe")
-	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	space := sched.For("", "stripe")
-	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", "stripe")
+	taker, err := jobstore.NewTaker(rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -44,17 +43,17 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 		if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != info.ID {
 			t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, info.ID)
 		}
-		msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
+		msg, err := jobstore.Unmarshal(tk.Jobs[0].Msg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := taskstore.Finished{ID: info.ID, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded,
+		f := jobstore.Finished{ID: info.ID, Lane: "default", Msg: msg, Outcome: jobstore.Succeeded,
 			Retention: time.Hour, Result: []byte(`{"status":200,"body":"b2s="}`)}
 		if i >= 3 {
-			f.Outcome, f.ErrMsg = taskstore.Dead, "upstream said 400"
+			f.Outcome, f.ErrMsg = jobstore.Dead, "upstream said 400"
 		}
-		errs, err := taskstore.Finish(ctx, rdb, taskstore.For(QueueName("stripe")), space.CountsKey(), space.BacklogKey(),
-			[]taskstore.Finished{f}, taskstore.KeepAtMost(FinishBounds("", u)))
+		errs, err := jobstore.Finish(ctx, rdb, jobstore.AsynqKeys(jobstore.QueueName("stripe")), space.CountsKey(), space.BacklogKey(),
+			[]jobstore.Finished{f}, jobstore.KeepAtMost(FinishBounds("", u)))
 		if err != nil || errs[0] != nil {
 			t.Fatalf("finish: %v, %v", errs, err)
 		}

@@ -1,7 +1,7 @@
 // Package queue keeps shaper's jobs in Redis in asynq's layout: one asynq
 // queue per upstream, all its lanes together, whose keys carry the queue's
 // name as a hash tag so each upstream lives in one Redis Cluster slot; the
-// order jobs go in is internal/sched's. It defines the job model, enqueues
+// order jobs go in is internal/jobstore's. It defines the job model, enqueues
 // idempotently, bounds each upstream's backlog, reads jobs and queue
 // statistics back for the API and `shaper status`, and carries jobs of the
 // previous per-lane layout over (MigrateLegacy).
@@ -15,7 +15,6 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
-	"github.com/shaperhq/shaper/internal/sched"
 	"regexp"
 	"strings"
 	"time"
@@ -100,10 +99,6 @@ var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 // ValidName reports whether s can name an upstream or a lane.
 func ValidName(s string) bool { return namePattern.MatchString(s) }
-
-// QueueName is the asynq queue of an upstream: all its lanes together,
-// so that one script can choose among them (see internal/sched).
-func QueueName(upstream string) string { return sched.QueueName(upstream) }
 
 // A job ID names its upstream and lane, so a job can be found without an
 // index, and carries a tag of its tenant, so a lookup by another tenant is

@@ -17,9 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/script"
-	"github.com/shaperhq/shaper/internal/taskstore"
 )
 
 // Bounds of a List page.
@@ -341,7 +340,7 @@ func (q *Queue) listOne(ctx context.Context, o ListOptions) (*Page, error) {
 			return nil, fmt.Errorf("cursor: not one this API handed out: %w", ErrBadCursor)
 		}
 	}
-	l := &lister{q: q, u: u, o: o, keys: taskstore.For(QueueName(o.Upstream)), budget: ListScanFactor * o.Limit}
+	l := &lister{q: q, u: u, o: o, keys: jobstore.AsynqKeys(jobstore.QueueName(o.Upstream)), budget: ListScanFactor * o.Limit}
 	page := &Page{}
 	for ; cur.Step < len(steps); cur = (cursor{Step: cur.Step + 1, Query: query}) {
 		next, done, err := l.walk(ctx, steps[cur.Step], cur, page)
@@ -361,7 +360,7 @@ type lister struct {
 	q      *Queue
 	u      shaper.Upstream
 	o      ListOptions
-	keys   taskstore.Keys
+	keys   jobstore.Keys
 	budget int // entries still to examine
 	// owed is Redis work a read did beyond the entries it returned (one
 	// range read per flow), charged to budget once its entries are seen.
@@ -461,7 +460,7 @@ func (l *lister) read(ctx context.Context, idx index, cur cursor, n int) ([]entr
 
 // readIndex reads up to n entries of an index of keys' queue after cur
 // (see pageScript); kind is "z" for a sorted set, "l" for a list.
-func readIndex(ctx context.Context, rdb redis.Scripter, keys taskstore.Keys, key, kind string, cur cursor, n int) ([]entry, error) {
+func readIndex(ctx context.Context, rdb redis.Scripter, keys jobstore.Keys, key, kind string, cur cursor, n int) ([]entry, error) {
 	v, err := script.Run(ctx, rdb, "queue.page", pageScript, []string{key}, kind, cur.Score, cur.Member, n, keys.TaskPrefix())
 	if err != nil {
 		return nil, err
@@ -560,7 +559,7 @@ func (l *lister) flowMatches(g string) bool {
 	}
 	if l.o.Tenant != "" && l.u.Fairness.By != shaper.FairByPartition && l.u.Fairness.By != shaper.FairByNone {
 		// Fair by tenant: the fairness key is the tenant.
-		return strings.HasPrefix(rest, sched.FairKey(l.u, l.o.Tenant, "")+"|")
+		return strings.HasPrefix(rest, jobstore.FairKey(l.u, l.o.Tenant, "")+"|")
 	}
 	return true
 }

@@ -11,8 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // The previous layout (shaper before one queue per upstream) kept each lane
@@ -29,7 +28,7 @@ import (
 
 // legacyQueueName is the asynq queue of an upstream's lane in the previous
 // layout.
-func legacyQueueName(upstream, lane string) string { return QueueName(upstream) + "." + lane }
+func legacyQueueName(upstream, lane string) string { return jobstore.QueueName(upstream) + "." + lane }
 
 // migrateBatch is how many jobs of an old queue are read at a time.
 const migrateBatch = 200
@@ -138,7 +137,7 @@ func (q *Queue) MigrateLegacy(ctx context.Context, upstream string) (Migration, 
 	if err := q.list(ctx, q.rdb, upstream); err != nil {
 		return m, fmt.Errorf("migrate %s: %w", upstream, err)
 	}
-	mv := &migrator{q: q, u: u, space: sched.For(q.prefix, upstream), m: &m}
+	mv := &migrator{q: q, u: u, space: jobstore.For(q.prefix, upstream), m: &m}
 	for _, lane := range lanes {
 		name := legacyQueueName(upstream, lane)
 		m.Queues = append(m.Queues, name)
@@ -180,7 +179,7 @@ func (q *Queue) LegacyUpstreams(ctx context.Context, names ...string) ([]string,
 // others.
 func (q *Queue) legacyLanes(ctx context.Context, names []string) (map[string][]string, error) {
 	pipe := q.rdb.Pipeline()
-	listed := pipe.SMembers(ctx, taskstore.AllQueues)
+	listed := pipe.SMembers(ctx, jobstore.AllQueues)
 	type lane struct{ upstream, lane string }
 	sizes := map[lane][]*redis.IntCmd{}
 	for _, name := range names {
@@ -189,7 +188,7 @@ func (q *Queue) legacyLanes(ctx context.Context, names []string) (map[string][]s
 			return nil, fmt.Errorf("upstream %q: %w", name, ErrUnknownUpstream)
 		}
 		for _, l := range u.LaneNames() {
-			k := taskstore.For(legacyQueueName(name, l))
+			k := jobstore.AsynqKeys(legacyQueueName(name, l))
 			sizes[lane{name, l}] = []*redis.IntCmd{
 				pipe.LLen(ctx, k.Pending()), pipe.LLen(ctx, k.Active()),
 				pipe.ZCard(ctx, k.Scheduled()), pipe.ZCard(ctx, k.Retry()),
@@ -210,7 +209,7 @@ func (q *Queue) legacyLanes(ctx context.Context, names []string) (map[string][]s
 	}
 	for _, qn := range listed.Val() {
 		for _, name := range names {
-			if l, ok := strings.CutPrefix(qn, QueueName(name)+"."); ok && ValidName(l) {
+			if l, ok := strings.CutPrefix(qn, jobstore.QueueName(name)+"."); ok && ValidName(l) {
 				found[lane{name, l}] = true
 			}
 		}
@@ -229,7 +228,7 @@ func (q *Queue) legacyLanes(ctx context.Context, names []string) (map[string][]s
 type migrator struct {
 	q     *Queue
 	u     shaper.Upstream
-	space sched.Space
+	space jobstore.Space
 	m     *Migration
 }
 
@@ -249,7 +248,7 @@ const (
 // since they were taken before the pending ones, then pending oldest
 // first, so they keep their order in the new queue.
 func (mv *migrator) migrateQueue(ctx context.Context, lane string) error {
-	k := taskstore.For(legacyQueueName(mv.u.Name, lane))
+	k := jobstore.AsynqKeys(legacyQueueName(mv.u.Name, lane))
 	ids, err := mv.q.rdb.LRange(ctx, k.Active(), 0, -1).Result()
 	if err != nil {
 		return err
@@ -300,7 +299,7 @@ func (mv *migrator) migrateQueue(ctx context.Context, lane string) error {
 	return mv.unlistIfEmpty(ctx, k)
 }
 
-func (mv *migrator) oldSet(k taskstore.Keys, st oldState) string {
+func (mv *migrator) oldSet(k jobstore.Keys, st oldState) string {
 	switch st {
 	case oldScheduled:
 		return k.Scheduled()
@@ -317,7 +316,7 @@ func (mv *migrator) oldSet(k taskstore.Keys, st oldState) string {
 // unlistIfEmpty removes an old queue from asynq's set of queues once it
 // holds nothing. A job a previous-version serve enqueues right after is
 // still found: the next run looks at the queue's keys, not only the set.
-func (mv *migrator) unlistIfEmpty(ctx context.Context, k taskstore.Keys) error {
+func (mv *migrator) unlistIfEmpty(ctx context.Context, k jobstore.Keys) error {
 	pipe := mv.q.rdb.Pipeline()
 	cmds := []*redis.IntCmd{
 		pipe.LLen(ctx, k.Pending()), pipe.LLen(ctx, k.Active()),
@@ -333,7 +332,7 @@ func (mv *migrator) unlistIfEmpty(ctx context.Context, k taskstore.Keys) error {
 			return nil
 		}
 	}
-	n, err := mv.q.rdb.SRem(ctx, taskstore.AllQueues, k.Queue()).Result()
+	n, err := mv.q.rdb.SRem(ctx, jobstore.AllQueues, k.Queue()).Result()
 	if err != nil {
 		return err
 	}
@@ -348,7 +347,7 @@ type moving struct {
 	id    string
 	st    oldState
 	score float64
-	msg   *taskstore.Message
+	msg   *jobstore.Message
 	job   Job
 	// secrets is the job's old side key, "" for none; carry says it is
 	// copied to the new queue (the job may still be sent).
@@ -371,7 +370,7 @@ func (mv *migrator) batch(ctx context.Context, lane string, st oldState, ids []s
 	}
 	rdb := mv.q.rdb
 	oldQ := legacyQueueName(mv.u.Name, lane)
-	k := taskstore.For(oldQ)
+	k := jobstore.AsynqKeys(oldQ)
 	pipe := rdb.Pipeline()
 	tasks := make([]*redis.SliceCmd, len(ids))
 	exists := make([]*redis.IntCmd, len(ids))
@@ -402,7 +401,7 @@ func (mv *migrator) batch(ctx context.Context, lane string, st oldState, ids []s
 		if scores != nil {
 			mj.score = scores[i]
 		}
-		msg, err := taskstore.Unmarshal([]byte(raw))
+		msg, err := jobstore.Unmarshal([]byte(raw))
 		if err == nil {
 			mj.job, err = DecodeJob(msg.ID, msg.Payload)
 		}
@@ -422,8 +421,8 @@ func (mv *migrator) batch(ctx context.Context, lane string, st oldState, ids []s
 		}
 		if st == oldActive {
 			until, err := leases[i].Result()
-			if err == nil && taskstore.ScoreTime(until).After(now) {
-				mv.skip(id, oldQ, taskstore.ScoreTime(until), "an old worker holds it")
+			if err == nil && jobstore.ScoreTime(until).After(now) {
+				mv.skip(id, oldQ, jobstore.ScoreTime(until), "an old worker holds it")
 				continue
 			}
 		}
@@ -432,7 +431,7 @@ func (mv *migrator) batch(ctx context.Context, lane string, st oldState, ids []s
 		}
 		// A finished job will not be sent: its headers are not carried.
 		mj.carry = mj.secrets != "" && st != oldArchived && st != oldCompleted &&
-			!(st == oldActive && taskstore.Exhausted(msg))
+			!(st == oldActive && jobstore.Exhausted(msg))
 		jobs = append(jobs, mj)
 	}
 	if err := mv.carrySideKeys(ctx, jobs); err != nil {
@@ -466,7 +465,7 @@ func (mv *migrator) count(mj *moving) {
 	switch mj.st {
 	case oldActive:
 		mv.m.Active++
-		if taskstore.Exhausted(mj.msg) {
+		if jobstore.Exhausted(mj.msg) {
 			mv.m.Exhausted++
 		}
 	case oldPending:
@@ -549,19 +548,19 @@ func (mv *migrator) carrySideKeys(ctx context.Context, jobs []*moving) error {
 // write stores one job in the new queue in the state it had in the old.
 func (mv *migrator) write(ctx context.Context, lane string, mj *moving, result []byte, now time.Time) (bool, error) {
 	job := mj.job
-	fk := sched.FairKey(mv.u, job.Tenant, job.Partition)
+	fk := jobstore.FairKey(mv.u, job.Tenant, job.Partition)
 	msg := *mj.msg
 	msg.Queue = mv.space.Queue
 	msg.GroupKey = lane + "|" + fk + "|" + job.Partition
-	e := sched.Entry{ID: mj.id, Lane: lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost}
-	at := taskstore.ScoreTime(mj.score)
+	e := jobstore.Entry{ID: mj.id, Lane: lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost}
+	at := jobstore.ScoreTime(mj.score)
 	switch mj.st {
 	case oldActive:
 		// The attempt under way was lost with its worker.
-		msg.ErrorMsg, msg.LastFailedAt = taskstore.LeaseExpiredError, now.Unix()
-		if taskstore.Exhausted(mj.msg) {
+		msg.ErrorMsg, msg.LastFailedAt = jobstore.LeaseExpiredError, now.Unix()
+		if jobstore.Exhausted(mj.msg) {
 			e.Msg = msg.Marshal()
-			return mv.space.Place(ctx, mv.q.rdb, e, sched.PlaceDead, now, nil)
+			return mv.space.Place(ctx, mv.q.rdb, e, jobstore.PlaceDead, now, nil)
 		}
 		msg.Retried++
 		e.Msg = msg.Marshal()
@@ -575,13 +574,13 @@ func (mv *migrator) write(ctx context.Context, lane string, mj *moving, result [
 		return mv.space.Enqueue(ctx, mv.q.rdb, e)
 	case oldRetry:
 		e.Msg = msg.Marshal()
-		return mv.space.Place(ctx, mv.q.rdb, e, sched.PlaceRetry, at, nil)
+		return mv.space.Place(ctx, mv.q.rdb, e, jobstore.PlaceRetry, at, nil)
 	case oldArchived:
 		e.Msg = msg.Marshal()
-		return mv.space.Place(ctx, mv.q.rdb, e, sched.PlaceDead, at, nil)
+		return mv.space.Place(ctx, mv.q.rdb, e, jobstore.PlaceDead, at, nil)
 	case oldCompleted:
 		e.Msg = msg.Marshal()
-		return mv.space.Place(ctx, mv.q.rdb, e, sched.PlaceSucceeded, at, result)
+		return mv.space.Place(ctx, mv.q.rdb, e, jobstore.PlaceSucceeded, at, result)
 	}
 	return false, fmt.Errorf("unknown state %d", mj.st)
 }
@@ -589,7 +588,7 @@ func (mv *migrator) write(ctx context.Context, lane string, mj *moving, result [
 // deleteOld removes the moved (or already moved) jobs and the ids without
 // a task from the old queue, with their side keys, in one transaction:
 // they all share the old queue's slot.
-func (mv *migrator) deleteOld(ctx context.Context, k taskstore.Keys, st oldState, jobs []*moving, gone []string) error {
+func (mv *migrator) deleteOld(ctx context.Context, k jobstore.Keys, st oldState, jobs []*moving, gone []string) error {
 	if len(gone) == 0 && !slices.ContainsFunc(jobs, func(mj *moving) bool { return mj.done }) {
 		return nil
 	}

@@ -13,8 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
@@ -69,7 +68,7 @@ func (l *legacy) enqueue(job Job, secret string, opts ...asynq.Option) Job {
 func (l *legacy) take(queue string, until time.Time) string {
 	l.t.Helper()
 	ctx := context.Background()
-	k := taskstore.For(queue)
+	k := jobstore.AsynqKeys(queue)
 	id, err := l.rdb.RPopLPush(ctx, k.Pending(), k.Active()).Result()
 	if err != nil {
 		l.t.Fatal(err)
@@ -204,7 +203,7 @@ func TestMigrateLegacy(t *testing.T) {
 	l.take(legacyQueueName("stripe", "fast"), now.Add(-time.Second))
 	l.take(legacyQueueName("stripe", "fast"), now.Add(-time.Second))
 	// An id with no task behind it, as a crashed asynq client may leave.
-	rdb.LPush(ctx, taskstore.For(legacyQueueName("stripe", "default")).Pending(), "stripe.default.orphan")
+	rdb.LPush(ctx, jobstore.AsynqKeys(legacyQueueName("stripe", "default")).Pending(), "stripe.default.orphan")
 
 	// The config has lanes default and bulk; "fast" and "legacy" are old
 	// queues listed in asynq's set only.
@@ -240,11 +239,11 @@ func TestMigrateLegacy(t *testing.T) {
 		{first.ID, StateQueued, 0, "", "Bearer 1"},
 		{second.ID, StateQueued, 0, "", ""},
 		{stray.ID, StateQueued, 0, "", ""},
-		{lost.ID, StateQueued, 1, taskstore.LeaseExpiredError, "Bearer l"},
+		{lost.ID, StateQueued, 1, jobstore.LeaseExpiredError, "Bearer l"},
 		{later.ID, StateScheduled, 0, "", "Bearer s"},
 		{retried.ID, StateRetrying, 1, "upstream said 503", "Bearer r"},
 		{dead.ID, StateDead, 1, "upstream said 400", ""},
-		{lastTry.ID, StateDead, 1, taskstore.LeaseExpiredError, ""},
+		{lastTry.ID, StateDead, 1, jobstore.LeaseExpiredError, ""},
 		{cancelled.ID, StateCancelled, 0, "", ""},
 		{done.ID, StateSucceeded, 1, "", ""},
 	} {
@@ -300,11 +299,11 @@ func TestMigrateLegacy(t *testing.T) {
 
 	// The queued jobs are takeable, the oldest of each lane first.
 	u, _ := q.Upstream("stripe")
-	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	taker, err := sched.NewTaker(rdb, sched.For("", "stripe"), sched.TakerConfig{Upstream: u, Bucket: bucket,
+	taker, err := jobstore.NewTaker(rdb, jobstore.For("", "stripe"), jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -313,10 +312,10 @@ func TestMigrateLegacy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	took := map[string]*taskstore.Message{}
+	took := map[string]*jobstore.Message{}
 	var order []string
 	for _, j := range tk.Jobs {
-		msg, err := taskstore.Unmarshal(j.Msg)
+		msg, err := jobstore.Unmarshal(j.Msg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -326,8 +325,8 @@ func TestMigrateLegacy(t *testing.T) {
 	if len(took) != 4 || took[first.ID] == nil || took[second.ID] == nil || took[stray.ID] == nil || took[lost.ID] == nil {
 		t.Fatalf("took %v, want the 4 queued jobs", order)
 	}
-	if msg := took[lost.ID]; msg.Retried != 1 || msg.Queue != QueueName("stripe") {
-		t.Errorf("recovered job's message: retried %d, queue %s; want 1, %s", msg.Retried, msg.Queue, QueueName("stripe"))
+	if msg := took[lost.ID]; msg.Retried != 1 || msg.Queue != jobstore.QueueName("stripe") {
+		t.Errorf("recovered job's message: retried %d, queue %s; want 1, %s", msg.Retried, msg.Queue, jobstore.QueueName("stripe"))
 	}
 	if strings.Index(strings.Join(order, " "), first.ID) > strings.Index(strings.Join(order, " "), second.ID) {
 		t.Errorf("took %v, want %s before %s", order, first.ID, second.ID)
@@ -348,7 +347,7 @@ func TestMigrateLegacy(t *testing.T) {
 
 	// Once its lease has run out, the held job moves too, and then the
 	// old layout is gone.
-	rdb.ZAdd(ctx, taskstore.For(legacyQueueName("stripe", "fast")).Lease(), redis.Z{Score: float64(now.Unix() - 1), Member: held.ID})
+	rdb.ZAdd(ctx, jobstore.AsynqKeys(legacyQueueName("stripe", "fast")).Lease(), redis.Z{Score: float64(now.Unix() - 1), Member: held.ID})
 	third, err := q.MigrateLegacy(ctx, "stripe")
 	if err != nil || third.Active != 1 || len(third.Skipped) != 0 || fmt.Sprint(third.Unlisted) != "[shaper.stripe.fast]" {
 		t.Errorf("third run: %v, %v; want the held job moved and its queue unlisted", third, err)
@@ -360,7 +359,7 @@ func TestMigrateLegacy(t *testing.T) {
 	if err != nil || !last.Empty() {
 		t.Errorf("run after everything moved: %v, %v; want nothing to do", last, err)
 	}
-	if members := rdb.SMembers(ctx, taskstore.AllQueues).Val(); fmt.Sprint(members) != "[shaper.stripe]" {
+	if members := rdb.SMembers(ctx, jobstore.AllQueues).Val(); fmt.Sprint(members) != "[shaper.stripe]" {
 		t.Errorf("asynq's queues: %v, want only the new one", members)
 	}
 	if ups, err := q.LegacyUpstreams(ctx); err != nil || len(ups) != 0 {
@@ -389,7 +388,7 @@ func TestMigrateLegacyResumes(t *testing.T) {
 	}
 	// A copy of the old queue, restored after the first run: as if that
 	// run had written every job and crashed before deleting any.
-	k := taskstore.For(legacyQueueName("stripe", "default"))
+	k := jobstore.AsynqKeys(legacyQueueName("stripe", "default"))
 	snapshot := map[string]string{}
 	for _, key := range oldKeys(t, rdb, "stripe") {
 		d, err := rdb.Dump(ctx, key).Result()
@@ -406,7 +405,7 @@ func TestMigrateLegacyResumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rdb.SAdd(ctx, taskstore.AllQueues, k.Queue())
+	rdb.SAdd(ctx, jobstore.AllQueues, k.Queue())
 	m, err := q.MigrateLegacy(ctx, "stripe")
 	if err != nil || m.Moved() != 0 || m.Existing != 5 {
 		t.Fatalf("rerun: %v, %v; want the 5 jobs found already moved", m, err)

@@ -13,9 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/keyspace"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -114,7 +113,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 	}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: q.prefix})
 	for name := range ups {
-		q.blocks[name] = pacer.BlockKey(QueueName(name))
+		q.blocks[name] = pacer.BlockKey(jobstore.QueueName(name))
 	}
 	q.bulkRdb = rdb
 	// The autopipeliner belongs to rdb and stops when rdb is closed.
@@ -241,9 +240,9 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 	if err := q.list(ctx, rdb, job.Upstream); err != nil {
 		return nil, false, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}
-	space := sched.For(q.prefix, job.Upstream)
-	fk := sched.FairKey(u, job.Tenant, job.Partition)
-	msg := &taskstore.Message{
+	space := jobstore.For(q.prefix, job.Upstream)
+	fk := jobstore.FairKey(u, job.Tenant, job.Partition)
+	msg := &jobstore.Message{
 		Type: TaskType, Payload: payload, ID: job.ID, Queue: space.Queue,
 		Retry: int32(asynqMaxRetry(job.MaxAttempts)),
 		// Waits for the upstream happen before a job is taken; the
@@ -252,7 +251,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 		Retention: int64(u.ResultRetention.Seconds()),
 		GroupKey:  job.Lane + "|" + fk + "|" + job.Partition,
 	}
-	entry := sched.Entry{
+	entry := jobstore.Entry{
 		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
 		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
 	}
@@ -311,7 +310,7 @@ func droppedInfo(job *Job, letter byte) *Info {
 		Partition: job.Partition, IdempotencyKey: job.IdempotencyKey}, State: finalState(letter)}
 }
 
-// finalState is the State of a record's letter (see taskstore.Remembered).
+// finalState is the State of a record's letter (see jobstore.Remembered).
 func finalState(letter byte) State {
 	switch letter {
 	case 's':
@@ -332,7 +331,7 @@ func (q *Queue) list(ctx context.Context, rdb redis.Cmdable, upstream string) er
 	if done {
 		return nil
 	}
-	if err := rdb.SAdd(ctx, taskstore.AllQueues, QueueName(upstream)).Err(); err != nil {
+	if err := rdb.SAdd(ctx, jobstore.AllQueues, jobstore.QueueName(upstream)).Err(); err != nil {
 		return fmt.Errorf("list queue: %w", err)
 	}
 	q.mu.Lock()
@@ -455,7 +454,7 @@ func (q *Queue) ReadHeld(ctx context.Context, upstream string) (Held, error) {
 	if !ok {
 		return Held{}, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	h, err := sched.For(q.prefix, upstream).ReadHolds(ctx, q.rdb, q.blocks[upstream])
+	h, err := jobstore.For(q.prefix, upstream).ReadHolds(ctx, q.rdb, q.blocks[upstream])
 	if err != nil {
 		return Held{}, fmt.Errorf("count jobs of %s: %w", upstream, err)
 	}
@@ -487,7 +486,7 @@ func (q *Queue) ReadHeld(ctx context.Context, upstream string) (Held, error) {
 
 // holdOf is what holds every waiting job of an upstream: asynq's pause or
 // the bucket's block; "" for neither.
-func holdOf(h sched.Hold) string {
+func holdOf(h jobstore.Hold) string {
 	switch {
 	case h.AsynqPaused:
 		return WaitingPause
@@ -499,11 +498,11 @@ func holdOf(h sched.Hold) string {
 
 // Partitions reads how many partitions of an upstream have jobs not yet
 // finished, and the top n of them by that count.
-func (q *Queue) Partitions(ctx context.Context, upstream string, n int) (int64, []sched.PartitionBacklog, error) {
+func (q *Queue) Partitions(ctx context.Context, upstream string, n int) (int64, []jobstore.PartitionBacklog, error) {
 	if _, ok := q.ups[upstream]; !ok {
 		return 0, nil, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	return sched.For(q.prefix, upstream).Partitions(ctx, q.rdb, n)
+	return jobstore.For(q.prefix, upstream).Partitions(ctx, q.rdb, n)
 }
 
 // pendingCount is an upstream's jobs not yet finished, from the counters
@@ -512,7 +511,7 @@ func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error
 	if _, ok := q.ups[upstream]; !ok {
 		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	counts, err := sched.For(q.prefix, upstream).ReadCounts(ctx, q.rdb)
+	counts, err := jobstore.For(q.prefix, upstream).ReadCounts(ctx, q.rdb)
 	if err != nil {
 		return 0, fmt.Errorf("count jobs of %s: %w", upstream, err)
 	}
@@ -539,7 +538,7 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	if tenant != "" && foreignID(id, tenant) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
-	ti, err := q.insp.GetTaskInfo(QueueName(upstream), id)
+	ti, err := q.insp.GetTaskInfo(jobstore.QueueName(upstream), id)
 	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
 		// Only now, for a job not there: one read of the tombstones. A
 		// tombstone names no tenant, so an ID without a tenant tag is
@@ -605,7 +604,7 @@ func (q *Queue) describeWait(ctx context.Context, info *Info) error {
 		// would be another hash slot on a cluster).
 		return nil
 	}
-	h, err := sched.For(q.prefix, info.Upstream).ReadJobHold(ctx, q.rdb, q.blocks[info.Upstream], info.ID)
+	h, err := jobstore.For(q.prefix, info.Upstream).ReadJobHold(ctx, q.rdb, q.blocks[info.Upstream], info.ID)
 	if err != nil {
 		return err
 	}
@@ -638,7 +637,7 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 	waits, handedBack := deferredFor(ti.LastErr)
 	switch ti.State {
 	case asynq.TaskStatePending, asynq.TaskStateAggregating:
-		// Aggregating: waiting in its flow (see internal/sched).
+		// Aggregating: waiting in its flow (see internal/jobstore).
 		info.State = StateQueued
 	case asynq.TaskStateScheduled:
 		info.State, info.NextAttemptAt = StateScheduled, ti.NextProcessAt
@@ -675,7 +674,7 @@ func (q *Queue) cancelKey(id string) string {
 }
 
 func cancelPrefix(prefix, upstream string) string {
-	return prefix + ":cancelled:{" + QueueName(upstream) + "}:"
+	return prefix + ":cancelled:{" + jobstore.QueueName(upstream) + "}:"
 }
 
 // FinishBounds are the bounds on an upstream's finished jobs under a key
@@ -686,13 +685,13 @@ func cancelPrefix(prefix, upstream string) string {
 // (so they cost a small fraction of them), for the longer retention. A
 // job whose ID is an idempotency key's gets a record instead (see
 // remembered), kept for IdempotencyWindow after the drop.
-func FinishBounds(prefix string, u shaper.Upstream) taskstore.Bounds {
+func FinishBounds(prefix string, u shaper.Upstream) jobstore.Bounds {
 	u = u.WithDefaults()
 	prefix = keyspace.Prefix(prefix)
-	return taskstore.Bounds{
+	return jobstore.Bounds{
 		Completed: u.ResultMaxCount,
 		Archived:  u.DeadMaxCount,
-		Gone: taskstore.Tombstones{Key: sched.For(prefix, u.Name).GoneKey(),
+		Gone: jobstore.Tombstones{Key: jobstore.For(prefix, u.Name).GoneKey(),
 			Max: u.ResultMaxCount + u.DeadMaxCount, For: max(u.ResultRetention, u.DeadRetention)},
 		SidePrefixes: []string{cancelPrefix(prefix, u.Name)},
 		Remember:     remembered(prefix, u),
@@ -704,8 +703,8 @@ func FinishBounds(prefix string, u shaper.Upstream) taskstore.Bounds {
 // finds the job's final state (see Enqueue), and reading the job answers
 // ErrNoLongerKept. They replace the job's tombstone; a random ID gets
 // none, as no one can repeat it.
-func remembered(prefix string, u shaper.Upstream) taskstore.Remembered {
-	return taskstore.Remembered{Key: sched.For(prefix, u.Name).RememberKey(), Window: u.IdempotencyWindow,
+func remembered(prefix string, u shaper.Upstream) jobstore.Remembered {
+	return jobstore.Remembered{Key: jobstore.For(prefix, u.Name).RememberKey(), Window: u.IdempotencyWindow,
 		Pattern: idemIDPattern, CancelPrefix: cancelPrefix(prefix, u.Name)}
 }
 
@@ -733,12 +732,12 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 	if err := q.rdb.Set(ctx, q.cancelKey(id), "1", ttl).Err(); err != nil {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
 	}
-	if err := sched.For(q.prefix, info.Upstream).Cancel(ctx, q.rdb, id); err != nil {
+	if err := jobstore.For(q.prefix, info.Upstream).Cancel(ctx, q.rdb, id); err != nil {
 		q.rdb.Del(context.WithoutCancel(ctx), q.cancelKey(id))
 		if errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
-		if errors.Is(err, sched.ErrNotWaiting) {
+		if errors.Is(err, jobstore.ErrNotWaiting) {
 			// A worker took it in the meantime.
 			return nil, fmt.Errorf("cancel %s: %v: %w", id, err, ErrNotCancellable)
 		}
@@ -758,7 +757,7 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 	if _, ok := q.ups[upstream]; !ok {
 		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	qn := QueueName(upstream)
+	qn := jobstore.QueueName(upstream)
 	var ids []string
 	// Collect first: moving a task while paging would shift the pages.
 	for page := 1; ; page++ {
@@ -782,7 +781,7 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 		}
 	}
 	moved := 0
-	space := sched.For(q.prefix, upstream)
+	space := jobstore.For(q.prefix, upstream)
 	for len(ids) > 0 {
 		n := min(len(ids), 500)
 		m, err := space.RunNow(ctx, q.rdb, ids[:n]...)
@@ -798,12 +797,12 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 // ClearAsynqPause lifts a pause placed on the upstream's queue through
 // asynq (Inspector.PauseQueue), as asynq's UnpauseQueue does; it reports
 // whether there was one. (Workers see it gone at their next look, within
-// sched.PausedPoll, or at once if woken.)
+// jobstore.PausedPoll, or at once if woken.)
 func (q *Queue) ClearAsynqPause(ctx context.Context, upstream string) (bool, error) {
 	if _, ok := q.ups[upstream]; !ok {
 		return false, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	n, err := q.rdb.Del(ctx, sched.For(q.prefix, upstream).PausedKey()).Result()
+	n, err := q.rdb.Del(ctx, jobstore.For(q.prefix, upstream).PausedKey()).Result()
 	if err != nil {
 		return false, fmt.Errorf("unpause %s in asynq: %w", upstream, err)
 	}
@@ -819,8 +818,8 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 		return 0, nil
 	}
 	cutoff := time.Now().Add(-u.DeadRetention)
-	space := sched.For(q.prefix, upstream)
-	n, err := taskstore.DeleteExpired(ctx, q.rdb, taskstore.For(space.Queue), space.CountsKey(), taskstore.Archived, cutoff, 500,
+	space := jobstore.For(q.prefix, upstream)
+	n, err := jobstore.DeleteExpired(ctx, q.rdb, jobstore.AsynqKeys(space.Queue), space.CountsKey(), jobstore.Archived, cutoff, 500,
 		FinishBounds(q.prefix, u))
 	if err != nil {
 		return n, fmt.Errorf("trim dead jobs of %s: %w", upstream, err)

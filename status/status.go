@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -69,10 +69,10 @@ type Upstream struct {
 	Limits []Limit `json:"limits"`
 	// StatedLimits are the limits the upstream states in its answers, which
 	// the fleet obeys on top of Limits; an empty list when it states none.
-	StatedLimits []Limit     `json:"stated_limits"`
-	Concurrency  int         `json:"concurrency"`
-	DrainRate    drain.Rates `json:"drain_rate"`
-	Backlog      Backlog     `json:"backlog"`
+	StatedLimits []Limit        `json:"stated_limits"`
+	Concurrency  int            `json:"concurrency"`
+	DrainRate    jobstore.Rates `json:"drain_rate"`
+	Backlog      Backlog        `json:"backlog"`
 	// InFlight counts jobs taken by workers: concurrency leases when the
 	// upstream has a cap, else jobs active in the queue (which includes
 	// jobs waiting, at most work.horizon, for their send slot).
@@ -141,7 +141,7 @@ func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string) (*Reade
 	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]shaper.Upstream{}, buckets: map[string]*leaky.Bucket{}}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix})
 	for _, u := range q.Upstreams() {
-		b, err := pacer.Bucket(queue.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
+		b, err := pacer.Bucket(jobstore.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 		if err != nil {
 			return nil, fmt.Errorf("status of %s: %w", u.Name, err)
 		}
@@ -192,7 +192,7 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		return Upstream{}, err
 	}
 	counts := held.Lanes
-	rates, err := drain.Read(ctx, r.rdb, r.prefix, name, st.Now)
+	rates, err := jobstore.Read(ctx, r.rdb, r.prefix, name, st.Now)
 	if err != nil {
 		return Upstream{}, err
 	}

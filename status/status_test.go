@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -60,7 +60,7 @@ func TestUpstreamStatus(t *testing.T) {
 		t.Fatalf("time at the limit %v, want 30 jobs at 98/s", u.AtLimitSeconds)
 	}
 	// Sends recorded 2-11 seconds ago: 10 per second.
-	rec := drain.NewRecorder(rdb, "")
+	rec := jobstore.NewRecorder(rdb, "")
 	now := time.Now()
 	for s := 2; s <= 11; s++ {
 		for i := 0; i < 10; i++ {
@@ -98,12 +98,12 @@ func TestUpstreamStatus(t *testing.T) {
 	}
 }
 
-// TestDrainKeysExpire: the per-second counts never outlive drain.Keep.
+// TestDrainKeysExpire: the per-second counts never outlive jobstore.Keep.
 func TestDrainKeysExpire(t *testing.T) {
 	ctx := context.Background()
 	rdb := srv.Client(t)
 	rdb.FlushAll(ctx)
-	rec := drain.NewRecorder(rdb, "")
+	rec := jobstore.NewRecorder(rdb, "")
 	rec.Sent("api", time.Now())
 	if err := rec.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -112,8 +112,8 @@ func TestDrainKeysExpire(t *testing.T) {
 	if len(keys) != 1 {
 		t.Fatalf("keys %v", keys)
 	}
-	if ttl := rdb.TTL(ctx, keys[0]).Val(); ttl <= 0 || ttl > drain.Keep {
-		t.Fatalf("TTL %v, want within %v", ttl, drain.Keep)
+	if ttl := rdb.TTL(ctx, keys[0]).Val(); ttl <= 0 || ttl > jobstore.Keep {
+		t.Fatalf("TTL %v, want within %v", ttl, jobstore.Keep)
 	}
 }
 

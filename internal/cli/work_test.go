@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -34,7 +34,7 @@ func enqueueOld(t *testing.T, rdb redis.UniversalClient, upstream, lane, path st
 	}
 	c := asynq.NewClientFromRedisClient(rdb)
 	defer c.Close()
-	if _, err := c.Enqueue(asynq.NewTask(queue.TaskType, payload), asynq.Queue(queue.QueueName(upstream)+"."+lane),
+	if _, err := c.Enqueue(asynq.NewTask(queue.TaskType, payload), asynq.Queue(jobstore.QueueName(upstream)+"."+lane),
 		asynq.TaskID(job.ID), asynq.MaxRetry(3), asynq.Retention(time.Hour), asynq.Timeout(24*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestMigrationRetriesHeldJobs(t *testing.T) {
 	defer q.Close()
 	job := enqueueOld(t, rdb, "heldco", "default", "/held")
 	// As asynq's server takes a job, with a lease a second or two long.
-	k := taskstore.For("shaper.heldco.default")
+	k := jobstore.AsynqKeys("shaper.heldco.default")
 	rdb.RPopLPush(ctx, k.Pending(), k.Active())
 	rdb.HSet(ctx, k.Task(job.ID), "state", "active")
 	rdb.ZAdd(ctx, k.Lease(), redis.Z{Score: float64(time.Now().Unix() + 2), Member: job.ID})

@@ -1,9 +1,8 @@
-package sched
+package jobstore
 
 import (
 	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/script"
-	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -35,7 +34,7 @@ import (
 // group LANE|FK|PK; the task hash also carries shaper's fields sl (lane), sf
 // (fairness key), sp (partition), sc (costs "name=n,..."), sq (FIFO seq),
 // and sd ("1" while it waits in asynq's retry set handed back, not failed;
-// see taskstore.Finish).
+// see Finish).
 
 // flowLua is shared by the scripts that put jobs into flows. It expects
 // locals: P (our prefix "P:s:{Q}:"), G (asynq's group prefix), T (asynq's
@@ -101,7 +100,7 @@ end
 //	ARGV[9] asynq group prefix  ARGV[10] asynq task prefix
 //	ARGV[11] wake channel  ARGV[12] upstream name
 //	ARGV[13] for an idempotency key's job, the upstream's records of
-//	dropped ones (taskstore.Remembered.Key; its buckets are built from it,
+//	dropped ones (Remembered.Key; its buckets are built from it,
 //	in the same slot); "" = none
 //	KEYS[9] leaky block hash, KEYS[10] asynq paused key: optional, to learn
 //	whether a job stored ready is held back
@@ -112,7 +111,7 @@ end
 // job's partition is parked); 4, 5 or 6 if the job with this id finished
 // and was dropped, and a record of it is still kept (nothing changed):
 // it succeeded, died or was cancelled.
-var enqueueScript = script.New(taskstore.RememberLua + optionalLua + `
+var enqueueScript = script.New(RememberLua + optionalLua + `
 local P, G, T = ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
 ` + flowLua + `

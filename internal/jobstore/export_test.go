@@ -1,4 +1,4 @@
-package sched
+package jobstore
 
 import (
 	"context"
@@ -10,7 +10,12 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
+
+// RedisServer is the Redis server TestMain started, for the external tests.
+func RedisServer() *redistest.Server { return srv }
 
 // Keys the tests inspect directly.
 func (s Space) VKey() string                    { return s.vKey() }

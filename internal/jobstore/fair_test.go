@@ -1,4 +1,4 @@
-package sched_test
+package jobstore_test
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ func TestLanesWithinTenantShare(t *testing.T) {
 		t.Run(fmt.Sprintf("take %d at a time", batch), func(t *testing.T) {
 			u := fast("lanes")
 			u.Lanes = map[string]int{"high": 3, "low": 1}
-			r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+			r := newRig(t, srv().Client(t), u, 100*time.Millisecond)
 			for i := range 30 {
 				r.add(job{id: fmt.Sprintf("a-high-%02d", i), lane: "high", tenant: "a"},
 					job{id: fmt.Sprintf("a-low-%02d", i), lane: "low", tenant: "a"},
@@ -64,7 +64,7 @@ func TestFairnessUnderChurn(t *testing.T) {
 	}
 	for _, batch := range batches {
 		t.Run(fmt.Sprintf("take %d at a time", batch), func(t *testing.T) {
-			r := newRig(t, srv.Client(t), fast("churn"), 100*time.Millisecond)
+			r := newRig(t, srv().Client(t), fast("churn"), 100*time.Millisecond)
 			seq := map[string]int{}
 			add := func(tenant string, n int) {
 				for range n {

@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package sched_test
+package jobstore_test
 
 import (
 	"context"
@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -22,7 +21,7 @@ func TestTakeThatStopsEarlySaysComeBack(t *testing.T) {
 		u := fast("parks")
 		u.Limits = append(u.Limits, leaky.Limit{Rate: 1_000_000, Per: time.Second, Cost: "tokens", Burst: 1000})
 		u.PartitionLimits = []leaky.Limit{{Rate: 100, Per: time.Hour, Cost: "tokens", Burst: 10}}
-		r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+		r := newRig(t, srv().Client(t), u, 100*time.Millisecond)
 		const parts = 450
 		for i := range parts {
 			p := fmt.Sprintf("p%03d.example", i)
@@ -32,11 +31,11 @@ func TestTakeThatStopsEarlySaysComeBack(t *testing.T) {
 		// Jobs finish as soon as they are taken, as a fast upstream's do, so
 		// no lease is left to make a take report something due.
 		var taken []string
-		var tk sched.Take
+		var tk jobstore.Take
 		for i := 0; ; i++ {
 			tk = r.take(64)
 			taken = append(taken, ids(tk)...)
-			r.finish(taskstore.Succeeded, time.Time{}, ids(tk)...)
+			r.finish(jobstore.Succeeded, time.Time{}, ids(tk)...)
 			if len(tk.Jobs) == 0 && (tk.Next <= 0 || tk.Next > time.Millisecond) {
 				break
 			}
@@ -64,7 +63,7 @@ func TestTakeThatStopsEarlySaysComeBack(t *testing.T) {
 		ctx := context.Background()
 		u := fast("steps")
 		u.Fairness.By = shaper.FairByPartition
-		r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+		r := newRig(t, srv().Client(t), u, 100*time.Millisecond)
 		for i := range 1100 {
 			p := fmt.Sprintf("x%04d.example", i)
 			r.add(job{id: p, tenant: "t", partition: p})

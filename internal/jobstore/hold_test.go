@@ -1,4 +1,4 @@
-package sched_test
+package jobstore_test
 
 import (
 	"context"
@@ -7,9 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -18,7 +16,7 @@ import (
 // jobs again. Both views of the hold say so.
 func TestAsynqPauseIsHonoured(t *testing.T) {
 	ctx := context.Background()
-	rdb := srv.Client(t)
+	rdb := srv().Client(t)
 	r := newRig(t, rdb, fast("apause"), 50*time.Millisecond)
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	r.add(job{id: "a1", tenant: "t"}, job{id: "a2", tenant: "t"})
@@ -29,8 +27,8 @@ func TestAsynqPauseIsHonoured(t *testing.T) {
 	if len(tk.Jobs) != 0 {
 		t.Fatalf("took %v from a queue paused through asynq, want none", ids(tk))
 	}
-	if tk.Reason != leaky.ReasonBlocked || tk.Wait <= 0 || tk.Wait > sched.PausedPoll {
-		t.Fatalf("take of a paused queue: reason %v, wait %v; want blocked, within %v", tk.Reason, tk.Wait, sched.PausedPoll)
+	if tk.Reason != leaky.ReasonBlocked || tk.Wait <= 0 || tk.Wait > jobstore.PausedPoll {
+		t.Fatalf("take of a paused queue: reason %v, wait %v; want blocked, within %v", tk.Reason, tk.Wait, jobstore.PausedPoll)
 	}
 	r.check("paused take")
 
@@ -67,7 +65,7 @@ func TestAsynqPauseIsHonoured(t *testing.T) {
 // the park ends, neither view shows it.
 func TestParkedPartitionHolds(t *testing.T) {
 	ctx := context.Background()
-	rdb := srv.Client(t)
+	rdb := srv().Client(t)
 	u := fast("parkhold")
 	u.Lanes = map[string]int{"default": 1, "bulk": 1}
 	u.PartitionLimits = []leaky.Limit{{Rate: 1, Per: 400 * time.Millisecond}}
@@ -100,20 +98,20 @@ func TestParkedPartitionHolds(t *testing.T) {
 	if jh, err = r.space.ReadJobHold(ctx, rdb, bk, "p2"); err != nil || !jh.ParkedUntil.IsZero() {
 		t.Fatalf("p2 after the park ended: parked until %v, %v; want not parked", jh.ParkedUntil, err)
 	}
-	r.finish(taskstore.Succeeded, time.Time{}, "p1", "b1")
+	r.finish(jobstore.Succeeded, time.Time{}, "p1", "b1")
 	r.check("finish")
 }
 
 // A job handed back reads as deferred; one that failed does not.
 func TestJobHoldDeferred(t *testing.T) {
 	ctx := context.Background()
-	rdb := srv.Client(t)
+	rdb := srv().Client(t)
 	r := newRig(t, rdb, fast("deferhold"), 50*time.Millisecond)
 	r.add(job{id: "d1", tenant: "t"}, job{id: "f1", tenant: "t"})
 	if got := r.takeIDs(10); len(got) != 2 {
 		t.Fatalf("took %v, want both", got)
 	}
-	r.finish(taskstore.Retry, time.Now().Add(time.Hour), "d1")
+	r.finish(jobstore.Retry, time.Now().Add(time.Hour), "d1")
 	r.fail(time.Now().Add(time.Hour), "f1")
 	r.check("retry")
 	for id, want := range map[string]bool{"d1": true, "f1": false} {

@@ -1,15 +1,4 @@
-// Package taskstore owns asynq's layout of a queue in Redis: its keys, the
-// wire format of its task messages, and the ways a taken (active) task ends
-// (succeeded, retried, dead) or is recovered when its lease runs out. shaper
-// dispatches tasks itself instead of running asynq's server, but keeps
-// asynq's layout to the letter, so asynq.Inspector (and anything built on
-// it) still reads shaper's queues truthfully. Beside asynq's own state, every
-// transition here also keeps shaper's per-lane counters and partition
-// backlog, whose keys the caller owns and passes in.
-//
-// The layout is asynq v0.26.0's (internal/base and internal/rdb); a test
-// checks it against what asynq's own client writes.
-package taskstore
+package jobstore
 
 import "time"
 
@@ -17,16 +6,20 @@ import "time"
 // the one key of the layout outside every queue's slot.
 const AllQueues = "asynq:queues"
 
-// Keys names the Redis keys of one asynq queue. Every key carries the queue's
+// Keys names the Redis keys of one asynq queue, in asynq v0.26.0's layout
+// (internal/base and internal/rdb) to the letter. Beside asynq's own state,
+// every transition of a task (Finish, Recover, DeleteExpired) also keeps
+// shaper's per-lane counters and partition backlog, whose keys the caller
+// passes in (Space.CountsKey, Space.BacklogKey). Every key carries the queue's
 // hash tag {queue}, so on Redis Cluster a script may use them all at once.
-// Build it with For; the zero value names nothing.
+// Build it with AsynqKeys; the zero value names nothing.
 type Keys struct {
 	queue  string
 	prefix string // asynq:{queue}:
 }
 
 // For returns the keys of the named queue.
-func For(queue string) Keys {
+func AsynqKeys(queue string) Keys {
 	return Keys{queue: queue, prefix: "asynq:{" + queue + "}:"}
 }
 

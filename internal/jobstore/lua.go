@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import "github.com/shaperhq/shaper/internal/script"
 
@@ -152,7 +152,7 @@ for b = 18, #ARGV, 11 do
         failed = failed + 1
       else
         -- Handed back: shaper's sd mark tells it from a failure when it
-        -- leaves the retry set (see internal/sched).
+        -- leaves the retry set (see Space.Enqueue).
         redis.call('HSET', task, 'msg', msg, 'state', 'retry', 'sd', '1')
         count('deferred:' .. lane, 1)
       end

@@ -1,4 +1,4 @@
-package sched_test
+package jobstore_test
 
 import (
 	"context"
@@ -9,36 +9,35 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
 
-var srv *redistest.Server
-
-func TestMain(m *testing.M) { redistest.Main(m, &srv) }
+// srv is the Redis server the package's internal tests start (TestMain).
+func srv() *redistest.Server { return jobstore.RedisServer() }
 
 type fixture struct {
 	t      *testing.T
 	rdb    *redis.Client
-	space  sched.Space
-	taker  *sched.Taker
+	space  jobstore.Space
+	taker  *jobstore.Taker
 	bucket *leaky.Bucket
 	u      shaper.Upstream
 }
 
 func newFixture(t *testing.T, u shaper.Upstream) *fixture {
 	t.Helper()
-	rdb := srv.Client(t)
+	rdb := srv().Client(t)
 	prefix := fmt.Sprintf("t%d", time.Now().UnixNano())
 	u = u.WithDefaults()
-	b, err := leaky.New(rdb, leaky.Config{Prefix: prefix}).Bucket(sched.QueueName(u.Name), leaky.BucketConfig{
+	b, err := leaky.New(rdb, leaky.Config{Prefix: prefix}).Bucket(jobstore.QueueName(u.Name), leaky.BucketConfig{
 		Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := sched.For(prefix, u.Name+prefix)
-	tk, err := sched.NewTaker(rdb, s, sched.TakerConfig{Upstream: u, Bucket: b, Lookahead: 100 * time.Millisecond,
+	s := jobstore.For(prefix, u.Name+prefix)
+	tk, err := jobstore.NewTaker(rdb, s, jobstore.TakerConfig{Upstream: u, Bucket: b, Lookahead: 100 * time.Millisecond,
 		Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -48,14 +47,14 @@ func newFixture(t *testing.T, u shaper.Upstream) *fixture {
 
 func (f *fixture) enqueue(id, lane, tenant, partition string) {
 	f.t.Helper()
-	ok, err := f.space.Enqueue(context.Background(), f.rdb, sched.Entry{ID: id, Lane: lane,
-		FairKey: sched.FairKey(f.u, tenant, partition), Partition: partition, Msg: []byte("m-" + id)})
+	ok, err := f.space.Enqueue(context.Background(), f.rdb, jobstore.Entry{ID: id, Lane: lane,
+		FairKey: jobstore.FairKey(f.u, tenant, partition), Partition: partition, Msg: []byte("m-" + id)})
 	if err != nil || !ok {
 		f.t.Fatalf("enqueue %s: created %v, err %v", id, ok, err)
 	}
 }
 
-func (f *fixture) take(n int) sched.Take {
+func (f *fixture) take(n int) jobstore.Take {
 	f.t.Helper()
 	tk, err := f.taker.Take(context.Background(), n)
 	if err != nil {
@@ -64,7 +63,7 @@ func (f *fixture) take(n int) sched.Take {
 	return tk
 }
 
-func ids(tk sched.Take) []string {
+func ids(tk jobstore.Take) []string {
 	var out []string
 	for _, j := range tk.Jobs {
 		out = append(out, j.ID)
@@ -81,7 +80,7 @@ func TestTakeIsFIFOAndCounts(t *testing.T) {
 	for i := range 3 {
 		f.enqueue(fmt.Sprintf("j%d", i), "default", "a", "")
 	}
-	if created, err := f.space.Enqueue(context.Background(), f.rdb, sched.Entry{ID: "j0", Lane: "default", Msg: []byte("x")}); err != nil || created {
+	if created, err := f.space.Enqueue(context.Background(), f.rdb, jobstore.Entry{ID: "j0", Lane: "default", Msg: []byte("x")}); err != nil || created {
 		t.Fatalf("repeat enqueue: created %v, err %v; want false, nil", created, err)
 	}
 	tk := f.take(10)
@@ -172,7 +171,7 @@ func TestFairShareBetweenTenants(t *testing.T) {
 
 func TestScheduledJobComesDue(t *testing.T) {
 	f := newFixture(t, fast("sched"))
-	ok, err := f.space.Enqueue(context.Background(), f.rdb, sched.Entry{ID: "s1", Lane: "default", Msg: []byte("x"),
+	ok, err := f.space.Enqueue(context.Background(), f.rdb, jobstore.Entry{ID: "s1", Lane: "default", Msg: []byte("x"),
 		ProcessAt: time.Now().Add(300 * time.Millisecond)})
 	if err != nil || !ok {
 		t.Fatal(ok, err)
@@ -218,16 +217,16 @@ func TestPlace(t *testing.T) {
 	keep := time.Now().Add(time.Hour).Truncate(time.Millisecond)
 	for _, tc := range []struct {
 		id     string
-		p      sched.Placement
+		p      jobstore.Placement
 		at     time.Time
 		result []byte
 		set    string
 	}{
-		{"r1", sched.PlaceRetry, due, nil, "retry"},
-		{"d1", sched.PlaceDead, died, nil, "archived"},
-		{"s1", sched.PlaceSucceeded, keep, []byte(`{"status":200}`), "completed"},
+		{"r1", jobstore.PlaceRetry, due, nil, "retry"},
+		{"d1", jobstore.PlaceDead, died, nil, "archived"},
+		{"s1", jobstore.PlaceSucceeded, keep, []byte(`{"status":200}`), "completed"},
 	} {
-		e := sched.Entry{ID: tc.id, Lane: "bulk", FairKey: "a", Partition: "p1", Msg: []byte("m-" + tc.id)}
+		e := jobstore.Entry{ID: tc.id, Lane: "bulk", FairKey: "a", Partition: "p1", Msg: []byte("m-" + tc.id)}
 		created, err := f.space.Place(ctx, f.rdb, e, tc.p, tc.at, tc.result)
 		if err != nil || !created {
 			t.Fatalf("place %s: created %v, %v; want true, nil", tc.id, created, err)
@@ -244,7 +243,7 @@ func TestPlace(t *testing.T) {
 			t.Errorf("%s: task hash %v", tc.id, h)
 		}
 	}
-	if _, err := f.space.Place(ctx, f.rdb, sched.Entry{ID: "x"}, sched.Placement(9), time.Now(), nil); err == nil {
+	if _, err := f.space.Place(ctx, f.rdb, jobstore.Entry{ID: "x"}, jobstore.Placement(9), time.Now(), nil); err == nil {
 		t.Errorf("an unknown placement was accepted")
 	}
 	c, _ := f.space.ReadCounts(ctx, f.rdb)

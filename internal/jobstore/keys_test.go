@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import (
 	"context"
@@ -135,7 +135,7 @@ func TestKeysAreAsynqs(t *testing.T) {
 }
 
 func TestKeysCarryTheHashTag(t *testing.T) {
-	k := For("up.stream")
+	k := AsynqKeys("up.stream")
 	now := time.Date(2026, 12, 1, 0, 30, 0, 0, time.FixedZone("east", 3600)) // 23:30 UTC the day before
 	for _, key := range []string{k.Task("id"), k.TaskPrefix(), k.Pending(), k.Active(), k.Lease(), k.Scheduled(),
 		k.Retry(), k.Archived(), k.Completed(), k.Paused(), k.Groups(), k.Group("g"), k.Processed(now),

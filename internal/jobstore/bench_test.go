@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import (
 	"context"
@@ -17,7 +17,7 @@ func BenchmarkFinish(b *testing.B) {
 	rdb := srv.Client(b)
 	rdb.FlushAll(ctx)
 	rdb.ConfigResetStat(ctx)
-	k := For("bench")
+	k := AsynqKeys("bench")
 	counts, pbacklog := "shaper:"+k.HashTag()+":counts", "shaper:"+k.HashTag()+":pbacklog"
 	const batch, others = 200, 200
 	takeAll := func(prefix string, n int) []Finished {

@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import (
 	"context"
@@ -94,7 +94,7 @@ func (r Remembered) Recall(ctx context.Context, rdb redis.Scripter, id string) (
 }
 
 // RememberLua is the Lua that makes and reads records (see Remembered),
-// shared with the enqueue script of internal/sched. It uses Redis's clock
+// shared with the enqueue script. It uses Redis's clock
 // (TIME), so enqueuers and workers agree on when a record is up.
 //
 // recall(rk, id) returns the state letter recorded for id, or false.

@@ -1,4 +1,4 @@
-package sched_test
+package jobstore_test
 
 import (
 	"context"
@@ -10,8 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -24,10 +23,10 @@ type rig struct {
 	t      *testing.T
 	rdb    redis.UniversalClient
 	u      shaper.Upstream
-	space  sched.Space
-	store  taskstore.Keys
+	space  jobstore.Space
+	store  jobstore.Keys
 	bucket *leaky.Bucket
-	taker  *sched.Taker
+	taker  *jobstore.Taker
 	ids    []string
 	lane   map[string]string // id -> lane
 	part   map[string]string // id -> partition
@@ -47,18 +46,18 @@ func newRig(t *testing.T, rdb redis.UniversalClient, u shaper.Upstream, lookahea
 func newRigNamed(t *testing.T, rdb redis.UniversalClient, u shaper.Upstream, lookahead time.Duration) *rig {
 	t.Helper()
 	u = u.WithDefaults()
-	b, err := leaky.New(rdb, leaky.Config{}).Bucket(sched.QueueName(u.Name), leaky.BucketConfig{
+	b, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName(u.Name), leaky.BucketConfig{
 		Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := sched.For("", u.Name)
-	tk, err := sched.NewTaker(rdb, s, sched.TakerConfig{Upstream: u, Bucket: b, Lookahead: lookahead,
+	s := jobstore.For("", u.Name)
+	tk, err := jobstore.NewTaker(rdb, s, jobstore.TakerConfig{Upstream: u, Bucket: b, Lookahead: lookahead,
 		Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &rig{t: t, rdb: rdb, u: u, space: s, store: taskstore.For(s.Queue), bucket: b, taker: tk,
+	return &rig{t: t, rdb: rdb, u: u, space: s, store: jobstore.AsynqKeys(s.Queue), bucket: b, taker: tk,
 		lane: map[string]string{}, part: map[string]string{}}
 }
 
@@ -69,12 +68,12 @@ type job struct {
 	at                          time.Time
 }
 
-func (r *rig) entry(j job) sched.Entry {
+func (r *rig) entry(j job) jobstore.Entry {
 	if j.lane == "" {
 		j.lane = shaper.DefaultLane
 	}
-	msg := taskstore.Message{Type: "http", ID: j.id, Queue: r.space.Queue}
-	return sched.Entry{ID: j.id, Lane: j.lane, FairKey: sched.FairKey(r.u, j.tenant, j.partition),
+	msg := jobstore.Message{Type: "http", ID: j.id, Queue: r.space.Queue}
+	return jobstore.Entry{ID: j.id, Lane: j.lane, FairKey: jobstore.FairKey(r.u, j.tenant, j.partition),
 		Partition: j.partition, Costs: j.costs, Msg: msg.Marshal(), ProcessAt: j.at}
 }
 
@@ -91,7 +90,7 @@ func (r *rig) add(jobs ...job) {
 	}
 }
 
-func (r *rig) take(n int) sched.Take {
+func (r *rig) take(n int) jobstore.Take {
 	r.t.Helper()
 	tk, err := r.taker.Take(context.Background(), n)
 	if err != nil {
@@ -114,7 +113,7 @@ func (r *rig) check(step string) {
 
 // finish ends taken jobs with outcome (retryAt for Retry, which defers
 // them: see fail).
-func (r *rig) finish(o taskstore.Outcome, retryAt time.Time, ids ...string) {
+func (r *rig) finish(o jobstore.Outcome, retryAt time.Time, ids ...string) {
 	r.t.Helper()
 	r.end(o, false, retryAt, ids...)
 }
@@ -122,17 +121,17 @@ func (r *rig) finish(o taskstore.Outcome, retryAt time.Time, ids ...string) {
 // fail sends taken jobs to retry at retryAt after a failed attempt.
 func (r *rig) fail(retryAt time.Time, ids ...string) {
 	r.t.Helper()
-	r.end(taskstore.Retry, true, retryAt, ids...)
+	r.end(jobstore.Retry, true, retryAt, ids...)
 }
 
-func (r *rig) end(o taskstore.Outcome, failure bool, retryAt time.Time, ids ...string) {
+func (r *rig) end(o jobstore.Outcome, failure bool, retryAt time.Time, ids ...string) {
 	r.t.Helper()
-	var items []taskstore.Finished
+	var items []jobstore.Finished
 	for _, id := range ids {
-		items = append(items, taskstore.Finished{ID: id, Lane: r.lane[id], Partition: r.part[id],
-			Msg: &taskstore.Message{Type: "http", ID: id, Queue: r.space.Queue}, Outcome: o, RetryAt: retryAt, Failure: failure})
+		items = append(items, jobstore.Finished{ID: id, Lane: r.lane[id], Partition: r.part[id],
+			Msg: &jobstore.Message{Type: "http", ID: id, Queue: r.space.Queue}, Outcome: o, RetryAt: retryAt, Failure: failure})
 	}
-	errs, err := taskstore.Finish(context.Background(), r.rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items)
+	errs, err := jobstore.Finish(context.Background(), r.rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -153,7 +152,7 @@ func (r *rig) exists(key string) bool {
 	return n == 1
 }
 
-func (r *rig) counts() sched.Counts {
+func (r *rig) counts() jobstore.Counts {
 	r.t.Helper()
 	c, err := r.space.ReadCounts(context.Background(), r.rdb)
 	if err != nil {

@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import (
 	"context"
@@ -202,7 +202,7 @@ func KeepAtMost(b Bounds) FinishOption {
 // field "sleep" of the hash sleepKey (which must carry the queue's hash
 // tag) and, if it was set, publish message on channel: workers that went
 // to sleep knowing of no retry learn of it. (shaper's ready structure
-// keeps that flag; see internal/sched.)
+// keeps that flag; see the take script.)
 func WakeOnRetry(sleepKey, channel, message string) FinishOption {
 	return func(o *finishOpts) { o.sleepKey, o.channel, o.message = sleepKey, channel, message }
 }

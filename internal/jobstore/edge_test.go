@@ -1,22 +1,20 @@
-package sched_test
+package jobstore_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/shaperhq/shaper/internal/jobstore"
+	"github.com/shaperhq/shaper/leaky"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
-	"github.com/shaperhq/shaper/leaky"
 )
 
 // waitNext sleeps until a take said something comes due, failing if it
 // said nothing does or names a time outside [lo, hi].
-func waitNext(t *testing.T, tk sched.Take, lo, hi time.Duration) {
+func waitNext(t *testing.T, tk jobstore.Take, lo, hi time.Duration) {
 	t.Helper()
 	if tk.Next < lo || tk.Next > hi {
 		t.Fatalf("take said next %v, want within [%v, %v]", tk.Next, lo, hi)
@@ -38,7 +36,7 @@ func onCalendar(r *rig, lane, fk string) bool {
 func TestLaneCalendarAndParkedPartition(t *testing.T) {
 	u := fast("cal")
 	u.PartitionLimits = []leaky.Limit{{Rate: 1, Per: time.Second}}
-	r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+	r := newRig(t, srv().Client(t), u, 100*time.Millisecond)
 	r.add(job{id: "j1", tenant: "a", partition: "p1"}, job{id: "j2", tenant: "a", partition: "p1"})
 	r.check("enqueue")
 	if got := r.takeIDs(10); !slices.Equal(got, []string{"j1"}) {
@@ -100,7 +98,7 @@ func TestLaneRetiresAndRejoins(t *testing.T) {
 	u := fast("rejoin")
 	u.Lanes = map[string]int{"a": 1, "b": 1}
 	u.PartitionOverrides = map[string][]leaky.Limit{"slow": {{Rate: 1, Per: 500 * time.Millisecond}}}
-	r := newRig(t, srv.Client(t), u, 50*time.Millisecond)
+	r := newRig(t, srv().Client(t), u, 50*time.Millisecond)
 	for i := range 3 {
 		r.add(job{id: fmt.Sprintf("s%d", i), lane: "a", tenant: "t", partition: "slow"})
 	}
@@ -145,7 +143,7 @@ func TestLaneRetiresAndRejoins(t *testing.T) {
 // A scheduled and a retrying job cancel too; an active one does not.
 func TestCancelEmptiesFlow(t *testing.T) {
 	ctx := context.Background()
-	r := newRig(t, srv.Client(t), fast("cancelflow"), 100*time.Millisecond)
+	r := newRig(t, srv().Client(t), fast("cancelflow"), 100*time.Millisecond)
 	r.add(job{id: "x1", tenant: "a", partition: "p"})
 	if err := r.space.Cancel(ctx, r.rdb, "x1"); err != nil {
 		t.Fatal(err)
@@ -173,12 +171,12 @@ func TestCancelEmptiesFlow(t *testing.T) {
 		t.Fatalf("took %v, want [y2 y3]", got)
 	}
 	r.check("take")
-	if err := r.space.Cancel(ctx, r.rdb, "y2"); !errors.Is(err, sched.ErrNotWaiting) {
+	if err := r.space.Cancel(ctx, r.rdb, "y2"); !errors.Is(err, jobstore.ErrNotWaiting) {
 		t.Errorf("cancel of an active job: %v, want ErrNotWaiting", err)
 	}
 
 	r.add(job{id: "z1", tenant: "a", partition: "p", at: time.Now().Add(time.Hour)})
-	r.finish(taskstore.Retry, time.Now().Add(time.Hour), "y2")
+	r.finish(jobstore.Retry, time.Now().Add(time.Hour), "y2")
 	r.check("scheduled and retrying")
 	for _, id := range []string{"z1", "y2"} {
 		if err := r.space.Cancel(ctx, r.rdb, id); err != nil {
@@ -200,7 +198,7 @@ func TestPartitionCostLimit(t *testing.T) {
 	u := fast("tokens")
 	u.Limits = append(u.Limits, leaky.Limit{Rate: 1_000_000, Per: time.Second, Cost: "tokens", Burst: 1000})
 	u.PartitionLimits = []leaky.Limit{tokens}
-	r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+	r := newRig(t, srv().Client(t), u, 100*time.Millisecond)
 	six := map[string]int64{"tokens": 6}
 	r.add(job{id: "c1", tenant: "a", partition: "p1", costs: six}, job{id: "c2", tenant: "a", partition: "p1", costs: six},
 		job{id: "c3", tenant: "a", partition: "p2", costs: six}, job{id: "c4", tenant: "a", partition: "p1", costs: map[string]int64{"tokens": 1}},
@@ -210,7 +208,7 @@ func TestPartitionCostLimit(t *testing.T) {
 		t.Fatalf("took %v, want %v: c2 needs 6 tokens of p1's 4 left (c4 is behind it), c5 needs none", got, want)
 	}
 	r.check("take")
-	r.finish(taskstore.Succeeded, time.Time{}, got...) // their leases would be what comes due next
+	r.finish(jobstore.Succeeded, time.Time{}, got...) // their leases would be what comes due next
 	r.check("finish")
 	// p1's TAT is 6 tokens' worth of intervals ahead.
 	interval := time.Duration(tokens.Params(r.u.Guard).Interval) * time.Microsecond
@@ -242,7 +240,7 @@ func TestPartitionCostLimit(t *testing.T) {
 func TestBlockedAndConcurrency(t *testing.T) {
 	ctx := context.Background()
 	t.Run("blocked", func(t *testing.T) {
-		r := newRig(t, srv.Client(t), fast("blocked"), 100*time.Millisecond)
+		r := newRig(t, srv().Client(t), fast("blocked"), 100*time.Millisecond)
 		r.add(job{id: "k1", tenant: "a"}, job{id: "k2", tenant: "b", partition: "p"})
 		if _, err := r.bucket.Block(ctx, 5*time.Second, "test"); err != nil {
 			t.Fatal(err)
@@ -269,7 +267,7 @@ func TestBlockedAndConcurrency(t *testing.T) {
 	t.Run("concurrency", func(t *testing.T) {
 		u := fast("conc")
 		u.Concurrency = 2
-		r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+		r := newRig(t, srv().Client(t), u, 100*time.Millisecond)
 		for i := range 5 {
 			r.add(job{id: fmt.Sprintf("n%d", i), tenant: "a"})
 		}
@@ -313,7 +311,7 @@ func TestBlockedAndConcurrency(t *testing.T) {
 // enqueued after them, in every partition.
 func TestRequeueRestoresOrder(t *testing.T) {
 	ctx := context.Background()
-	r := newRig(t, srv.Client(t), fast("requeue"), 100*time.Millisecond)
+	r := newRig(t, srv().Client(t), fast("requeue"), 100*time.Millisecond)
 	for i := range 6 {
 		r.add(job{id: fmt.Sprintf("j%d", i), tenant: "a", partition: "p"})
 	}
@@ -357,14 +355,14 @@ func testScheduledAndRetryComeDue(t *testing.T, failure bool, counter string) {
 	ctx := context.Background()
 	u := fast("due")
 	u.Lanes = map[string]int{"default": 1, "bulk": 1}
-	r := newRig(t, srv.Client(t), u, 50*time.Millisecond)
+	r := newRig(t, srv().Client(t), u, 50*time.Millisecond)
 	r.add(job{id: "r1", lane: "bulk", tenant: "a", partition: "p"},
 		job{id: "s1", lane: "bulk", tenant: "a", partition: "p", at: time.Now().Add(300 * time.Millisecond)})
 	r.check("enqueue")
 	if got := r.takeIDs(10); !slices.Equal(got, []string{"r1"}) {
 		t.Fatalf("took %v, want [r1]", got)
 	}
-	r.end(taskstore.Retry, failure, time.Now().Add(200*time.Millisecond), "r1")
+	r.end(jobstore.Retry, failure, time.Now().Add(200*time.Millisecond), "r1")
 	r.check("retry")
 	if c := r.counts(); c["bulk"][counter] != 1 || c["bulk"]["scheduled"] != 1 || len(c["bulk"]) != 2 {
 		t.Errorf("counts %v, want 1 %s and 1 scheduled in bulk", c, counter)
@@ -389,7 +387,7 @@ func testScheduledAndRetryComeDue(t *testing.T, failure bool, counter string) {
 	}
 	r.check("scheduled due")
 
-	r.end(taskstore.Retry, failure, time.Now().Add(time.Hour), "s1")
+	r.end(jobstore.Retry, failure, time.Now().Add(time.Hour), "s1")
 	if c := r.counts(); c["bulk"][counter] != 1 {
 		t.Errorf("counts %v, want 1 %s in bulk", c, counter)
 	}
@@ -400,7 +398,7 @@ func testScheduledAndRetryComeDue(t *testing.T, failure bool, counter string) {
 	if got := r.takeIDs(10); !slices.Equal(got, []string{"s1"}) {
 		t.Fatalf("took %v after run now, want [s1]", got)
 	}
-	r.finish(taskstore.Succeeded, time.Time{}, "s1", "r1")
+	r.finish(jobstore.Succeeded, time.Time{}, "s1", "r1")
 	r.check("finish")
 	if c := r.counts(); len(c) != 0 {
 		t.Errorf("counts %v after every job finished without retention, want none", c)
@@ -416,7 +414,7 @@ func TestPartitionNextChanceUsesNextJobsCost(t *testing.T) {
 	u := fast("nextcost")
 	u.Limits = append(u.Limits, leaky.Limit{Rate: 1_000_000, Per: time.Second, Cost: "tokens", Burst: 1000})
 	u.PartitionLimits = []leaky.Limit{tokens}
-	r := newRig(t, srv.Client(t), u, 100*time.Millisecond)
+	r := newRig(t, srv().Client(t), u, 100*time.Millisecond)
 	r.add(job{id: "c1", tenant: "a", partition: "p1", costs: map[string]int64{"tokens": 10}},
 		job{id: "c2", tenant: "a", partition: "p1"},
 		job{id: "c3", tenant: "a", partition: "p1", costs: map[string]int64{"tokens": 4}})
@@ -424,7 +422,7 @@ func TestPartitionNextChanceUsesNextJobsCost(t *testing.T) {
 	if want := []string{"c1", "c2"}; !slices.Equal(got, want) {
 		t.Fatalf("took %v, want %v: c2 costs no tokens, c3 needs 4 of none left", got, want)
 	}
-	r.finish(taskstore.Succeeded, time.Time{}, got...)
+	r.finish(jobstore.Succeeded, time.Time{}, got...)
 	r.check("take")
 	tk := r.take(10)
 	interval := time.Duration(tokens.Params(r.u.Guard).Interval) * time.Microsecond
@@ -439,9 +437,9 @@ func TestPartitionNextChanceUsesNextJobsCost(t *testing.T) {
 // and RunNow wake a sleeping upstream too.
 func TestWakeOnlyWhenAsleep(t *testing.T) {
 	ctx := context.Background()
-	rdb := srv.Client(t)
+	rdb := srv().Client(t)
 	r := newRig(t, rdb, fast("wake"), 100*time.Millisecond)
-	sub := rdb.Subscribe(ctx, sched.WakeChannel(""))
+	sub := rdb.Subscribe(ctx, jobstore.WakeChannel(""))
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil {
 		t.Fatal(err)
@@ -489,7 +487,7 @@ func TestWakeOnlyWhenAsleep(t *testing.T) {
 		t.Errorf("%d wakes for a requeue while asleep, want 1", n)
 	}
 	r.takeIDs(10)
-	r.finish(taskstore.Retry, time.Now().Add(time.Hour), "w2")
+	r.finish(jobstore.Retry, time.Now().Add(time.Hour), "w2")
 	r.take(10) // sleeps
 	if n, err := r.space.RunNow(ctx, rdb, "w2"); err != nil || n != 1 {
 		t.Fatalf("run now: %d %v", n, err)

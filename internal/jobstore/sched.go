@@ -1,16 +1,4 @@
-// Package sched keeps each upstream's ready structure in Redis: which
-// waiting jobs may go next, in what order, and when. Jobs live in asynq's
-// key layout (an upstream is one asynq queue, "shaper.NAME"), so asynq's
-// Inspector reads them; what asynq's server would do — pick the next job,
-// forward scheduled ones, wake a worker — is done here by Lua scripts that
-// also book the job's send slot, so taking a job and pacing it is one
-// round trip, and nothing polls while an upstream is idle.
-//
-// Order: fair share between fairness keys (tenants, or partitions), then
-// lanes by weight within a key's share, then the partition that can send
-// earliest, then the oldest job. A partition whose own limits keep it
-// from sending soon is parked, costing no worker, until its next slot.
-package sched
+package jobstore
 
 import (
 	"context"
@@ -26,7 +14,6 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/internal/script"
-	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -45,14 +32,14 @@ type Space struct {
 	prefix   string
 	wake     string
 	our      string // P:s:{Q}:
-	a        taskstore.Keys
+	a        Keys
 }
 
 // For returns the space of an upstream under a key prefix ("" = default).
 func For(prefix, upstream string) Space {
 	p := keyspace.Prefix(prefix)
 	q := QueueName(upstream)
-	return Space{Upstream: upstream, Queue: q, prefix: p, wake: WakeChannel(p), our: p + ":s:{" + q + "}:", a: taskstore.For(q)}
+	return Space{Upstream: upstream, Queue: q, prefix: p, wake: WakeChannel(p), our: p + ":s:{" + q + "}:", a: AsynqKeys(q)}
 }
 
 // Keys of the space.
@@ -74,11 +61,11 @@ func (s Space) PausedKey() string  { return s.a.Paused() }
 func (s Space) BacklogKey() string { return s.our + "pb" }
 
 // GoneKey is the upstream's tombstones of finished jobs no longer kept
-// (see taskstore.Tombstones).
+// (see Tombstones).
 func (s Space) GoneKey() string { return s.our + "gone" }
 
 // RememberKey indexes the upstream's records of idempotency keys whose
-// jobs are no longer kept (see taskstore.Remembered); its buckets are
+// jobs are no longer kept (see Remembered); its buckets are
 // named after it.
 func (s Space) RememberKey() string { return s.our + "ik" }
 func (s Space) TaskKey(id string) string {
@@ -200,7 +187,7 @@ func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKe
 	if blockKey != "" {
 		keys = append(keys, blockKey, s.PausedKey())
 	}
-	v, err := script.Run(ctx, rdb, "sched.enqueue", enqueueScript, keys,
+	v, err := script.Run(ctx, rdb, "jobstore.enqueue", enqueueScript, keys,
 		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
 		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, e.Remember)
 	if err != nil {
@@ -223,7 +210,7 @@ func (s Space) Requeue(ctx context.Context, rdb redis.Scripter, concLeases strin
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	v, err := script.Run(ctx, rdb, "sched.requeue", requeueScript, keys, args...)
+	v, err := script.Run(ctx, rdb, "jobstore.requeue", requeueScript, keys, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -241,7 +228,7 @@ var ErrNotWaiting = errors.New("job is not waiting")
 func (s Space) Cancel(ctx context.Context, rdb redis.Scripter, id string) error {
 	keys := []string{s.TaskKey(id), s.CountsKey(), s.BacklogKey(), s.a.Scheduled(),
 		s.a.Retry(), s.a.Archived(), s.a.Groups()}
-	v, err := script.Run(ctx, rdb, "sched.cancel", cancelScript, keys, "", s.groupPrefix(), id)
+	v, err := script.Run(ctx, rdb, "jobstore.cancel", cancelScript, keys, "", s.groupPrefix(), id)
 	if err != nil {
 		return err
 	}
@@ -263,7 +250,7 @@ func (s Space) RunNow(ctx context.Context, rdb redis.Scripter, ids ...string) (i
 		args = append(args, id)
 	}
 	keys := []string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.a.Retry(), s.a.Groups()}
-	v, err := script.Run(ctx, rdb, "sched.run_now", runNowScript, keys, args...)
+	v, err := script.Run(ctx, rdb, "jobstore.run_now", runNowScript, keys, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -324,6 +311,11 @@ const PausedPoll = time.Second
 
 // Taker takes ready jobs of one upstream, booking their slots on its
 // bucket. Build it with NewTaker.
+//
+// Order: fair share between fairness keys (tenants, or partitions), then
+// lanes by weight within a key's share, then the partition that can send
+// earliest, then the oldest job. A partition whose own limits keep it
+// from sending soon is parked, costing no worker, until its next slot.
 type Taker struct {
 	s       Space
 	rdb     redis.Scripter
@@ -454,14 +446,14 @@ func (t *Taker) Take(ctx context.Context, n int) (Take, error) {
 	args = append(args, "", n, t.lookUs)
 	args = append(args, t.fixed...)
 	issued := time.Now()
-	v, err := script.Run(ctx, t.rdb, "sched.take", takeScript, t.keys, args...)
+	v, err := script.Run(ctx, t.rdb, "jobstore.take", takeScript, t.keys, args...)
 	if err != nil {
 		return Take{}, err
 	}
 	received := time.Now()
 	arr, ok := v.([]any)
 	if !ok || len(arr) < 5 || (len(arr)-5)%3 != 0 {
-		return Take{}, fmt.Errorf("script sched.take: malformed reply %v", v)
+		return Take{}, fmt.Errorf("script jobstore.take: malformed reply %v", v)
 	}
 	ints := func(i int) int64 { n, _ := arr[i].(int64); return n }
 	now := ints(0)
@@ -539,7 +531,7 @@ func (s Space) Place(ctx context.Context, rdb redis.Scripter, e Entry, p Placeme
 		hasResult = "1"
 	}
 	keys := []string{s.TaskKey(e.ID), s.vKey(), s.CountsKey(), s.BacklogKey(), set}
-	v, err := script.Run(ctx, rdb, "sched.place", placeScript, keys,
+	v, err := script.Run(ctx, rdb, "jobstore.place", placeScript, keys,
 		e.ID, e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), state, p.String(),
 		unixSeconds(at), hasResult, result, s.wake, s.Upstream)
 	if err != nil {
@@ -595,13 +587,13 @@ type JobHold struct {
 // ReadJobHold reads what keeps job id from being taken now; blockKey is
 // the upstream bucket's block hash (leaky.Pacer.BlockKey).
 func (s Space) ReadJobHold(ctx context.Context, rdb redis.Scripter, blockKey, id string) (JobHold, error) {
-	v, err := script.Run(ctx, rdb, "sched.job_hold", jobHoldScript, []string{s.TaskKey(id), blockKey, s.PausedKey()}, "", s.our)
+	v, err := script.Run(ctx, rdb, "jobstore.job_hold", jobHoldScript, []string{s.TaskKey(id), blockKey, s.PausedKey()}, "", s.our)
 	if err != nil {
 		return JobHold{}, err
 	}
 	arr, ok := v.([]any)
 	if !ok || len(arr) != 7 {
-		return JobHold{}, fmt.Errorf("script sched.job_hold: malformed reply %v", v)
+		return JobHold{}, fmt.Errorf("script jobstore.job_hold: malformed reply %v", v)
 	}
 	var h JobHold
 	now, _ := arr[0].(int64)
@@ -635,14 +627,14 @@ type Holds struct {
 // ReadHolds reads the per-lane counters and what holds the waiting jobs,
 // at one instant; blockKey is as for ReadJobHold.
 func (s Space) ReadHolds(ctx context.Context, rdb redis.Scripter, blockKey string) (Holds, error) {
-	v, err := script.Run(ctx, rdb, "sched.holds", holdsScript,
+	v, err := script.Run(ctx, rdb, "jobstore.holds", holdsScript,
 		[]string{s.CountsKey(), blockKey, s.PausedKey(), s.parkedKey()}, "", s.groupPrefix(), maxParksCounted)
 	if err != nil {
 		return Holds{}, err
 	}
 	arr, ok := v.([]any)
 	if !ok || len(arr) != 7 {
-		return Holds{}, fmt.Errorf("script sched.holds: malformed reply %v", v)
+		return Holds{}, fmt.Errorf("script jobstore.holds: malformed reply %v", v)
 	}
 	var h Holds
 	now, _ := arr[0].(int64)

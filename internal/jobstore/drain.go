@@ -1,8 +1,4 @@
-// Package drain records how many jobs each upstream sends per second, fleet
-// wide, so that `shaper status` can show drain rates from Redis alone. Each
-// worker replica counts its sends in memory and adds them to one key per
-// upstream and second about once a second; the keys expire after Keep.
-package drain
+package jobstore
 
 import (
 	"context"
@@ -19,13 +15,16 @@ import (
 // Keep is how long per-second counts live: enough for a 60 s rate.
 const Keep = 2 * time.Minute
 
-// key is the count of sends to upstream during unix second sec. The hash tag
+// drainKey is the count of sends to upstream during unix second sec. The hash tag
 // keeps an upstream's seconds in one slot, so one MGET reads them.
-func key(prefix, upstream string, sec int64) string {
+func drainKey(prefix, upstream string, sec int64) string {
 	return prefix + ":drain:{" + upstream + "}:" + strconv.FormatInt(sec, 10)
 }
 
-// Recorder batches one replica's send counts. Safe for concurrent use.
+// Recorder batches one replica's send counts, so that `shaper status` can
+// show drain rates fleet wide from Redis alone: each worker replica counts
+// its sends in memory and adds them to one key per upstream and second about
+// once a second; the keys expire after Keep. Safe for concurrent use.
 type Recorder struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -65,7 +64,7 @@ func (r *Recorder) Flush(ctx context.Context) error {
 	pipe := r.rdb.Pipeline()
 	for up, secs := range counts {
 		for sec, n := range secs {
-			k := key(r.prefix, up, sec)
+			k := drainKey(r.prefix, up, sec)
 			pipe.IncrBy(ctx, k, n)
 			pipe.Expire(ctx, k, Keep)
 		}
@@ -121,7 +120,7 @@ func Read(ctx context.Context, rdb redis.UniversalClient, prefix, upstream strin
 	last := now.Unix() - 2
 	keys := make([]string, 60)
 	for i := range keys {
-		keys[i] = key(prefix, upstream, last-int64(i))
+		keys[i] = drainKey(prefix, upstream, last-int64(i))
 	}
 	vals, err := rdb.MGet(ctx, keys...).Result()
 	if err != nil {

@@ -1,4 +1,4 @@
-package sched
+package jobstore
 
 import (
 	"context"
@@ -63,7 +63,7 @@ func (s Space) Revive(ctx context.Context, rdb redis.Scripter, r Revival) error 
 	if r.Needs != "" {
 		needs = "1"
 	}
-	v, err := script.Run(ctx, rdb, "sched.revive", reviveScript, keys,
+	v, err := script.Run(ctx, rdb, "jobstore.revive", reviveScript, keys,
 		"", r.ID, r.Was, r.Msg, s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, forget, needs)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package sched_test
+package jobstore_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
@@ -102,21 +102,21 @@ func TestIdlePartitionsExpire(t *testing.T) {
 				tk := r.take(64)
 				takes++
 				if len(tk.Jobs) > 0 {
-					var items []taskstore.Finished
+					var items []jobstore.Finished
 					for _, j := range tk.Jobs {
 						i, err := strconv.Atoi(j.ID[1:])
 						if err != nil || seen[i] {
 							t.Fatalf("took %s (seen before: %v)", j.ID, err == nil)
 						}
 						seen[i] = true
-						msg, err := taskstore.Unmarshal(j.Msg)
+						msg, err := jobstore.Unmarshal(j.Msg)
 						if err != nil {
 							t.Fatal(err)
 						}
-						items = append(items, taskstore.Finished{ID: j.ID, Lane: shaper.DefaultLane, Partition: parts[i],
-							Msg: msg, Outcome: taskstore.Succeeded})
+						items = append(items, jobstore.Finished{ID: j.ID, Lane: shaper.DefaultLane, Partition: parts[i],
+							Msg: msg, Outcome: jobstore.Succeeded})
 					}
-					errs, err := taskstore.Finish(ctx, rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items)
+					errs, err := jobstore.Finish(ctx, rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -1,4 +1,4 @@
-package sched_test
+package jobstore_test
 
 import (
 	"context"
@@ -10,8 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
@@ -53,7 +52,7 @@ func TestScriptsOnCluster(t *testing.T) {
 			t.Fatalf("200 upstream names and masters covered %v", masters)
 		}
 		name := fmt.Sprintf("api%d", i)
-		slot, err := rdb.ClusterKeySlot(ctx, "{"+sched.QueueName(name)+"}").Result()
+		slot, err := rdb.ClusterKeySlot(ctx, "{"+jobstore.QueueName(name)+"}").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +134,7 @@ func TestScriptsOnCluster(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		r.check("take after requeue")
-		r.finish(taskstore.Retry, time.Now().Add(time.Hour), "j1", "j4")
+		r.finish(jobstore.Retry, time.Now().Add(time.Hour), "j1", "j4")
 		r.check("retry")
 		if n, err := r.space.RunNow(ctx, rdb, "j1", "j4"); err != nil || n != 2 {
 			t.Fatalf("%s: run now: %d, %v", name, n, err)
@@ -150,7 +149,7 @@ func TestScriptsOnCluster(t *testing.T) {
 			got = append(got, r.takeIDs(10)...)
 			time.Sleep(20 * time.Millisecond)
 		}
-		r.finish(taskstore.Succeeded, time.Time{}, "j1", "j3", "j4")
+		r.finish(jobstore.Succeeded, time.Time{}, "j1", "j3", "j4")
 		r.check("finish")
 		// Empty takes clean up as they meet what cancel left (a calendar
 		// entry for j2's partition, due within a second); then nothing of

@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func ExampleFor() {
-	k := For("stripe")
+func ExampleAsynqKeys() {
+	k := AsynqKeys("stripe")
 	fmt.Println(k.Task("job-1"))
 	fmt.Println(k.Lease())
 	fmt.Println(k.Processed(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)))
@@ -45,7 +45,7 @@ func ExampleFinish() {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	rdb.FlushAll(ctx)
-	k := For("stripe")
+	k := AsynqKeys("stripe")
 	counts, pbacklog := "shaper:"+k.HashTag()+":counts", "shaper:"+k.HashTag()+":pbacklog"
 
 	// What the enqueue and take scripts would have left: one task taken.
@@ -82,7 +82,7 @@ func ExampleKeepAtMost() {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	rdb.FlushAll(ctx)
-	k := For("stripe")
+	k := AsynqKeys("stripe")
 	counts, pbacklog := "shaper:"+k.HashTag()+":counts", "shaper:"+k.HashTag()+":pbacklog"
 	b := Bounds{Completed: 2, Gone: Tombstones{Key: "shaper:" + k.HashTag() + ":gone", Max: 100, For: time.Hour}}
 

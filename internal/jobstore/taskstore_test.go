@@ -1,4 +1,4 @@
-package taskstore
+package jobstore
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func newEnv(t testing.TB, queue string) *env {
 }
 
 func newEnvOn(t testing.TB, rdb redis.UniversalClient, queue string) *env {
-	k := For(queue)
+	k := AsynqKeys(queue)
 	return &env{t: t, rdb: rdb, k: k,
 		client: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb),
 		counts: "shaper:" + k.HashTag() + ":counts", pbacklog: "shaper:" + k.HashTag() + ":pbacklog"}
