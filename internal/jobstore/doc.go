@@ -13,7 +13,7 @@
 // (keyspace.Prefix, "shaper" by default):
 //
 //	asynq:{Q}:t:ID          hash: a job (msg, state, result; shaper's sl, sf,
-//	                        sp, sc, sq, sd: see sched_lua.go)
+//	                        sp, sc, sq, sd: see lua.go)
 //	asynq:{Q}:scheduled     zset, and retry, archived, completed, lease;
 //	asynq:{Q}:active        list; paused; groups; g:LANE|FK|PK (a flow);
 //	asynq:{Q}:processed...  asynq's daily and total counters
