@@ -178,7 +178,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{cfg: uc, bucket: bucket, space: jobstore.For(d.cfg.Prefix, uc.Name), bounds: queue.FinishBounds(d.cfg.Prefix, uc),
+	u := &upstream{cfg: uc, bucket: bucket, space: jobstore.For(d.cfg.Prefix, uc.Name), bounds: jobstore.For(d.cfg.Prefix, uc.Name).FinishBounds(uc, queue.IdempotentIDPattern),
 		store: jobstore.AsynqKeys(jobstore.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
 		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[jobstore.Zset]time.Time{}}
 	u.setSpacing(configuredLimits(u))

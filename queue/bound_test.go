@@ -53,7 +53,7 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 			f.Outcome, f.ErrMsg = jobstore.Dead, "upstream said 400"
 		}
 		errs, err := jobstore.Finish(ctx, rdb, jobstore.AsynqKeys(jobstore.QueueName("stripe")), space.CountsKey(), space.BacklogKey(),
-			[]jobstore.Finished{f}, jobstore.KeepAtMost(FinishBounds("", u)))
+			[]jobstore.Finished{f}, jobstore.KeepAtMost(finishBounds("", u)))
 		if err != nil || errs[0] != nil {
 			t.Fatalf("finish: %v, %v", errs, err)
 		}
@@ -91,7 +91,7 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 // TestFinishBoundsDefaults: an upstream that says nothing keeps 100,000 of
 // each, and tombstones for as many.
 func TestFinishBoundsDefaults(t *testing.T) {
-	b := FinishBounds("", shaper.Upstream{Name: "stripe"})
+	b := finishBounds("", shaper.Upstream{Name: "stripe"})
 	if b.Completed != shaper.DefaultResultMaxCount || b.Archived != shaper.DefaultDeadMaxCount {
 		t.Errorf("got %d, %d kept, want %d, %d", b.Completed, b.Archived, shaper.DefaultResultMaxCount, shaper.DefaultDeadMaxCount)
 	}

@@ -149,11 +149,12 @@ func idempotentPart(tenant, key string) string {
 // be mistaken for each other.
 const idemHexLen = 30
 
-// idemIDPattern is the Lua pattern an IdempotentID matches (with a tenant
-// tag, or from before tags) and a NewID does not: its records outlive
-// the job (see FinishBounds).
+// IdempotentIDPattern is the Lua pattern an IdempotentID matches (with a
+// tenant tag, or from before tags) and a NewID does not: the job store
+// keeps a record of such a job past the job (see
+// jobstore.Space.FinishBounds).
 // (Thirty %x, one per hex digit; TestIdemIDPattern holds it to idemHexLen.)
-const idemIDPattern = "[.-]i" +
+const IdempotentIDPattern = "[.-]i" +
 	"%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "$"
 
 // IsIdempotentID reports whether id was made by IdempotentID.

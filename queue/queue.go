@@ -546,7 +546,7 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 		if _, tagged := idTag(id); !tagged && tenant != "" {
 			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
-		b := FinishBounds(q.prefix, q.ups[upstream])
+		b := finishBounds(q.prefix, q.ups[upstream])
 		var gone bool
 		var gerr error
 		if IsIdempotentID(id) {
@@ -670,42 +670,21 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 
 func (q *Queue) cancelKey(id string) string {
 	upstream, _, _ := ParseID(id)
-	return cancelPrefix(q.prefix, upstream) + id
+	return jobstore.For(q.prefix, upstream).CancelKey(id)
 }
 
-func cancelPrefix(prefix, upstream string) string {
-	return prefix + ":cancelled:{" + jobstore.QueueName(upstream) + "}:"
-}
-
-// FinishBounds are the bounds on an upstream's finished jobs under a key
-// prefix ("" = default): at most its ResultMaxCount succeeded and
-// DeadMaxCount dead or cancelled jobs, a cancelled job's mark deleted with
-// it, and a tombstone for each deleted job, so that reading it answers
-// ErrNoLongerKept. Tombstones are bounded too: as many as the jobs kept
-// (so they cost a small fraction of them), for the longer retention. A
-// job whose ID is an idempotency key's gets a record instead (see
-// remembered), kept for IdempotencyWindow after the drop.
-func FinishBounds(prefix string, u shaper.Upstream) jobstore.Bounds {
-	u = u.WithDefaults()
-	prefix = keyspace.Prefix(prefix)
-	return jobstore.Bounds{
-		Completed: u.ResultMaxCount,
-		Archived:  u.DeadMaxCount,
-		Gone: jobstore.Tombstones{Key: jobstore.For(prefix, u.Name).GoneKey(),
-			Max: u.ResultMaxCount + u.DeadMaxCount, For: max(u.ResultRetention, u.DeadRetention)},
-		SidePrefixes: []string{cancelPrefix(prefix, u.Name)},
-		Remember:     remembered(prefix, u),
-	}
+// finishBounds are the bounds on an upstream's finished jobs under a key
+// prefix ("" = default) (see jobstore.Space.FinishBounds).
+func finishBounds(prefix string, u shaper.Upstream) jobstore.Bounds {
+	return jobstore.For(prefix, u.Name).FinishBounds(u, IdempotentIDPattern)
 }
 
 // remembered are an upstream's records of idempotency keys whose jobs are
 // dropped: for IdempotencyWindow after the drop, a repeat of the key
 // finds the job's final state (see Enqueue), and reading the job answers
-// ErrNoLongerKept. They replace the job's tombstone; a random ID gets
-// none, as no one can repeat it.
+// ErrNoLongerKept.
 func remembered(prefix string, u shaper.Upstream) jobstore.Remembered {
-	return jobstore.Remembered{Key: jobstore.For(prefix, u.Name).RememberKey(), Window: u.IdempotencyWindow,
-		Pattern: idemIDPattern, CancelPrefix: cancelPrefix(prefix, u.Name)}
+	return jobstore.For(prefix, u.Name).Remembered(u, IdempotentIDPattern)
 }
 
 // Cancel stops a job that has not been dispatched: it is kept among the
@@ -820,7 +799,7 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 	cutoff := time.Now().Add(-u.DeadRetention)
 	space := jobstore.For(q.prefix, upstream)
 	n, err := jobstore.DeleteExpired(ctx, q.rdb, jobstore.AsynqKeys(space.Queue), space.CountsKey(), jobstore.Archived, cutoff, 500,
-		FinishBounds(q.prefix, u))
+		finishBounds(q.prefix, u))
 	if err != nil {
 		return n, fmt.Errorf("trim dead jobs of %s: %w", upstream, err)
 	}

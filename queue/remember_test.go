@@ -74,7 +74,7 @@ func (r *rememberRig) finish(id string, raw []byte, outcome jobstore.Outcome) {
 	f := jobstore.Finished{ID: id, Lane: "default", Msg: msg, Outcome: outcome,
 		Retention: time.Hour, Result: []byte(`{"status":200,"body":"b2s="}`), ErrMsg: "upstream said 400"}
 	errs, err := jobstore.Finish(context.Background(), r.rdb, jobstore.AsynqKeys(jobstore.QueueName("stripe")), r.space.CountsKey(),
-		r.space.BacklogKey(), []jobstore.Finished{f}, jobstore.KeepAtMost(FinishBounds("", u)))
+		r.space.BacklogKey(), []jobstore.Finished{f}, jobstore.KeepAtMost(finishBounds("", u)))
 	if err != nil || errs[0] != nil {
 		r.t.Fatalf("finish: %v, %v", errs, err)
 	}
@@ -150,7 +150,7 @@ func TestRepeatAfterTheJobWasDropped(t *testing.T) {
 			}
 			r.nothingNew(id)
 			// No tombstone beside the record.
-			if gone, _ := FinishBounds("", r.q.ups["stripe"]).Gone.WasDeleted(ctx, r.rdb, id); gone {
+			if gone, _ := finishBounds("", r.q.ups["stripe"]).Gone.WasDeleted(ctx, r.rdb, id); gone {
 				t.Error("the dropped job has a tombstone beside its record")
 			}
 			// The same key in another lane is another job.
@@ -278,10 +278,10 @@ func TestConcurrentRepeatsAfterTheDrop(t *testing.T) {
 // TestIdemIDPattern: the Lua pattern the scripts tell idempotency keys'
 // IDs by agrees with IsIdempotentID, and both tell them from random IDs.
 func TestIdemIDPattern(t *testing.T) {
-	if got := strings.Count(idemIDPattern, "%x"); got != idemHexLen {
+	if got := strings.Count(IdempotentIDPattern, "%x"); got != idemHexLen {
 		t.Fatalf("pattern has %d hex digits, want %d", got, idemHexLen)
 	}
-	lua := regexp.MustCompile(strings.NewReplacer("%x", "[0-9a-fA-F]").Replace(idemIDPattern))
+	lua := regexp.MustCompile(strings.NewReplacer("%x", "[0-9a-fA-F]").Replace(IdempotentIDPattern))
 	for _, tc := range []struct {
 		id   string
 		want bool

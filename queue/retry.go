@@ -76,19 +76,19 @@ func (q *Queue) RetryDead(ctx context.Context, upstream string) (RetryDeadResult
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		v, err := readIndex(ctx, q.rdb, keys, keys.Archived(), "z", cur, 200)
+		v, err := keys.ReadIndex(ctx, q.rdb, jobstore.IndexArchived, cur.Score, cur.Member, 200)
 		if err != nil {
 			return res, fmt.Errorf("retry dead jobs of %s: %w", upstream, err)
 		}
 		for _, e := range v {
-			cur.Score, cur.Member = e.score, e.id
-			if e.state != "archived" {
+			cur.Score, cur.Member = e.Score, e.ID
+			if e.State != "archived" {
 				continue
 			}
 			if err := q.checkBacklog(ctx, upstream, q.ups[upstream]); err != nil {
 				return res, err
 			}
-			err := q.revive(ctx, upstream, e.id, "", false)
+			err := q.revive(ctx, upstream, e.ID, "", false)
 			switch {
 			case err == nil:
 				res.Retried++

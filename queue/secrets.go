@@ -80,7 +80,7 @@ func SecretsKey(prefix string, job *Job) string {
 	if job.Secrets == "" {
 		return ""
 	}
-	return prefix + ":secrets:{" + jobstore.QueueName(job.Upstream) + "}:" + job.ID + ":" + job.Secrets
+	return jobstore.For(prefix, job.Upstream).SecretsKey(job.ID, job.Secrets)
 }
 
 // splitSecrets returns the job as stored (its sensitive headers removed,

@@ -130,7 +130,7 @@ func (m *mailDrain) finish(body string) string {
 	_, err = jobstore.Finish(ctx, m.f.rdb, jobstore.AsynqKeys(jobstore.QueueName("mail")), m.space.CountsKey(), m.space.BacklogKey(),
 		[]jobstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: jobstore.Succeeded, Retention: time.Hour,
 			Result: []byte(`{"status":200,"body":"b2s="}`)}},
-		jobstore.KeepAtMost(queue.FinishBounds("", m.u)))
+		jobstore.KeepAtMost(m.space.FinishBounds(m.u, queue.IdempotentIDPattern)))
 	if err != nil {
 		m.t.Fatal(err)
 	}

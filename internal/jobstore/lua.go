@@ -81,3 +81,6 @@ var (
 	deleteExpiredScript = script.New(lua("remember.lua"), lua("trim.lua"), lua("delete_expired.lua"))
 	recallScript        = script.New(lua("remember.lua"), lua("recall.lua"))
 )
+
+// pageScript reads a page of an index for a listing (ReadIndex).
+var pageScript = script.New(lua("page.lua"))

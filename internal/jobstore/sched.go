@@ -68,6 +68,21 @@ func (s Space) GoneKey() string { return s.our + "gone" }
 // jobs are no longer kept (see Remembered); its buckets are
 // named after it.
 func (s Space) RememberKey() string { return s.our + "ik" }
+
+// SecretsKey is the side key of job id's sensitive headers, named by the
+// nonce the job carries (so an idempotent repeat that finds the first job
+// deletes only its own); it shares the queue's slot.
+func (s Space) SecretsKey(id, nonce string) string {
+	return s.prefix + ":secrets:{" + s.Queue + "}:" + id + ":" + nonce
+}
+
+// CancelKey marks job id cancelled: it outlives the job's archiving, so
+// whoever drops the job later still records it as cancelled, not dead
+// (Remembered.CancelPrefix), and goes with the job as a side key.
+func (s Space) CancelKey(id string) string { return s.cancelPrefix() + id }
+
+func (s Space) cancelPrefix() string { return s.prefix + ":cancelled:{" + s.Queue + "}:" }
+
 func (s Space) TaskKey(id string) string {
 	return s.a.Task(id)
 }
@@ -663,4 +678,34 @@ func (s Space) ReadHolds(ctx context.Context, rdb redis.Scripter, blockKey strin
 		h.Parked[lane] = n
 	}
 	return h, nil
+}
+
+// FinishBounds are the bounds on the upstream's finished jobs: at most u's
+// ResultMaxCount succeeded and DeadMaxCount dead or cancelled jobs, a
+// cancelled job's mark deleted with it, and a tombstone for each deleted
+// job, so that reading it can tell it finished. Tombstones are bounded too:
+// as many as the jobs kept (so they cost a small fraction of them), for
+// the longer retention. A job whose ID matches idempotent (the Lua pattern
+// of IDs made from an idempotency key) gets a record instead (see
+// Remembered), kept for u's IdempotencyWindow after the drop.
+func (s Space) FinishBounds(u shaper.Upstream, idempotent string) Bounds {
+	u = u.WithDefaults()
+	return Bounds{
+		Completed: u.ResultMaxCount,
+		Archived:  u.DeadMaxCount,
+		Gone: Tombstones{Key: s.GoneKey(),
+			Max: u.ResultMaxCount + u.DeadMaxCount, For: max(u.ResultRetention, u.DeadRetention)},
+		SidePrefixes: []string{s.cancelPrefix()},
+		Remember:     s.Remembered(u, idempotent),
+	}
+}
+
+// Remembered are the upstream's records of idempotency keys whose jobs are
+// dropped (see FinishBounds): for u's IdempotencyWindow after the drop, a
+// repeat of the key finds the job's final state. They replace the job's
+// tombstone; an ID not matching idempotent gets none, as no one can repeat
+// it.
+func (s Space) Remembered(u shaper.Upstream, idempotent string) Remembered {
+	return Remembered{Key: s.RememberKey(), Window: u.IdempotencyWindow,
+		Pattern: idempotent, CancelPrefix: s.cancelPrefix()}
 }

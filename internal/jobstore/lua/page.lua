@@ -1,35 +1,30 @@
-package queue
-
-import "github.com/shaperhq/shaper/internal/script"
-
-// pageScript reads the next entries of one of asynq's per-state indexes of
-// a queue, newest first, after a cursor, in one atomic step (so entries
-// joining or leaving meanwhile shift nothing under the cursor). It changes
-// nothing.
-//
-// A sorted set (archived, completed, scheduled, retry) is read from its
-// highest score down, ties by member from the highest down, as ZREVRANGE
-// orders them. The cursor is the last entry read, (score, member): if that
-// member is still there with that score, reading goes on after its rank;
-// if it left, after the last member ranked above where it would be (a
-// binary search among the members sharing its score), so a cursor whose
-// entry moved on neither skips nor repeats the rest.
-//
-// A list (active, where the newest is pushed on the left) is read from the
-// left. Its cursor is (position, member): after the member if it is still
-// within n places of that position, else from the position it had.
-//
-//	KEYS[1] -> the index (sorted set or list)
-//	ARGV[1] -> "z" for a sorted set, "l" for a list
-//	ARGV[2] -> the cursor's score (z) or position (l); "" to start at the top
-//	ARGV[3] -> the cursor's member
-//	ARGV[4] -> most entries to return
-//	ARGV[5] -> asynq's task key prefix of the queue (same hash tag)
-//
-// Returns a flat array, four values per entry: member, score (z) or
-// position (l), and the task hash's "state" and "sp" (partition) fields,
-// "" when unset.
-var pageScript = script.New(`
+-- page.lua reads the next entries of one of asynq's per-state indexes of
+-- a queue, newest first, after a cursor, in one atomic step (so entries
+-- joining or leaving meanwhile shift nothing under the cursor). It changes
+-- nothing.
+--
+-- A sorted set (archived, completed, scheduled, retry) is read from its
+-- highest score down, ties by member from the highest down, as ZREVRANGE
+-- orders them. The cursor is the last entry read, (score, member): if that
+-- member is still there with that score, reading goes on after its rank;
+-- if it left, after the last member ranked above where it would be (a
+-- binary search among the members sharing its score), so a cursor whose
+-- entry moved on neither skips nor repeats the rest.
+--
+-- A list (active, where the newest is pushed on the left) is read from the
+-- left. Its cursor is (position, member): after the member if it is still
+-- within n places of that position, else from the position it had.
+--
+-- KEYS[1] -> the index (sorted set or list)
+-- ARGV[1] -> "z" for a sorted set, "l" for a list
+-- ARGV[2] -> the cursor's score (z) or position (l); "" to start at the top
+-- ARGV[3] -> the cursor's member
+-- ARGV[4] -> most entries to return
+-- ARGV[5] -> asynq's task key prefix of the queue (same hash tag)
+--
+-- Returns a flat array, four values per entry: member, score (z) or
+-- position (l), and the task hash's "state" and "sp" (partition) fields,
+-- "" when unset.
 local key, kind, cs, cm = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local n = tonumber(ARGV[4])
 local T = ARGV[5]
@@ -89,4 +84,3 @@ for i = 1, #rows, 2 do
   out[#out + 1] = f[2] or ''
 end
 return out
-`)
