@@ -165,7 +165,7 @@ func unixSeconds(t time.Time) string {
 // with nothing changed, if a job with e.ID exists. rdb may be a pipeline
 // or an autopipeliner.
 func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (created bool, err error) {
-	n, err := s.enqueue(ctx, rdb, e, "")
+	n, err := s.enqueue(ctx, rdb, e, "", "")
 	return n != 0, err
 }
 
@@ -176,7 +176,7 @@ func (s Space) Enqueue(ctx context.Context, rdb redis.Scripter, e Entry) (create
 // finished and was dropped: then nothing is stored, in the same script, so
 // concurrent repeats cannot make the job again.
 func (s Space) EnqueueChecked(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (Enqueued, error) {
-	n, err := s.enqueue(ctx, rdb, e, blockKey)
+	n, err := s.enqueue(ctx, rdb, e, blockKey, "")
 	switch n {
 	case 1, 2:
 		return Enqueued{Created: true}, err
@@ -192,7 +192,9 @@ func (s Space) EnqueueChecked(ctx context.Context, rdb redis.Scripter, e Entry, 
 	return Enqueued{}, err
 }
 
-func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKey string) (int64, error) {
+// enqueue runs the enqueue script; now overrides Redis's clock (µs, "" for
+// TIME), for the model test.
+func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKey, now string) (int64, error) {
 	at := ""
 	if !e.ProcessAt.IsZero() {
 		at = unixSeconds(e.ProcessAt)
@@ -203,7 +205,7 @@ func (s Space) enqueue(ctx context.Context, rdb redis.Scripter, e Entry, blockKe
 		keys = append(keys, blockKey, s.PausedKey())
 	}
 	v, err := script.Run(ctx, rdb, "jobstore.enqueue", enqueueScript, keys,
-		"", e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
+		now, e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
 		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, e.Remember)
 	if err != nil {
 		return 0, err
@@ -456,9 +458,13 @@ type Take struct {
 }
 
 // Take takes up to n ready jobs.
-func (t *Taker) Take(ctx context.Context, n int) (Take, error) {
+func (t *Taker) Take(ctx context.Context, n int) (Take, error) { return t.take(ctx, n, "") }
+
+// take is Take with clock overriding Redis's clock (µs, "" for TIME), for
+// the model test.
+func (t *Taker) take(ctx context.Context, n int, clock string) (Take, error) {
 	args := make([]any, 0, 3+len(t.fixed))
-	args = append(args, "", n, t.lookUs)
+	args = append(args, clock, n, t.lookUs)
 	args = append(args, t.fixed...)
 	issued := time.Now()
 	v, err := script.Run(ctx, t.rdb, "jobstore.take", takeScript, t.keys, args...)
