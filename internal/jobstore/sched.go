@@ -334,15 +334,14 @@ const PausedPoll = time.Second
 // earliest, then the oldest job. A partition whose own limits keep it
 // from sending soon is parked, costing no worker, until its next slot.
 type Taker struct {
-	s       Space
-	rdb     redis.Scripter
-	bucket  *leaky.Bucket
-	keys    []string
-	fixed   []any // ARGV after max jobs and lookahead
-	conc    bool
-	leaseS  int64
-	lookUs  int64
-	concTTL time.Duration
+	s      Space
+	rdb    redis.Scripter
+	bucket *leaky.Bucket
+	keys   []string
+	fixed  []any // ARGV after max jobs and lookahead
+	conc   bool
+	leaseS int64
+	lookUs int64
 }
 
 // TakerConfig shapes a Taker.
@@ -362,33 +361,18 @@ type TakerConfig struct {
 // NewTaker prepares the arguments every take sends.
 func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 	u := cfg.Upstream
-	lay := cfg.Bucket.Layout()
-	guard := cfg.Bucket.Guard()
 	t := &Taker{s: s, rdb: rdb, bucket: cfg.Bucket, leaseS: int64(cfg.Lease / time.Second),
 		lookUs: cfg.Lookahead.Microseconds(), conc: u.Concurrency > 0}
+	// The bucket's keys come last: the stated limits' TATs run to the end.
 	t.keys = append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
-		s.a.Scheduled(), s.a.Retry(), s.a.Active(),
-		s.a.Lease(), s.a.Groups(), lay.Block, lay.Leases, s.a.Paused()}, lay.TATs...)
-	t.keys = append(append(t.keys, lay.Dyn), lay.Stated...)
-	f := []any{t.leaseS, u.Concurrency, cfg.ConcurrencyLease.Microseconds(), s.our, s.groupPrefix(), s.taskPrefix(), lay.PartitionPrefix,
-		PausedPoll.Microseconds()}
-	f = append(f, len(u.Limits))
-	for i, l := range u.Limits {
-		f = append(f, lay.Params[i].Interval, lay.Params[i].Capacity, l.Per.Microseconds(), l.Cost, lay.DynFields[i])
-	}
+		s.a.Scheduled(), s.a.Retry(), s.a.Active(), s.a.Lease(), s.a.Groups(), s.a.Paused()},
+		cfg.Bucket.BookingKeys()...)
+	f := []any{t.leaseS, s.our, s.groupPrefix(), s.taskPrefix(), PausedPoll.Microseconds()}
+	f = append(f, cfg.Bucket.BookingArgs(cfg.ConcurrencyLease)...)
 	plimits := func(ls []leaky.Limit) error {
-		f = append(f, len(ls))
-		for _, l := range ls {
-			if err := l.Validate(); err != nil {
-				return err
-			}
-			p := l.Params(guard)
-			if err := p.Validate(); err != nil {
-				return fmt.Errorf("limit %v: %w", l, err)
-			}
-			f = append(f, leaky.LimitID(l), p.Interval, p.Capacity, l.Per.Microseconds(), l.Cost)
-		}
-		return nil
+		args, err := cfg.Bucket.PartitionArgs(ls)
+		f = append(f, args...)
+		return err
 	}
 	if err := plimits(u.PartitionLimits); err != nil {
 		return nil, fmt.Errorf("partition_limits: %w", err)

@@ -23,29 +23,23 @@
 -- KEYS[7] -> asynq active
 -- KEYS[8] -> asynq lease
 -- KEYS[9] -> asynq groups set
--- KEYS[10] -> leaky block hash
--- KEYS[11] -> leaky concurrency leases
--- KEYS[12] -> asynq's paused key
--- KEYS[13..12+n] -> one TAT per upstream limit
--- KEYS[13+n] -> the bucket's dyn hash, then the stated limits' TATs (leaky.Layout)
+-- KEYS[10] -> asynq's paused key
+-- KEYS[11..] -> the upstream bucket's keys (leaky.Bucket.BookingKeys)
 -- ARGV[1] -> now override
 -- ARGV[2] -> max jobs
 -- ARGV[3] -> lookahead µs
 -- ARGV[4] -> asynq lease seconds
--- ARGV[5] -> concurrency (0 none)
--- ARGV[6] -> concurrency lease µs after the slot
--- ARGV[7] -> our prefix
--- ARGV[8] -> asynq group prefix
--- ARGV[9] -> asynq task prefix
--- ARGV[10] -> partition TAT prefix ("P:leaky:{Q}:p:")
--- ARGV[11] -> wait µs to answer while the queue is paused through asynq
--- ARGV[12] -> n, then n × (interval, capacity, per µs, cost name, dyn field) for the upstream
---    then m, m × (id, interval, capacity, per µs, cost name): partition limits
---    then o, o × (partition, k, k × (id, interval, capacity, per µs, cost)):
---    overrides; then w, w × (fairness key, weight); then x, x × (lane, weight)
+-- ARGV[5] -> our prefix
+-- ARGV[6] -> asynq group prefix
+-- ARGV[7] -> asynq task prefix
+-- ARGV[8] -> wait µs to answer while the queue is paused through asynq
+-- ARGV[9..] -> the bucket's (leaky.Bucket.BookingArgs), then the partition
+--    limits (leaky.Bucket.PartitionArgs), then o, o × (partition, its
+--    limits as PartitionArgs): overrides; then w, w × (fairness key,
+--    weight); then x, x × (lane, weight)
 --
 -- A queue paused through asynq (Inspector.PauseQueue) gives no job: the
--- take answers a block (reason 2) with a wait of pausedPoll, since asynq's
+-- take answers a block (reason 2) with a wait of ARGV[8], since asynq's
 -- unpause announces nothing.
 --
 -- Returns {now, wait, reason, next, expired, id_1, msg_1, slot_1, ...}:
@@ -58,8 +52,9 @@
 -- some active job's lease has run out; slot_i is the µs from now until
 -- job i's slot.
 --
--- Needs gcra's and leaky's libraries, flow.lua and forward.lua before it (see lua.go).
-local P, G, T, PT = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+-- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua
+-- and forward.lua before it (see lua.go).
+local P, G, T = ARGV[5], ARGV[6], ARGV[7]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)
 local K_PK = P .. 'pk'
@@ -69,64 +64,29 @@ local max_jobs = tonumber(ARGV[2])
 local la = tonumber(ARGV[3])
 local horizon = now + la
 local lease_s = tonumber(ARGV[4])
-local conc = tonumber(ARGV[5])
-local conc_ttl = tonumber(ARGV[6])
 local now_s = now / 1000000
 
-local a = 12
-local function arg()
-  local v = ARGV[a]
-  a = a + 1
-  return v
-end
-local function limits(with_id, upstream)
-  local out = {}
-  local cnt = tonumber(arg())
-  for i = 1, cnt do
-    local l = {}
-    if with_id then l.id = arg() end
-    l.interval = tonumber(arg())
-    l.capacity = tonumber(arg())
-    l.per = tonumber(arg())
-    l.cost = arg()
-    if upstream then l.dyn = arg() end
-    out[i] = l
-  end
-  return out
-end
-local up = limits(false, true)
--- The upstream's limits as paced now: adaptive ones at their current
--- rate, and those the upstream stated after the configured ones.
-local n_up = #up
-local dyn = shaper_dyn_read(KEYS[13 + n_up])
-for i = 1, n_up do
-  up[i].interval = shaper_dyn_interval(dyn, up[i].dyn, up[i].interval, now)
-  up[i].key = KEYS[12 + i]
-end
-for s = 1, #KEYS - 13 - n_up do
-  local iv, cap, pr = shaper_stated(dyn, s)
-  if iv then
-    up[#up + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = KEYS[13 + n_up + s]}
-  end
-end
-local plimits = limits(true)
+-- The upstream's bucket, its limits as paced now (leaky's library).
+local bucket, a = leaky_open(KEYS, 11, ARGV, 9, now)
+local plimits
+plimits, a = leaky_limits(ARGV, a)
 local overrides = {}
-local no = tonumber(arg())
+local no = tonumber(ARGV[a])
+a = a + 1
 for i = 1, no do
-  local p = arg()
-  overrides[p] = limits(true)
+  local p = ARGV[a]
+  overrides[p], a = leaky_limits(ARGV, a + 1)
 end
 local weights = {}
-local nw = tonumber(arg())
+local nw = tonumber(ARGV[a])
 for i = 1, nw do
-  local k = arg()
-  weights[k] = tonumber(arg())
+  weights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
 end
+a = a + 1 + 2 * nw
 local lweights = {}
-local nl = tonumber(arg())
+local nl = tonumber(ARGV[a])
 for i = 1, nl do
-  local k = arg()
-  lweights[k] = tonumber(arg())
+  lweights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
 end
 
 local function costs_of(s)
@@ -138,21 +98,8 @@ local function costs_of(s)
   end
   return t
 end
-local function cost(l, costs)
-  if l.cost == '' then return 1 end
-  return costs[l.cost] or 0
-end
 
 forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now)
-
-local blocked = tonumber(redis.call('HGET', KEYS[10], 'until') or '0')
-local tat, changed = {}, false
-for i = 1, #up do
-  tat[i] = tonumber(redis.call('GET', up[i].key) or '0')
-end
-if conc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now)
-end
 
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
@@ -160,12 +107,11 @@ local stop = false
 -- more: the take stopped at its park or step bound with the ready
 -- structure not all examined; the caller must come back at once.
 local more = false
-if redis.call('EXISTS', KEYS[12]) == 1 then
+if redis.call('EXISTS', KEYS[10]) == 1 then
   -- Paused through asynq: nothing goes, leases are still recovered.
   stop = true
-  out[2], out[3] = tonumber(ARGV[11]), 2
+  out[2], out[3] = tonumber(ARGV[8]), 2
 end
-local conc_expiry = 0
 -- What the take changed, written once after the loop.
 local went, went_lane, lane_time, v1 = {}, {}, {}, nil
 -- pend: new scores of sole members of a sorted set, written after the loop.
@@ -251,13 +197,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     end
     local costs = costs_of(f[1])
     -- The upstream's own slot for this job.
-    local su, why = now, 0
-    if blocked > su then su, why = blocked, 2 end
-    for i = 1, #up do
-      local l = up[i]
-      local at = gcra_earliest(tat[i], now, l.interval, l.capacity, cost(l, costs))
-      if at > su then su, why = at, 1 end
-    end
+    local su, why = leaky_earliest(bucket, costs, now)
     if su > horizon then
       out[2], out[3] = su - horizon, why
       stop = true
@@ -267,46 +207,28 @@ while not stop and taken < max_jobs and steps < 2000 do
     local pl = plimits
     if overrides[pk] then pl = overrides[pk] end
     if pk == '' then pl = {} end
-    local ptat = {}
-    local sp = now
-    for j = 1, #pl do
-      local l = pl[j]
-      ptat[j] = tonumber(redis.call('GET', PT .. pk .. ':' .. l.id) or '0')
-      local at = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, costs))
-      if at > sp then sp = at end
-    end
-    if sp > now then
+    local part = leaky_partition(bucket, pk, pl, now)
+    local pslot = leaky_partition_earliest(part, costs, now)
+    if pslot > now then
       -- Not this partition's turn yet. It is taken when its slot comes,
       -- not booked ahead: booking the upstream at a partition's later
       -- slot would leave the upstream idle until then.
       unpend(rk, pk)
-      redis.call('ZADD', rk, sp, pk)
-      redis.call('ZADD', K_PK, sp, g)
+      redis.call('ZADD', rk, pslot, pk)
+      redis.call('ZADD', K_PK, pslot, g)
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
       break
     end
-    if conc > 0 and redis.call('ZSCORE', KEYS[11], id) == false and redis.call('ZCARD', KEYS[11]) >= conc then
-      local oldest = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
-      out[2], out[3] = math.max(0, tonumber(oldest[2]) - now), 3
+    local lw = leaky_lease_wait(bucket, id, now)
+    if lw then
+      out[2], out[3] = lw, 3
       stop = true
       break
     end
-    local slot = math.max(su, sp)
-    for i = 1, #up do
-      tat[i] = gcra_take(tat[i], slot, up[i].interval, cost(up[i], costs))
-    end
-    changed = true
-    for j = 1, #pl do
-      local l = pl[j]
-      ptat[j] = gcra_take(ptat[j], slot, l.interval, cost(l, costs))
-      redis.call('SET', PT .. pk .. ':' .. l.id, shaper_int(ptat[j]), 'PX', math.ceil((ptat[j] - now + l.per) / 1000))
-    end
-    if conc > 0 then
-      local exp = slot + conc_ttl
-      redis.call('ZADD', KEYS[11], exp, id)
-      if exp > conc_expiry then conc_expiry = exp end
-    end
+    local slot = math.max(su, pslot)
+    leaky_book(bucket, slot, costs, id)
+    leaky_partition_book(part, slot, costs, now)
     -- The job leaves its flow for asynq's active list.
     redis.call('ZREM', G .. g, id)
     local nxt = {head[2]}
@@ -320,12 +242,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- costs (a job without a limit's cost is not held by it).
       local e = now
       if #pl > 0 then
-        local nc = costs_of(redis.call('HGET', T .. nxt[1], 'sc'))
-        for j = 1, #pl do
-          local l = pl[j]
-          local nx = gcra_earliest(ptat[j], now, l.interval, l.capacity, cost(l, nc))
-          if nx > e then e = nx end
-        end
+        e = leaky_partition_earliest(part, costs_of(redis.call('HGET', T .. nxt[1], 'sc')), now)
       end
       if r_sole and e <= now then
         pend(rk, pk, e)
@@ -390,17 +307,7 @@ if #went > 0 then
   redis.call('HSET', K_V, unpack(hv))
 end
 
-if changed then
-  for i = 1, #up do
-    redis.call('SET', up[i].key, shaper_int(tat[i]), 'PX', math.ceil((tat[i] - now + up[i].per) / 1000))
-  end
-end
-if conc_expiry > 0 then
-  local ttl = math.ceil((conc_expiry - now) / 1000) + 1000
-  if redis.call('PTTL', KEYS[11]) < ttl then
-    redis.call('PEXPIRE', KEYS[11], ttl)
-  end
-end
+leaky_commit(bucket, now)
 
 -- When does something else come due?
 local next = -1
