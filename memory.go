@@ -2,7 +2,7 @@ package shaper
 
 // Costs are what one record of each kind costs in Redis beyond the bytes
 // it carries, as measured on Redis 7 (queue.TestMemoryEstimateCoversAJob
-// and taskstore.TestRememberCompact hold the estimate to them): a queued
+// and jobstore.TestRememberCompact hold the estimate to them): a queued
 // job beyond its body, a finished job beyond what it keeps (a succeeded
 // one its response, a dead one its request body and any response),
 // a compact idempotency record, and the tombstone of a dropped job.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/fakeupstream"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/script"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
@@ -35,7 +36,7 @@ func TestDispatchOnCluster(t *testing.T) {
 	slots := map[uint16]bool{}
 	for i := 0; len(slots) < 3 || len(ups) < 4; i++ {
 		name := fmt.Sprintf("api%d", i)
-		slots[script.Slot("{"+queue.QueueName(name)+"}")/5462] = true
+		slots[script.Slot("{"+jobstore.QueueName(name)+"}")/5462] = true
 		ups = append(ups, shaper.Upstream{Name: name, BaseURL: hs.URL, Limits: []leaky.Limit{leaky.PerSecond(200)},
 			PartitionLimits: []leaky.Limit{leaky.PerSecond(20)}, MaxPending: 1000, ResultRetention: time.Hour})
 	}

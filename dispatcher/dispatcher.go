@@ -5,7 +5,7 @@
 // the upstream (429s, exhausted quotas) pauses every replica.
 //
 // Jobs come from package queue's store, in asynq's key layout, taken by
-// shaper's own scripts (internal/sched) with each one's slot booked in the
+// shaper's own scripts (internal/jobstore) with each one's slot booked in the
 // same step; every upstream has workers of its own, so a slow upstream
 // never starves another's. Waiting for the limiter never spends a job's
 // attempts: a job whose slot is further off than the horizon is not taken,
@@ -29,11 +29,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/keyspace"
-	"github.com/shaperhq/shaper/internal/sched"
 	"github.com/shaperhq/shaper/internal/script"
-	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -72,7 +70,7 @@ type Dispatcher struct {
 	cfg   Config
 	log   *slog.Logger
 	m     *metrics.Metrics
-	drain *drain.Recorder
+	drain *jobstore.Recorder
 	pacer *leaky.Pacer
 	ups   map[string]*upstream
 	order []string
@@ -88,22 +86,22 @@ type upstream struct {
 	client  *http.Client
 	handler Handler
 
-	space sched.Space
-	store taskstore.Keys
-	taker *sched.Taker
+	space jobstore.Space
+	store jobstore.Keys
+	taker *jobstore.Taker
 	slots chan struct{} // one per worker; a taken job holds one
 	wake  chan struct{} // buffered 1: look for work now
 	// starved is set while the fetch loop waits for a free worker or a
 	// concurrency lease: a job finishing then pokes it.
 	starved atomic.Bool
-	finish  *script.Batcher[taskstore.Finished, error]
-	bounds  taskstore.Bounds // finished jobs kept, and their tombstones
+	finish  *script.Batcher[jobstore.Finished, error]
+	bounds  jobstore.Bounds // finished jobs kept, and their tombstones
 
 	mu       sync.Mutex
 	inFlight map[string]bool // jobs this replica holds, whose leases it extends
 	// sweepAt is when each of asynq's finished-job sets (succeeded,
 	// dead) next has a job past its retention; zero: none known.
-	sweepAt map[taskstore.Zset]time.Time
+	sweepAt map[jobstore.Zset]time.Time
 
 	// spacing is how far apart the request limits space sends (see
 	// classify); adaptive is set when a limit is adaptive; heard is what
@@ -117,7 +115,7 @@ type upstream struct {
 // caller owns and closes after Run returns). Like queue.New, it refuses a
 // binary built with an asynq whose Redis layout the store does not know.
 func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
-	if err := taskstore.CheckBuild(); err != nil {
+	if err := jobstore.CheckBuild(); err != nil {
 		return nil, err
 	}
 	if len(cfg.Upstreams) == 0 {
@@ -134,7 +132,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dispatcher, error) {
 	stopping, stop := context.WithCancel(context.Background())
 	d := &Dispatcher{
 		rdb: rdb, cfg: cfg, log: log, m: metrics.OrDiscard(cfg.Metrics),
-		drain: drain.NewRecorder(rdb, cfg.Prefix), ups: map[string]*upstream{},
+		drain: jobstore.NewRecorder(rdb, cfg.Prefix), ups: map[string]*upstream{},
 		stopping: stopping, stopWaiting: stop,
 	}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: cfg.Prefix})
@@ -168,7 +166,7 @@ func orDefault(d, def time.Duration) time.Duration {
 
 func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstream, error) {
 	uc = uc.WithDefaults()
-	bucket, err := pacer.Bucket(sched.QueueName(uc.Name), leaky.BucketConfig{
+	bucket, err := pacer.Bucket(jobstore.QueueName(uc.Name), leaky.BucketConfig{
 		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
 		// A lease lives through the wait for its slot and the request.
 		LeaseTTL: uc.Timeout + d.cfg.Horizon + 10*time.Second,
@@ -177,27 +175,27 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{cfg: uc, bucket: bucket, space: sched.For(d.cfg.Prefix, uc.Name), bounds: queue.FinishBounds(d.cfg.Prefix, uc),
-		store: taskstore.For(sched.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
-		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[taskstore.Zset]time.Time{}}
+	u := &upstream{cfg: uc, bucket: bucket, space: jobstore.For(d.cfg.Prefix, uc.Name), bounds: jobstore.For(d.cfg.Prefix, uc.Name).FinishBounds(uc, queue.IdempotentIDPattern),
+		store: jobstore.AsynqKeys(jobstore.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
+		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[jobstore.Zset]time.Time{}}
 	u.setSpacing(configuredLimits(u))
 	d.setLimitGauges(u, configuredLimits(u))
 	for _, l := range uc.Limits {
 		u.adaptive = u.adaptive || l.Adaptive
 	}
-	u.taker, err = sched.NewTaker(d.rdb, u.space, sched.TakerConfig{Upstream: uc, Bucket: bucket,
+	u.taker, err = jobstore.NewTaker(d.rdb, u.space, jobstore.TakerConfig{Upstream: uc, Bucket: bucket,
 		Lookahead: d.cfg.Horizon, Lease: taskLease, ConcurrencyLease: uc.Timeout + d.cfg.Horizon + 10*time.Second})
 	if err != nil {
 		return nil, err
 	}
-	u.finish = script.NewBatcher(script.BatchOptions{}, func(ctx context.Context, calls []*script.Call[taskstore.Finished, error]) {
-		items := make([]taskstore.Finished, len(calls))
+	u.finish = script.NewBatcher(script.BatchOptions{}, func(ctx context.Context, calls []*script.Call[jobstore.Finished, error]) {
+		items := make([]jobstore.Finished, len(calls))
 		for i, c := range calls {
 			items[i] = c.Req
 		}
-		errs, err := taskstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items,
-			taskstore.WakeOnRetry(u.space.SleepKey(), sched.WakeChannel(d.cfg.Prefix), uc.Name),
-			taskstore.KeepAtMost(u.bounds))
+		errs, err := jobstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items,
+			jobstore.WakeOnRetry(u.space.SleepKey(), jobstore.WakeChannel(d.cfg.Prefix), uc.Name),
+			jobstore.KeepAtMost(u.bounds))
 		for i, c := range calls {
 			switch {
 			case err != nil:

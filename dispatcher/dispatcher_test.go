@@ -18,6 +18,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/fakeupstream"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -501,7 +502,7 @@ func TestLeaseRenewedWhileSending(t *testing.T) {
 		}})
 	info := h.enqueue(&queue.Job{Upstream: "mail", Task: "long"})
 	id := <-started
-	leaseKey := "asynq:{" + queue.QueueName("mail") + "}:lease"
+	leaseKey := "asynq:{" + jobstore.QueueName("mail") + "}:lease"
 	first := h.rdb.ZScore(context.Background(), leaseKey, id).Val()
 	time.Sleep(leaseRenewEvery + time.Second)
 	later := h.rdb.ZScore(context.Background(), leaseKey, id).Val()

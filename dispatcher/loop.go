@@ -12,8 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -127,11 +126,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 func (d *Dispatcher) registerQueues(ctx context.Context) {
 	names := make([]any, 0, len(d.order))
 	for _, name := range d.order {
-		names = append(names, sched.QueueName(name))
+		names = append(names, jobstore.QueueName(name))
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := d.rdb.SAdd(rctx, taskstore.AllQueues, names...).Err(); err != nil {
+	if err := d.rdb.SAdd(rctx, jobstore.AllQueues, names...).Err(); err != nil {
 		d.log.Warn("could not register queues with asynq", "err", err)
 	}
 }
@@ -142,7 +141,7 @@ func (d *Dispatcher) registerQueues(ctx context.Context) {
 func (d *Dispatcher) listen(ctx context.Context) {
 	byQueue := map[string]*upstream{}
 	for _, u := range d.ups {
-		byQueue[sched.QueueName(u.cfg.Name)] = u
+		byQueue[jobstore.QueueName(u.cfg.Name)] = u
 	}
 	wakeAll := func() {
 		for _, u := range d.ups {
@@ -152,7 +151,7 @@ func (d *Dispatcher) listen(ctx context.Context) {
 	// The channel delivers a *redis.Subscription each time go-redis
 	// (re)subscribes, after a dropped connection too: then anything
 	// announced meanwhile was missed, and every upstream looks again.
-	ps := d.rdb.Subscribe(ctx, sched.WakeChannel(d.cfg.Prefix), d.pacer.BlocksChannel())
+	ps := d.rdb.Subscribe(ctx, jobstore.WakeChannel(d.cfg.Prefix), d.pacer.BlocksChannel())
 	defer ps.Close()
 	ch := ps.ChannelWithSubscriptions()
 	for {
@@ -327,7 +326,7 @@ func (u *upstream) held() []string {
 func (d *Dispatcher) recover(ctx context.Context, u *upstream, now time.Time) int {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n, err := taskstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), now, 100)
+	n, err := jobstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), now, 100)
 	if err != nil {
 		d.m.RedisErrors.WithLabelValues("pacing").Inc()
 		d.log.Warn("could not recover jobs whose worker stopped", "upstream", u.cfg.Name, "err", err)
@@ -371,7 +370,7 @@ func (d *Dispatcher) upkeep(ctx context.Context) {
 				}()
 				rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				defer cancel()
-				if err := taskstore.ExtendLeases(rctx, d.rdb, u.store, ids, until); err != nil {
+				if err := jobstore.ExtendLeases(rctx, d.rdb, u.store, ids, until); err != nil {
 					d.m.RedisErrors.WithLabelValues("pacing").Inc()
 					d.log.Warn("could not extend the leases of jobs in flight", "upstream", name, "err", err)
 				}
@@ -406,7 +405,7 @@ func (d *Dispatcher) sweeps(ctx context.Context) {
 			nextFull = time.Now().Add(sweepEvery)
 		}
 		for _, name := range d.order {
-			for _, z := range []taskstore.Zset{taskstore.Completed, taskstore.Archived} {
+			for _, z := range []jobstore.Zset{jobstore.Completed, jobstore.Archived} {
 				if ctx.Err() != nil {
 					return
 				}
@@ -417,7 +416,7 @@ func (d *Dispatcher) sweeps(ctx context.Context) {
 }
 
 // due notes that a finished job of set z passes its retention at t.
-func (u *upstream) due(z taskstore.Zset, t time.Time) {
+func (u *upstream) due(z jobstore.Zset, t time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if at, ok := u.sweepAt[z]; !ok || t.Before(at) {
@@ -427,7 +426,7 @@ func (u *upstream) due(z taskstore.Zset, t time.Time) {
 
 // sweep deletes an upstream's jobs of set z past their retention, if any
 // are due (or always, when full), and learns when the next will be.
-func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, full bool) {
+func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z jobstore.Zset, full bool) {
 	now := time.Now()
 	u.mu.Lock()
 	at, known := u.sweepAt[z]
@@ -438,7 +437,7 @@ func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, f
 	// A succeeded job is scored by when its retention ends, a dead one by
 	// when it died.
 	keep, key := time.Duration(0), u.store.Completed()
-	if z == taskstore.Archived {
+	if z == jobstore.Archived {
 		keep, key = u.cfg.DeadRetention, u.store.Archived()
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -448,7 +447,7 @@ func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, f
 	const batch, batches = 1000, 50
 	n := 0
 	for range batches {
-		m, err := taskstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), z, now.Add(-keep), batch, u.bounds)
+		m, err := jobstore.DeleteExpired(rctx, d.rdb, u.store, u.space.CountsKey(), z, now.Add(-keep), batch, u.bounds)
 		if err != nil {
 			if ctx.Err() == nil {
 				d.log.Warn("could not delete finished jobs past their retention", "upstream", u.cfg.Name, "set", z, "err", err)
@@ -472,7 +471,7 @@ func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, f
 		case len(first) == 0:
 			next = time.Time{}
 		default:
-			next = taskstore.ScoreTime(first[0].Score).Add(keep)
+			next = jobstore.ScoreTime(first[0].Score).Add(keep)
 		}
 	}
 	u.mu.Lock()
@@ -486,13 +485,13 @@ func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z taskstore.Zset, f
 
 // work runs one taken job: waits for its slot, sends it, records the
 // outcome.
-func (d *Dispatcher) work(ctx context.Context, u *upstream, t sched.Taken) {
+func (d *Dispatcher) work(ctx context.Context, u *upstream, t jobstore.Taken) {
 	name := u.cfg.Name
-	msg, err := taskstore.Unmarshal(t.Msg)
+	msg, err := jobstore.Unmarshal(t.Msg)
 	if err != nil {
 		// Nothing of it can be sent; keep it among the dead to be seen.
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-		msg = &taskstore.Message{Type: queue.TaskType, ID: t.ID, Queue: u.store.Queue(), Payload: t.Msg}
+		msg = &jobstore.Message{Type: queue.TaskType, ID: t.ID, Queue: u.store.Queue(), Payload: t.Msg}
 		job := queue.Job{ID: t.ID, Upstream: name}
 		d.end(ctx, u, t, msg, &job, dead("undecodable task message: %v", err))
 		return
@@ -508,7 +507,7 @@ func (d *Dispatcher) work(ctx context.Context, u *upstream, t sched.Taken) {
 }
 
 // run sends a job when its slot comes and decides its outcome.
-func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job) outcome {
+func (d *Dispatcher) run(ctx context.Context, u *upstream, t jobstore.Taken, msg *jobstore.Message, job *queue.Job) outcome {
 	name := u.cfg.Name
 	if !job.ExpiresAt.IsZero() && time.Now().After(job.ExpiresAt) {
 		d.m.Dispatches.WithLabelValues(name, "expired").Inc()
@@ -578,7 +577,7 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t sched.Taken, msg *t
 // end records a job's outcome in Redis, with its response, and releases
 // what the job held. While Redis is unreachable it keeps trying, up to
 // outcomeWait, so that an answered job is not sent again.
-func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *taskstore.Message, job *queue.Job, o outcome) {
+func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg *jobstore.Message, job *queue.Job, o outcome) {
 	name := u.cfg.Name
 	bg := context.WithoutCancel(ctx)
 	if o.kind == outRequeue {
@@ -601,7 +600,7 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 		}
 		cancel()
 	}
-	f := taskstore.Finished{ID: t.ID, Lane: job.Lane, Partition: job.Partition, Msg: msg}
+	f := jobstore.Finished{ID: t.ID, Lane: job.Lane, Partition: job.Partition, Msg: msg}
 	if o.resp != nil {
 		if b, err := queue.EncodeResponse(o.resp); err == nil {
 			f.Result = b
@@ -609,13 +608,13 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	}
 	switch o.kind {
 	case outSucceeded:
-		f.Outcome, f.Retention, f.Msg = taskstore.Succeeded, u.cfg.ResultRetention, queue.SucceededMessage(msg)
+		f.Outcome, f.Retention, f.Msg = jobstore.Succeeded, u.cfg.ResultRetention, queue.SucceededMessage(msg)
 	case outHandBack:
-		f.Outcome, f.RetryAt, f.WaitsFor = taskstore.Retry, time.Now().Add(o.delay), o.waitsFor
+		f.Outcome, f.RetryAt, f.WaitsFor = jobstore.Retry, time.Now().Add(o.delay), o.waitsFor
 	case outRetry:
-		f.Outcome, f.RetryAt, f.Failure = taskstore.Retry, time.Now().Add(o.delay), true
+		f.Outcome, f.RetryAt, f.Failure = jobstore.Retry, time.Now().Add(o.delay), true
 	default:
-		f.Outcome = taskstore.Dead
+		f.Outcome = jobstore.Dead
 	}
 	f.ErrMsg = o.lastError()
 	err := d.untilStored(bg, "results", "record a job's outcome", u, t.ID, func(ctx context.Context) error {
@@ -631,19 +630,19 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t sched.Taken, msg *t
 	}
 	if job.Secrets != "" {
 		switch f.Outcome {
-		case taskstore.Retry:
+		case jobstore.Retry:
 			d.keepSecrets(bg, job, time.Until(f.RetryAt))
 		default:
 			d.forgetSecrets(bg, job)
 		}
 	}
 	switch f.Outcome {
-	case taskstore.Succeeded:
-		u.due(taskstore.Completed, time.Now().Add(f.Retention))
-	case taskstore.Dead:
-		u.due(taskstore.Archived, time.Now().Add(u.cfg.DeadRetention))
+	case jobstore.Succeeded:
+		u.due(jobstore.Completed, time.Now().Add(f.Retention))
+	case jobstore.Dead:
+		u.due(jobstore.Archived, time.Now().Add(u.cfg.DeadRetention))
 	}
-	if f.Outcome == taskstore.Retry {
+	if f.Outcome == jobstore.Retry {
 		// This replica knows when it comes due; wake in time for it.
 		u.poke()
 	}

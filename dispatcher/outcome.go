@@ -99,7 +99,7 @@ func (o outcome) with(resp *queue.Response) outcome {
 // tools to show: a hand-back reads "waiting for pushback: upstream blocked
 // until 2026-11-30T14:02:07.250Z (429 from upstream)", or "waiting: ..."
 // for a wait that names nothing. Only a person reads it: shaper tells a
-// hand-back by its mark (taskstore.Finished.WaitsFor).
+// hand-back by its mark (jobstore.Finished.WaitsFor).
 func (o outcome) lastError() string {
 	switch {
 	case o.kind != outHandBack:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/fakeupstream"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -58,7 +59,7 @@ func TestPushbackTellsOneStory(t *testing.T) {
 			t.Errorf("job %s during the block: %s waiting for %q, %d attempts, error %q; want scheduled, pushback, none, none",
 				id, info.State, info.WaitingFor, info.Attempts, info.LastError)
 		}
-		ti, err := insp.GetTaskInfo(queue.QueueName("api"), id)
+		ti, err := insp.GetTaskInfo(jobstore.QueueName("api"), id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +110,7 @@ func TestAsynqPauseHonoured(t *testing.T) {
 	insp := asynq.NewInspectorFromRedisClient(h.rdb)
 	defer insp.Close()
 	// Paused before any worker runs, and also while one does.
-	if err := insp.PauseQueue(queue.QueueName("api")); err != nil {
+	if err := insp.PauseQueue(jobstore.QueueName("api")); err != nil {
 		t.Fatal(err)
 	}
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(100)}, Workers: 2}}}, nil)
@@ -133,7 +134,7 @@ func TestAsynqPauseHonoured(t *testing.T) {
 	if g := gaugeValue(t, d.m.UpstreamPaused.WithLabelValues("api")); g != 1 {
 		t.Errorf("shaper_upstream_paused %v while paused through asynq, want 1", g)
 	}
-	if err := insp.UnpauseQueue(queue.QueueName("api")); err != nil {
+	if err := insp.UnpauseQueue(jobstore.QueueName("api")); err != nil {
 		t.Fatal(err)
 	}
 	h.waitFor(ids, queue.StateSucceeded)

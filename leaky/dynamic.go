@@ -49,14 +49,14 @@ const (
 	dynTTL = time.Hour
 )
 
-// DynLua reads a bucket's dynamic limits, for every script that books
-// slots on a bucket's state (this package's and the scheduler's, see
-// Layout). It needs script.Prelude before it and defines:
+// dynLua reads a bucket's dynamic limits, for every script that books
+// slots on a bucket's state (this package's, and through BookingLua
+// another's). It needs script.Prelude before it and defines:
 //
 //	shaper_dyn_read(key) -> table of the hash's fields
 //	shaper_dyn_interval(d, field, interval, now) -> an adaptive limit's interval now
 //	shaper_stated(d, i) -> interval, capacity, per µs of stated limit i, or nil
-var DynLua = `
+var dynLua = `
 local function shaper_dyn_read(key)
   local raw = redis.call('HGETALL', key)
   local d = {}
@@ -197,7 +197,7 @@ func cmpFloat(a, c float64) int {
 //	ARGV[4..] -> per adaptive limit: field, floor ratio
 //
 // Returns {now, cut count}.
-var cutScript = script.New(DynLua, `
+var cutScript = script.New(dynLua, `
 local now = shaper_now(ARGV[1])
 local d = shaper_dyn_read(KEYS[1])
 local cool = tonumber(ARGV[3])

@@ -22,7 +22,7 @@ const (
 //	KEYS[1] -> block hash {until=µs, reason=text}
 //	KEYS[2] -> in-flight leases, a sorted set of lease id -> expiry µs
 //	KEYS[3..2+n] -> one TAT string per limit
-//	KEYS[3+n] -> the dyn hash (see DynLua), then MaxStated stated-limit TATs
+//	KEYS[3+n] -> the dyn hash (see dynLua), then MaxStated stated-limit TATs
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
 //	ARGV[2] -> lease lifetime µs, counted from the slot
 //	ARGV[3] -> concurrency limit
@@ -40,7 +40,7 @@ const (
 // concurrency); limit is the 1-based limit that bound the slot; prev_i and
 // next_i are the TATs before and after (prev 0 when there was none), for
 // giving the slot back.
-var reserveScript = script.New(gcra.LuaFunctions, DynLua, `
+var reserveScript = script.New(gcra.LuaFunctions, dynLua, `
 local now = shaper_now(ARGV[1])
 local lease_ttl = tonumber(ARGV[2])
 local concurrency = tonumber(ARGV[3])

@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -23,12 +22,12 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 	ups[0].ResultMaxCount, ups[0].DeadMaxCount = 2, 1
 	q := newQueue(t, rdb, ups)
 	u, _ := q.Upstream("stripe")
-	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	space := sched.For("", "stripe")
-	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", "stripe")
+	taker, err := jobstore.NewTaker(rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -44,17 +43,17 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 		if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != info.ID {
 			t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, info.ID)
 		}
-		msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
+		msg, err := jobstore.Unmarshal(tk.Jobs[0].Msg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := taskstore.Finished{ID: info.ID, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded,
+		f := jobstore.Finished{ID: info.ID, Lane: "default", Msg: msg, Outcome: jobstore.Succeeded,
 			Retention: time.Hour, Result: []byte(`{"v":2,"s":200,"b":"ok"}`)}
 		if i >= 3 {
-			f.Outcome, f.ErrMsg = taskstore.Dead, "upstream said 400"
+			f.Outcome, f.ErrMsg = jobstore.Dead, "upstream said 400"
 		}
-		errs, err := taskstore.Finish(ctx, rdb, taskstore.For(QueueName("stripe")), space.CountsKey(), space.BacklogKey(),
-			[]taskstore.Finished{f}, taskstore.KeepAtMost(FinishBounds("", u)))
+		errs, err := jobstore.Finish(ctx, rdb, jobstore.AsynqKeys(jobstore.QueueName("stripe")), space.CountsKey(), space.BacklogKey(),
+			[]jobstore.Finished{f}, jobstore.KeepAtMost(finishBounds("", u)))
 		if err != nil || errs[0] != nil {
 			t.Fatalf("finish: %v, %v", errs, err)
 		}
@@ -92,7 +91,7 @@ func TestJobsPastTheirBoundAreNoLongerKept(t *testing.T) {
 // TestFinishBoundsDefaults: an upstream that says nothing keeps 100,000 of
 // each, and tombstones for as many.
 func TestFinishBoundsDefaults(t *testing.T) {
-	b := FinishBounds("", shaper.Upstream{Name: "stripe"})
+	b := finishBounds("", shaper.Upstream{Name: "stripe"})
 	if b.Completed != shaper.DefaultResultMaxCount || b.Archived != shaper.DefaultDeadMaxCount {
 		t.Errorf("got %d, %d kept, want %d, %d", b.Completed, b.Archived, shaper.DefaultResultMaxCount, shaper.DefaultDeadMaxCount)
 	}

@@ -1,7 +1,7 @@
 // Package queue keeps shaper's jobs in Redis in asynq's layout: one asynq
 // queue per upstream, all its lanes together, whose keys carry the queue's
 // name as a hash tag so each upstream lives in one Redis Cluster slot; the
-// order jobs go in is internal/sched's. It defines the job model, enqueues
+// order jobs go in is internal/jobstore's. It defines the job model, enqueues
 // idempotently, bounds each upstream's backlog, reads jobs and queue
 // statistics back for the API and `shaper status`.
 //
@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
 )
 
 // TaskType is the asynq task type of every shaper job.
@@ -98,10 +97,6 @@ type Response struct {
 // queue names and Redis hash tags): shaper.ValidName.
 func ValidName(s string) bool { return shaper.ValidName(s) }
 
-// QueueName is the asynq queue of an upstream: all its lanes together,
-// so that one script can choose among them (see internal/sched).
-func QueueName(upstream string) string { return sched.QueueName(upstream) }
-
 // A job ID names its upstream and lane, so a job can be found without an
 // index, and carries a tag of its tenant, so a lookup by another tenant is
 // refused before Redis is touched (no timing difference tells whether a
@@ -151,12 +146,12 @@ func idempotentPart(tenant, key string) string {
 // be mistaken for each other.
 const idemHexLen = 30
 
-// idemIDPattern is the Lua pattern an IdempotentID's last part matches
+// IdempotentIDPattern is the Lua pattern an IdempotentID's last part matches
 // (tenant tag, "-i", hex digits) and a NewID's does not: its records
-// outlive the job (see FinishBounds). It is also a Go regular expression
+// outlive the job (see jobstore.Space.FinishBounds). It is also a Go regular expression
 // once each %x is a hex class, which TestIdemIDPattern holds to tagLen,
 // idemHexLen and IsIdempotentID.
-const idemIDPattern = "[.]" + "%x%x%x%x%x%x%x%x" + "[-]i" +
+const IdempotentIDPattern = "[.]" + "%x%x%x%x%x%x%x%x" + "[-]i" +
 	"%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "%x%x%x%x%x%x%x%x%x%x" + "$"
 
 // IsIdempotentID reports whether id was made by IdempotentID.

@@ -8,7 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // How a job is stored in its task's payload.
@@ -184,7 +184,7 @@ func DecodeResponse(b []byte) (Response, error) {
 // request as well (issue 12). The job is read from msg as it was stored,
 // not from what a Go handler may have changed of it. msg is returned as it
 // is if there is nothing to leave out or its job cannot be read.
-func SucceededMessage(msg *taskstore.Message) *taskstore.Message {
+func SucceededMessage(msg *jobstore.Message) *jobstore.Message {
 	slim, err := DecodeJob(msg.ID, msg.Payload)
 	if err != nil || len(slim.Body) == 0 && len(slim.Headers) == 0 {
 		return msg

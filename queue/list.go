@@ -17,9 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/script"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // Bounds of a List page.
@@ -341,7 +339,7 @@ func (q *Queue) listOne(ctx context.Context, o ListOptions) (*Page, error) {
 			return nil, fmt.Errorf("cursor: not one this API handed out: %w", ErrBadCursor)
 		}
 	}
-	l := &lister{q: q, u: u, o: o, keys: taskstore.For(QueueName(o.Upstream)), budget: ListScanFactor * o.Limit}
+	l := &lister{q: q, u: u, o: o, keys: jobstore.AsynqKeys(jobstore.QueueName(o.Upstream)), budget: ListScanFactor * o.Limit}
 	page := &Page{}
 	for ; cur.Step < len(steps); cur = (cursor{Step: cur.Step + 1, Query: query}) {
 		next, done, err := l.walk(ctx, steps[cur.Step], cur, page)
@@ -361,7 +359,7 @@ type lister struct {
 	q      *Queue
 	u      shaper.Upstream
 	o      ListOptions
-	keys   taskstore.Keys
+	keys   jobstore.Keys
 	budget int // entries still to examine
 	// owed is Redis work a read did beyond the entries it returned (one
 	// range read per flow), charged to budget once its entries are seen.
@@ -439,40 +437,20 @@ func (l *lister) read(ctx context.Context, idx index, cur cursor, n int) ([]entr
 	if idx == idxQueued {
 		return l.readFlows(ctx, cur, n)
 	}
-	var key, kind string
-	switch idx {
-	case idxActive:
-		key, kind = l.keys.Active(), "l"
-	case idxScheduled:
-		key, kind = l.keys.Scheduled(), "z"
-	case idxRetry:
-		key, kind = l.keys.Retry(), "z"
-	case idxArchived:
-		key, kind = l.keys.Archived(), "z"
-	default:
-		key, kind = l.keys.Completed(), "z"
+	which := map[index]jobstore.Index{idxActive: jobstore.IndexActive, idxScheduled: jobstore.IndexScheduled,
+		idxRetry: jobstore.IndexRetry, idxArchived: jobstore.IndexArchived}[idx]
+	if which == 0 {
+		which = jobstore.IndexCompleted
 	}
-	out, err := readIndex(ctx, l.q.rdb, l.keys, key, kind, cur, n)
+	rows, err := l.keys.ReadIndex(ctx, l.q.rdb, which, cur.Score, cur.Member, n)
 	if err != nil {
 		return nil, false, err
 	}
+	out := make([]entry, len(rows))
+	for i, r := range rows {
+		out[i] = entry{id: r.ID, score: r.Score, state: r.State, partition: r.Partition, known: true}
+	}
 	return out, len(out) < n, nil
-}
-
-// readIndex reads up to n entries of an index of keys' queue after cur
-// (see pageScript); kind is "z" for a sorted set, "l" for a list.
-func readIndex(ctx context.Context, rdb redis.Scripter, keys taskstore.Keys, key, kind string, cur cursor, n int) ([]entry, error) {
-	v, err := script.Run(ctx, rdb, "queue.page", pageScript, []string{key}, kind, cur.Score, cur.Member, n, keys.TaskPrefix())
-	if err != nil {
-		return nil, err
-	}
-	rows, _ := v.([]any)
-	out := make([]entry, 0, len(rows)/4)
-	for i := 0; i+3 < len(rows); i += 4 {
-		s := func(j int) string { x, _ := rows[i+j].(string); return x }
-		out = append(out, entry{id: s(0), score: s(1), state: s(2), partition: s(3), known: true})
-	}
-	return out, nil
 }
 
 // readFlows merges the flows (asynq groups "LANE|FK|PK", scored by FIFO
@@ -560,7 +538,7 @@ func (l *lister) flowMatches(g string) bool {
 	}
 	if l.o.Tenant != "" && l.u.Fairness.By != shaper.FairByPartition && l.u.Fairness.By != shaper.FairByNone {
 		// Fair by tenant: the fairness key is the tenant.
-		return strings.HasPrefix(rest, sched.FairKey(l.u, l.o.Tenant, "")+"|")
+		return strings.HasPrefix(rest, jobstore.FairKey(l.u, l.o.Tenant, "")+"|")
 	}
 	return true
 }

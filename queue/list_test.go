@@ -14,24 +14,23 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
 // finishAll takes every ready job of an upstream as a worker does and
 // ends each with the outcome end picks (nil: leave it active). It returns
 // the IDs it took.
-func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream string, end func(id string) *taskstore.Finished) []string {
+func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream string, end func(id string) *jobstore.Finished) []string {
 	t.Helper()
 	ctx := context.Background()
 	u, _ := q.Upstream(upstream)
-	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName(upstream), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000000)}})
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName(upstream), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	space := sched.For("", upstream)
-	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", upstream)
+	taker, err := jobstore.NewTaker(rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -45,14 +44,14 @@ func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream strin
 		if len(tk.Jobs) == 0 {
 			return ids
 		}
-		var items []taskstore.Finished
+		var items []jobstore.Finished
 		for _, j := range tk.Jobs {
 			ids = append(ids, j.ID)
 			f := end(j.ID)
 			if f == nil {
 				continue
 			}
-			msg, err := taskstore.Unmarshal(j.Msg)
+			msg, err := jobstore.Unmarshal(j.Msg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,7 +60,7 @@ func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream strin
 				t.Fatal(err)
 			}
 			f.ID, f.Msg, f.Partition = j.ID, msg, job.Partition
-			if f.Outcome == taskstore.Succeeded {
+			if f.Outcome == jobstore.Succeeded {
 				// As the dispatcher keeps it.
 				f.Msg = SucceededMessage(msg)
 			}
@@ -70,14 +69,14 @@ func finishAll(t *testing.T, q *Queue, rdb redis.UniversalClient, upstream strin
 			}
 			items = append(items, *f)
 		}
-		if _, err := taskstore.Finish(ctx, rdb, taskstore.For(QueueName(upstream)), space.CountsKey(), space.BacklogKey(), items); err != nil {
+		if _, err := jobstore.Finish(ctx, rdb, jobstore.AsynqKeys(jobstore.QueueName(upstream)), space.CountsKey(), space.BacklogKey(), items); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-func die(string) *taskstore.Finished {
-	return &taskstore.Finished{Outcome: taskstore.Dead, ErrMsg: "upstream said 400"}
+func die(string) *jobstore.Finished {
+	return &jobstore.Finished{Outcome: jobstore.Dead, ErrMsg: "upstream said 400"}
 }
 
 // listAll follows a listing's cursors to the end, calling between (if
@@ -195,13 +194,13 @@ func TestListStates(t *testing.T) {
 			toSucceed = append(toSucceed, info.ID)
 		}
 	}
-	finishAll(t, q, rdb, "stripe", func(id string) *taskstore.Finished {
+	finishAll(t, q, rdb, "stripe", func(id string) *jobstore.Finished {
 		if slices.Contains(toKill, id) {
 			add(StateDead, id)
 			return die(id)
 		}
 		add(StateSucceeded, id)
-		return &taskstore.Finished{Outcome: taskstore.Succeeded, Retention: time.Hour}
+		return &jobstore.Finished{Outcome: jobstore.Succeeded, Retention: time.Hour}
 	})
 	for i := range 3 {
 		info, _, err := q.Enqueue(ctx, &Job{Tenant: "t", Upstream: "stripe", NotBefore: time.Now().Add(time.Duration(i+1) * time.Hour)})
@@ -305,97 +304,6 @@ func TestListRefusesBadOptions(t *testing.T) {
 		if _, err := q.List(ctx, tc.o); !errors.Is(err, tc.want) {
 			t.Errorf("%+v: got %v, want %v", tc.o, err, tc.want)
 		}
-	}
-}
-
-// TestPageScriptTies: entries sharing a score are read in order even when
-// the cursor's own entry left the set meanwhile.
-func TestPageScriptTies(t *testing.T) {
-	ctx := context.Background()
-	rdb := srv.Client(t)
-	rdb.FlushAll(ctx)
-	keys := taskstore.For("shaper.x")
-	key := keys.Archived()
-	var members []string
-	for i := range 30 {
-		m := fmt.Sprintf("x.default.m%02d", i)
-		members = append(members, m)
-		score := 100.0
-		if i >= 20 {
-			score = 50
-		}
-		rdb.ZAdd(ctx, key, redis.Z{Score: score, Member: m})
-	}
-	var got []string
-	cur := cursor{}
-	for {
-		page, err := readIndex(ctx, rdb, keys, key, "z", cur, 4)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range page {
-			got = append(got, e.id)
-			cur.Score, cur.Member = e.score, e.id
-		}
-		if len(page) < 4 {
-			break
-		}
-		// The cursor's entry leaves, as a retried job does.
-		rdb.ZRem(ctx, key, cur.Member)
-	}
-	// ZREVRANGE order: score 100 (m19..m00), then 50 (m29..m20).
-	var want []string
-	for i := 19; i >= 0; i-- {
-		want = append(want, members[i])
-	}
-	for i := 29; i >= 20; i-- {
-		want = append(want, members[i])
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("got %v,\nwant %v", got, want)
-	}
-}
-
-// TestPageScriptList: a list (asynq's active list, newest pushed on the
-// left) is read from the left, and its cursor survives entries leaving
-// before it, at it, or after it.
-func TestPageScriptList(t *testing.T) {
-	ctx := context.Background()
-	rdb := srv.Client(t)
-	rdb.FlushAll(ctx)
-	keys := taskstore.For("shaper.x")
-	key := keys.Active()
-	var want []string
-	for i := range 20 {
-		m := fmt.Sprintf("x.default.m%02d", i)
-		rdb.LPush(ctx, key, m)
-		want = append([]string{m}, want...)
-	}
-	var got []string
-	cur := cursor{}
-	for round := 0; ; round++ {
-		page, err := readIndex(ctx, rdb, keys, key, "l", cur, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range page {
-			got = append(got, e.id)
-			cur.Score, cur.Member = e.score, e.id
-		}
-		if len(page) < 3 {
-			break
-		}
-		switch round % 3 {
-		case 0: // one read long ago leaves (a job finishes)
-			rdb.LRem(ctx, key, 1, got[0])
-		case 1: // a new one is taken, pushed on the left
-			rdb.LPush(ctx, key, fmt.Sprintf("x.default.n%02d", round))
-		case 2: // the cursor's own entry leaves
-			rdb.LRem(ctx, key, 1, cur.Member)
-		}
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("got %v,\nwant %v", got, want)
 	}
 }
 

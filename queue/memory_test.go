@@ -10,7 +10,7 @@ import (
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // TestMemoryEstimateCoversAJob: what a queued and a finished job really
@@ -27,11 +27,11 @@ func TestMemoryEstimateCoversAJob(t *testing.T) {
 	result, _ := EncodeResponse(&Response{Status: 200, Headers: map[string][]string{"Content-Type": {"application/json"}},
 		Body: []byte(strings.Repeat("r", resp))})
 	for _, tc := range []struct {
-		outcome        taskstore.Outcome
+		outcome        jobstore.Outcome
 		estimate, kept int64 // per finished job, and the bytes it keeps
 	}{
-		{taskstore.Succeeded, c.FinishedJob + resp, resp},
-		{taskstore.Dead, c.FinishedJob + body + resp, body + resp},
+		{jobstore.Succeeded, c.FinishedJob + resp, resp},
+		{jobstore.Dead, c.FinishedJob + body + resp, body + resp},
 	} {
 		rdb.FlushAll(ctx)
 		q := newQueue(t, rdb, upstreams(0))
@@ -46,8 +46,8 @@ func TestMemoryEstimateCoversAJob(t *testing.T) {
 			}
 		}
 		queued := float64(redistest.UsedMemory(t, rdb)-before) / n
-		finishAll(t, q, rdb, "stripe", func(string) *taskstore.Finished {
-			return &taskstore.Finished{Outcome: tc.outcome, Result: result, Retention: time.Hour, ErrMsg: "upstream said 400"}
+		finishAll(t, q, rdb, "stripe", func(string) *jobstore.Finished {
+			return &jobstore.Finished{Outcome: tc.outcome, Result: result, Retention: time.Hour, ErrMsg: "upstream said 400"}
 		})
 		finished := float64(redistest.UsedMemory(t, rdb)-before) / n
 		t.Logf("per job with a %d-byte body: queued %.0f B (estimate %d); %s with a %d-byte response %.0f B (estimate %d)",

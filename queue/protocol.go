@@ -7,7 +7,7 @@ import (
 // What a worker and the queue agree on about a job's life in asynq: what a
 // held job waits for, and how attempts are counted. Both sides call these;
 // neither spells the rules itself. (A hand-back is told from a failure by
-// the task's typed mark, taskstore.Finished.WaitsFor, never by its last
+// the task's typed mark, jobstore.Finished.WaitsFor, never by its last
 // error's words.)
 
 // What a waiting job waits for (Info.WaitingFor): it could otherwise go

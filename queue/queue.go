@@ -13,9 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/keyspace"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -89,7 +88,7 @@ type backlogSample struct {
 // It refuses a binary built with an asynq whose Redis layout the store does
 // not know (see CHANGELOG.md).
 func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
-	if err := taskstore.CheckBuild(); err != nil {
+	if err := jobstore.CheckBuild(); err != nil {
 		return nil, err
 	}
 	ups := map[string]shaper.Upstream{}
@@ -114,7 +113,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 	}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: q.prefix})
 	for name := range ups {
-		q.blocks[name] = pacer.BlockKey(QueueName(name))
+		q.blocks[name] = pacer.BlockKey(jobstore.QueueName(name))
 	}
 	q.bulkRdb = rdb
 	// The autopipeliner belongs to rdb and stops when rdb is closed.
@@ -228,7 +227,7 @@ func (q *Queue) EnqueueBatch(ctx context.Context, jobs []*Job) []Result {
 	each(len(jobs), func(i int) {
 		preps[i], out[i].Err = q.prepare(ctx, jobs[i], q.bulkRdb)
 	})
-	var calls []sched.EnqueueCall
+	var calls []jobstore.EnqueueCall
 	var at []int
 	for i, p := range preps {
 		if p != nil {
@@ -239,7 +238,7 @@ func (q *Queue) EnqueueBatch(ctx context.Context, jobs []*Job) []Result {
 	if len(calls) == 0 {
 		return out
 	}
-	rs, errs := sched.EnqueueInOrder(ctx, q.rdb, calls)
+	rs, errs := jobstore.EnqueueInOrder(ctx, q.rdb, calls)
 	each(len(at), func(k int) {
 		i := at[k]
 		out[i].Info, out[i].Created, out[i].Err = q.stored(ctx, jobs[i], preps[i], rs[k], errs[k])
@@ -277,7 +276,7 @@ func (q *Queue) enqueue(ctx context.Context, job *Job, rdb redis.Cmdable) (*Info
 // prepared is a job ready for the enqueue script: its sensitive headers are
 // already in their side key.
 type prepared struct {
-	call   sched.EnqueueCall
+	call   jobstore.EnqueueCall
 	stored Job
 	secret map[string]string
 }
@@ -306,9 +305,9 @@ func (q *Queue) prepare(ctx context.Context, job *Job, rdb redis.Cmdable) (*prep
 	if err := q.list(ctx, rdb, job.Upstream); err != nil {
 		return nil, fmt.Errorf("enqueue %s: %w", job.ID, err)
 	}
-	space := sched.For(q.prefix, job.Upstream)
-	fk := sched.FairKey(u, job.Tenant, job.Partition)
-	msg := &taskstore.Message{
+	space := jobstore.For(q.prefix, job.Upstream)
+	fk := jobstore.FairKey(u, job.Tenant, job.Partition)
+	msg := &jobstore.Message{
 		Type: TaskType, Payload: payload, ID: job.ID, Queue: space.Queue,
 		Retry: int32(job.MaxAttempts), // see "Attempts are counted" (protocol.go)
 		// Waits for the upstream happen before a job is taken; the
@@ -317,20 +316,20 @@ func (q *Queue) prepare(ctx context.Context, job *Job, rdb redis.Cmdable) (*prep
 		Retention: int64(u.ResultRetention.Seconds()),
 		GroupKey:  job.Lane + "|" + fk + "|" + job.Partition,
 	}
-	entry := sched.Entry{
+	entry := jobstore.Entry{
 		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
 		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
 	}
 	if IsIdempotentID(job.ID) {
 		entry.Remember = remembered(q.prefix, u).RecallArg()
 	}
-	return &prepared{call: sched.EnqueueCall{Space: space, Entry: entry, BlockKey: q.blocks[job.Upstream]},
+	return &prepared{call: jobstore.EnqueueCall{Space: space, Entry: entry, BlockKey: q.blocks[job.Upstream]},
 		stored: stored, secret: secret}, nil
 }
 
 // stored makes Enqueue's results from the enqueue script's reply r (or
 // its error) for the job p prepared.
-func (q *Queue) stored(ctx context.Context, job *Job, p *prepared, r sched.Enqueued, err error) (*Info, bool, error) {
+func (q *Queue) stored(ctx context.Context, job *Job, p *prepared, r jobstore.Enqueued, err error) (*Info, bool, error) {
 	created, held := r.Created, r.Held
 	if err == nil && !created && p.secret != nil {
 		// The repeat found the first job, which has its own side key: this
@@ -383,7 +382,7 @@ func droppedInfo(job *Job, letter byte) *Info {
 		Partition: job.Partition, IdempotencyKey: job.IdempotencyKey}, State: finalState(letter)}
 }
 
-// finalState is the State of a record's letter (see taskstore.Remembered).
+// finalState is the State of a record's letter (see jobstore.Remembered).
 func finalState(letter byte) State {
 	switch letter {
 	case 's':
@@ -404,7 +403,7 @@ func (q *Queue) list(ctx context.Context, rdb redis.Cmdable, upstream string) er
 	if done {
 		return nil
 	}
-	if err := rdb.SAdd(ctx, taskstore.AllQueues, QueueName(upstream)).Err(); err != nil {
+	if err := rdb.SAdd(ctx, jobstore.AllQueues, jobstore.QueueName(upstream)).Err(); err != nil {
 		return fmt.Errorf("list queue: %w", err)
 	}
 	q.mu.Lock()
@@ -527,7 +526,7 @@ func (q *Queue) ReadHeld(ctx context.Context, upstream string) (Held, error) {
 	if !ok {
 		return Held{}, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	h, err := sched.For(q.prefix, upstream).ReadHolds(ctx, q.rdb, q.blocks[upstream])
+	h, err := jobstore.For(q.prefix, upstream).ReadHolds(ctx, q.rdb, q.blocks[upstream])
 	if err != nil {
 		return Held{}, fmt.Errorf("count jobs of %s: %w", upstream, err)
 	}
@@ -559,7 +558,7 @@ func (q *Queue) ReadHeld(ctx context.Context, upstream string) (Held, error) {
 
 // holdOf is what holds every waiting job of an upstream: asynq's pause or
 // the bucket's block; "" for neither.
-func holdOf(h sched.Hold) string {
+func holdOf(h jobstore.Hold) string {
 	switch {
 	case h.AsynqPaused:
 		return WaitingPause
@@ -571,11 +570,11 @@ func holdOf(h sched.Hold) string {
 
 // Partitions reads how many partitions of an upstream have jobs not yet
 // finished, and the top n of them by that count.
-func (q *Queue) Partitions(ctx context.Context, upstream string, n int) (int64, []sched.PartitionBacklog, error) {
+func (q *Queue) Partitions(ctx context.Context, upstream string, n int) (int64, []jobstore.PartitionBacklog, error) {
 	if _, ok := q.ups[upstream]; !ok {
 		return 0, nil, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	return sched.For(q.prefix, upstream).Partitions(ctx, q.rdb, n)
+	return jobstore.For(q.prefix, upstream).Partitions(ctx, q.rdb, n)
 }
 
 // pendingCount is an upstream's jobs not yet finished, from the counters
@@ -584,7 +583,7 @@ func (q *Queue) pendingCount(ctx context.Context, upstream string) (int64, error
 	if _, ok := q.ups[upstream]; !ok {
 		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	counts, err := sched.For(q.prefix, upstream).ReadCounts(ctx, q.rdb)
+	counts, err := jobstore.For(q.prefix, upstream).ReadCounts(ctx, q.rdb)
 	if err != nil {
 		return 0, fmt.Errorf("count jobs of %s: %w", upstream, err)
 	}
@@ -611,7 +610,7 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 	if tenant != "" && foreignID(id, tenant) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
-	ti, err := q.insp.GetTaskInfo(QueueName(upstream), id)
+	ti, err := q.insp.GetTaskInfo(jobstore.QueueName(upstream), id)
 	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
 		// Only now, for a job not there: one read of the tombstones. A
 		// tombstone names no tenant, so an ID without a tenant tag is
@@ -619,7 +618,7 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 		if _, tagged := idTag(id); !tagged && tenant != "" {
 			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
-		b := FinishBounds(q.prefix, q.ups[upstream])
+		b := finishBounds(q.prefix, q.ups[upstream])
 		var gone bool
 		var gerr error
 		if IsIdempotentID(id) {
@@ -674,7 +673,7 @@ func (q *Queue) describeWait(ctx context.Context, info *Info) error {
 		// would be another hash slot on a cluster).
 		return nil
 	}
-	space := sched.For(q.prefix, info.Upstream)
+	space := jobstore.For(q.prefix, info.Upstream)
 	switch info.State {
 	case StateQueued, StateRetrying:
 		// Only a job waiting in its flow or in the retry set (handed
@@ -688,7 +687,7 @@ func (q *Queue) describeWait(ctx context.Context, info *Info) error {
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return err
 		}
-		if _, back := taskstore.WaitsFor(sd); back {
+		if _, back := jobstore.WaitsFor(sd); back {
 			info.LastError = ""
 		}
 		return nil
@@ -734,7 +733,7 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 		Attempts: attemptsMade(ti.State, ti.Retried)}
 	switch ti.State {
 	case asynq.TaskStatePending, asynq.TaskStateAggregating:
-		// Aggregating: waiting in its flow (see internal/sched).
+		// Aggregating: waiting in its flow (see internal/jobstore).
 		info.State = StateQueued
 	case asynq.TaskStateScheduled:
 		info.State, info.NextAttemptAt = StateScheduled, ti.NextProcessAt
@@ -761,42 +760,21 @@ func infoFromTask(ti *asynq.TaskInfo) (*Info, error) {
 
 func (q *Queue) cancelKey(id string) string {
 	upstream, _, _ := ParseID(id)
-	return cancelPrefix(q.prefix, upstream) + id
+	return jobstore.For(q.prefix, upstream).CancelKey(id)
 }
 
-func cancelPrefix(prefix, upstream string) string {
-	return prefix + ":cancelled:{" + QueueName(upstream) + "}:"
-}
-
-// FinishBounds are the bounds on an upstream's finished jobs under a key
-// prefix ("" = default): at most its ResultMaxCount succeeded and
-// DeadMaxCount dead or cancelled jobs, a cancelled job's mark deleted with
-// it, and a tombstone for each deleted job, so that reading it answers
-// ErrNoLongerKept. Tombstones are bounded too: as many as the jobs kept
-// (so they cost a small fraction of them), for the longer retention. A
-// job whose ID is an idempotency key's gets a record instead (see
-// remembered), kept for IdempotencyWindow after the drop.
-func FinishBounds(prefix string, u shaper.Upstream) taskstore.Bounds {
-	u = u.WithDefaults()
-	prefix = keyspace.Prefix(prefix)
-	return taskstore.Bounds{
-		Completed: u.ResultMaxCount,
-		Archived:  u.DeadMaxCount,
-		Gone: taskstore.Tombstones{Key: sched.For(prefix, u.Name).GoneKey(),
-			Max: u.ResultMaxCount + u.DeadMaxCount, For: max(u.ResultRetention, u.DeadRetention)},
-		SidePrefixes: []string{cancelPrefix(prefix, u.Name)},
-		Remember:     remembered(prefix, u),
-	}
+// finishBounds are the bounds on an upstream's finished jobs under a key
+// prefix ("" = default) (see jobstore.Space.FinishBounds).
+func finishBounds(prefix string, u shaper.Upstream) jobstore.Bounds {
+	return jobstore.For(prefix, u.Name).FinishBounds(u, IdempotentIDPattern)
 }
 
 // remembered are an upstream's records of idempotency keys whose jobs are
 // dropped: for IdempotencyWindow after the drop, a repeat of the key
 // finds the job's final state (see Enqueue), and reading the job answers
-// ErrNoLongerKept. They replace the job's tombstone; a random ID gets
-// none, as no one can repeat it.
-func remembered(prefix string, u shaper.Upstream) taskstore.Remembered {
-	return taskstore.Remembered{Key: sched.For(prefix, u.Name).RememberKey(), Window: u.IdempotencyWindow,
-		Pattern: idemIDPattern, CancelPrefix: cancelPrefix(prefix, u.Name)}
+// ErrNoLongerKept.
+func remembered(prefix string, u shaper.Upstream) jobstore.Remembered {
+	return jobstore.For(prefix, u.Name).Remembered(u, IdempotentIDPattern)
 }
 
 // Cancel stops a job that has not been dispatched: it is kept among the
@@ -823,12 +801,12 @@ func (q *Queue) Cancel(ctx context.Context, id, tenant string) (*Info, error) {
 	if err := q.rdb.Set(ctx, q.cancelKey(id), "1", ttl).Err(); err != nil {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
 	}
-	if err := sched.For(q.prefix, info.Upstream).Cancel(ctx, q.rdb, id); err != nil {
+	if err := jobstore.For(q.prefix, info.Upstream).Cancel(ctx, q.rdb, id); err != nil {
 		q.rdb.Del(context.WithoutCancel(ctx), q.cancelKey(id))
 		if errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
-		if errors.Is(err, sched.ErrNotWaiting) {
+		if errors.Is(err, jobstore.ErrNotWaiting) {
 			// A worker took it in the meantime.
 			return nil, fmt.Errorf("cancel %s: %v: %w", id, err, ErrNotCancellable)
 		}
@@ -848,7 +826,7 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 	if _, ok := q.ups[upstream]; !ok {
 		return 0, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	qn := QueueName(upstream)
+	qn := jobstore.QueueName(upstream)
 	var ids []string
 	// Collect first: moving a task while paging would shift the pages.
 	for page := 1; ; page++ {
@@ -872,7 +850,7 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 		}
 	}
 	moved := 0
-	space := sched.For(q.prefix, upstream)
+	space := jobstore.For(q.prefix, upstream)
 	for len(ids) > 0 {
 		n := min(len(ids), 500)
 		m, err := space.RunNow(ctx, q.rdb, ids[:n]...)
@@ -888,7 +866,7 @@ func (q *Queue) RunDeferred(ctx context.Context, upstream string) (int, error) {
 // handedBack picks, of tasks in the retry set, those handed back to wait
 // (shaper's sd mark) rather than failed.
 func (q *Queue) handedBack(ctx context.Context, upstream string, tasks []*asynq.TaskInfo) ([]string, error) {
-	space := sched.For(q.prefix, upstream)
+	space := jobstore.For(q.prefix, upstream)
 	cmds := make([]*redis.StringCmd, len(tasks))
 	q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range tasks {
@@ -903,7 +881,7 @@ func (q *Queue) handedBack(ctx context.Context, upstream string, tasks []*asynq.
 		if err := cmds[i].Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, err
 		}
-		if _, back := taskstore.WaitsFor(cmds[i].Val()); back {
+		if _, back := jobstore.WaitsFor(cmds[i].Val()); back {
 			ids = append(ids, t.ID)
 		}
 	}
@@ -913,12 +891,12 @@ func (q *Queue) handedBack(ctx context.Context, upstream string, tasks []*asynq.
 // ClearAsynqPause lifts a pause placed on the upstream's queue through
 // asynq (Inspector.PauseQueue), as asynq's UnpauseQueue does; it reports
 // whether there was one. (Workers see it gone at their next look, within
-// sched.PausedPoll, or at once if woken.)
+// jobstore.PausedPoll, or at once if woken.)
 func (q *Queue) ClearAsynqPause(ctx context.Context, upstream string) (bool, error) {
 	if _, ok := q.ups[upstream]; !ok {
 		return false, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	n, err := q.rdb.Del(ctx, sched.For(q.prefix, upstream).PausedKey()).Result()
+	n, err := q.rdb.Del(ctx, jobstore.For(q.prefix, upstream).PausedKey()).Result()
 	if err != nil {
 		return false, fmt.Errorf("unpause %s in asynq: %w", upstream, err)
 	}
@@ -934,9 +912,9 @@ func (q *Queue) TrimDead(ctx context.Context, upstream string) (int, error) {
 		return 0, nil
 	}
 	cutoff := time.Now().Add(-u.DeadRetention)
-	space := sched.For(q.prefix, upstream)
-	n, err := taskstore.DeleteExpired(ctx, q.rdb, taskstore.For(space.Queue), space.CountsKey(), taskstore.Archived, cutoff, 500,
-		FinishBounds(q.prefix, u))
+	space := jobstore.For(q.prefix, upstream)
+	n, err := jobstore.DeleteExpired(ctx, q.rdb, jobstore.AsynqKeys(space.Queue), space.CountsKey(), jobstore.Archived, cutoff, 500,
+		finishBounds(q.prefix, u))
 	if err != nil {
 		return n, fmt.Errorf("trim dead jobs of %s: %w", upstream, err)
 	}

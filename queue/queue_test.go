@@ -11,8 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
@@ -183,12 +182,12 @@ func TestStatesThroughAsynq(t *testing.T) {
 	dead, _, _ := q.Enqueue(ctx, &Job{Upstream: "stripe", Path: "/dead"})
 	// Take them as a worker does and record each outcome.
 	u, _ := q.Upstream("stripe")
-	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	space := sched.For("", "stripe")
-	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", "stripe")
+	taker, err := jobstore.NewTaker(rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -201,24 +200,24 @@ func TestStatesThroughAsynq(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var items []taskstore.Finished
+	var items []jobstore.Finished
 	for _, j := range tk.Jobs {
-		msg, err := taskstore.Unmarshal(j.Msg)
+		msg, err := jobstore.Unmarshal(j.Msg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := taskstore.Finished{ID: j.ID, Lane: "default", Msg: msg}
+		f := jobstore.Finished{ID: j.ID, Lane: "default", Msg: msg}
 		switch j.ID {
 		case deferred.ID:
-			f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Hour), "waiting: upstream blocked"
+			f.Outcome, f.RetryAt, f.ErrMsg = jobstore.Retry, time.Now().Add(time.Hour), "waiting: upstream blocked"
 		case done.ID:
-			f.Outcome, f.Retention, f.Result = taskstore.Succeeded, time.Hour, result
+			f.Outcome, f.Retention, f.Result = jobstore.Succeeded, time.Hour, result
 		default:
-			f.Outcome, f.ErrMsg = taskstore.Dead, "upstream said 400"
+			f.Outcome, f.ErrMsg = jobstore.Dead, "upstream said 400"
 		}
 		items = append(items, f)
 	}
-	if _, err := taskstore.Finish(ctx, rdb, taskstore.For(QueueName("stripe")), space.CountsKey(), space.BacklogKey(), items); err != nil {
+	if _, err := jobstore.Finish(ctx, rdb, jobstore.AsynqKeys(jobstore.QueueName("stripe")), space.CountsKey(), space.BacklogKey(), items); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]State{deferred.ID: StateScheduled, done.ID: StateSucceeded, dead.ID: StateDead}

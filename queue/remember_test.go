@@ -12,8 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -23,8 +22,8 @@ type rememberRig struct {
 	t     *testing.T
 	rdb   redis.UniversalClient
 	q     *Queue
-	taker *sched.Taker
-	space sched.Space
+	taker *jobstore.Taker
+	space jobstore.Space
 }
 
 func newRememberRig(t *testing.T, window time.Duration) *rememberRig {
@@ -35,12 +34,12 @@ func newRememberRig(t *testing.T, window time.Duration) *rememberRig {
 	ups[0].ResultMaxCount, ups[0].DeadMaxCount, ups[0].IdempotencyWindow = 1, 1, window
 	q := newQueue(t, rdb, ups)
 	u, _ := q.Upstream("stripe")
-	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	space := sched.For("", "stripe")
-	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", "stripe")
+	taker, err := jobstore.NewTaker(rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +49,7 @@ func newRememberRig(t *testing.T, window time.Duration) *rememberRig {
 
 // run enqueues job, takes it and finishes it as outcome, then returns its
 // ID; the job is then the one kept, its predecessor dropped.
-func (r *rememberRig) run(job *Job, outcome taskstore.Outcome) string {
+func (r *rememberRig) run(job *Job, outcome jobstore.Outcome) string {
 	r.t.Helper()
 	ctx := context.Background()
 	info, created, err := r.q.Enqueue(ctx, job)
@@ -65,17 +64,17 @@ func (r *rememberRig) run(job *Job, outcome taskstore.Outcome) string {
 	return info.ID
 }
 
-func (r *rememberRig) finish(id string, raw []byte, outcome taskstore.Outcome) {
+func (r *rememberRig) finish(id string, raw []byte, outcome jobstore.Outcome) {
 	r.t.Helper()
-	msg, err := taskstore.Unmarshal(raw)
+	msg, err := jobstore.Unmarshal(raw)
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	u, _ := r.q.Upstream("stripe")
-	f := taskstore.Finished{ID: id, Lane: "default", Msg: msg, Outcome: outcome,
+	f := jobstore.Finished{ID: id, Lane: "default", Msg: msg, Outcome: outcome,
 		Retention: time.Hour, Result: []byte(`{"v":2,"s":200,"b":"ok"}`), ErrMsg: "upstream said 400"}
-	errs, err := taskstore.Finish(context.Background(), r.rdb, taskstore.For(QueueName("stripe")), r.space.CountsKey(),
-		r.space.BacklogKey(), []taskstore.Finished{f}, taskstore.KeepAtMost(FinishBounds("", u)))
+	errs, err := jobstore.Finish(context.Background(), r.rdb, jobstore.AsynqKeys(jobstore.QueueName("stripe")), r.space.CountsKey(),
+		r.space.BacklogKey(), []jobstore.Finished{f}, jobstore.KeepAtMost(finishBounds("", u)))
 	if err != nil || errs[0] != nil {
 		r.t.Fatalf("finish: %v, %v", errs, err)
 	}
@@ -110,13 +109,13 @@ func TestRepeatAfterTheJobWasDropped(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name    string
-		outcome taskstore.Outcome
+		outcome jobstore.Outcome
 		cancel  bool
 		want    State
 	}{
-		{"succeeded", taskstore.Succeeded, false, StateSucceeded},
-		{"dead", taskstore.Dead, false, StateDead},
-		{"cancelled", taskstore.Dead, true, StateCancelled},
+		{"succeeded", jobstore.Succeeded, false, StateSucceeded},
+		{"dead", jobstore.Dead, false, StateDead},
+		{"cancelled", jobstore.Dead, true, StateCancelled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRememberRig(t, time.Hour)
@@ -151,7 +150,7 @@ func TestRepeatAfterTheJobWasDropped(t *testing.T) {
 			}
 			r.nothingNew(id)
 			// No tombstone beside the record.
-			if gone, _ := FinishBounds("", r.q.ups["stripe"]).Gone.WasDeleted(ctx, r.rdb, id); gone {
+			if gone, _ := finishBounds("", r.q.ups["stripe"]).Gone.WasDeleted(ctx, r.rdb, id); gone {
 				t.Error("the dropped job has a tombstone beside its record")
 			}
 			// The same key in another lane is another job.
@@ -171,7 +170,7 @@ func TestRandomIDsLeaveNoRecord(t *testing.T) {
 	r := newRememberRig(t, time.Hour)
 	var ids []string
 	for range 5 {
-		ids = append(ids, r.run(&Job{Upstream: "stripe", Path: "/x"}, taskstore.Succeeded))
+		ids = append(ids, r.run(&Job{Upstream: "stripe", Path: "/x"}, jobstore.Succeeded))
 	}
 	if n := len(r.rdb.Keys(ctx, r.space.RememberKey()+"*").Val()); n != 0 {
 		t.Errorf("record keys: got %d, want none", n)
@@ -188,8 +187,8 @@ func TestRepeatAfterTheWindow(t *testing.T) {
 	ctx := context.Background()
 	r := newRememberRig(t, time.Second)
 	job := func() *Job { return &Job{Tenant: "billing", Upstream: "stripe", Path: "/x", IdempotencyKey: "k"} }
-	r.run(job(), taskstore.Succeeded)
-	r.run(&Job{Upstream: "stripe", Path: "/y"}, taskstore.Succeeded)
+	r.run(job(), jobstore.Succeeded)
+	r.run(&Job{Upstream: "stripe", Path: "/y"}, jobstore.Succeeded)
 	if _, created, err := r.q.Enqueue(ctx, job()); err != nil || created {
 		t.Fatalf("within the window: got created %v, %v, want the record", created, err)
 	}
@@ -253,9 +252,9 @@ func TestConcurrentRepeatsAfterTheDrop(t *testing.T) {
 		if err != nil || len(tk.Jobs) != 1 {
 			t.Fatalf("took %+v, %v", tk.Jobs, err)
 		}
-		r.finish(tk.Jobs[0].ID, tk.Jobs[0].Msg, taskstore.Succeeded)
+		r.finish(tk.Jobs[0].ID, tk.Jobs[0].Msg, jobstore.Succeeded)
 	}
-	r.run(&Job{Upstream: "stripe", Path: "/y"}, taskstore.Succeeded)
+	r.run(&Job{Upstream: "stripe", Path: "/y"}, jobstore.Succeeded)
 	time.Sleep(20 * time.Millisecond)
 	close(stop)
 	wg.Wait()
@@ -279,10 +278,10 @@ func TestConcurrentRepeatsAfterTheDrop(t *testing.T) {
 // TestIdemIDPattern: the Lua pattern the scripts tell idempotency keys'
 // IDs by agrees with IsIdempotentID, and both tell them from random IDs.
 func TestIdemIDPattern(t *testing.T) {
-	if got := strings.Count(idemIDPattern, "%x"); got != tagLen+idemHexLen {
+	if got := strings.Count(IdempotentIDPattern, "%x"); got != tagLen+idemHexLen {
 		t.Fatalf("pattern has %d hex digits, want %d", got, tagLen+idemHexLen)
 	}
-	lua := regexp.MustCompile(strings.NewReplacer("%x", "[0-9a-fA-F]").Replace(idemIDPattern))
+	lua := regexp.MustCompile(strings.NewReplacer("%x", "[0-9a-fA-F]").Replace(IdempotentIDPattern))
 	for _, tc := range []struct {
 		id   string
 		want bool

@@ -8,8 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // ErrNotRetryable: the job is not dead or cancelled (or it is, but its
@@ -71,25 +70,25 @@ func (q *Queue) RetryDead(ctx context.Context, upstream string) (RetryDeadResult
 	if _, ok := q.ups[upstream]; !ok {
 		return res, fmt.Errorf("upstream %q: %w", upstream, ErrUnknownUpstream)
 	}
-	keys := taskstore.For(QueueName(upstream))
+	keys := jobstore.AsynqKeys(jobstore.QueueName(upstream))
 	cur := cursor{}
 	for {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		v, err := readIndex(ctx, q.rdb, keys, keys.Archived(), "z", cur, 200)
+		v, err := keys.ReadIndex(ctx, q.rdb, jobstore.IndexArchived, cur.Score, cur.Member, 200)
 		if err != nil {
 			return res, fmt.Errorf("retry dead jobs of %s: %w", upstream, err)
 		}
 		for _, e := range v {
-			cur.Score, cur.Member = e.score, e.id
-			if e.state != "archived" {
+			cur.Score, cur.Member = e.Score, e.ID
+			if e.State != "archived" {
 				continue
 			}
 			if err := q.checkBacklog(ctx, upstream, q.ups[upstream]); err != nil {
 				return res, err
 			}
-			err := q.revive(ctx, upstream, e.id, "", false)
+			err := q.revive(ctx, upstream, e.ID, "", false)
 			switch {
 			case err == nil:
 				res.Retried++
@@ -116,7 +115,7 @@ var (
 // revive moves one archived job back to its flow (see Retry). With
 // cancelled false, a cancelled job is left alone (errCancelled).
 func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancelled bool) error {
-	space := sched.For(q.prefix, upstream)
+	space := jobstore.For(q.prefix, upstream)
 	// A few tries: the message is rewritten in Go and set only if it is
 	// unchanged, and a concurrent retry, trim or cancel can change it.
 	for try := 0; ; try++ {
@@ -142,7 +141,7 @@ func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancell
 			return fmt.Errorf("job %s: %w", id, errCancelled)
 		}
 		was := []byte(msgCmd.Val())
-		msg, err := taskstore.Unmarshal(was)
+		msg, err := jobstore.Unmarshal(was)
 		if err != nil {
 			return fmt.Errorf("retry %s: %w", id, err)
 		}
@@ -156,7 +155,7 @@ func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancell
 		job.RetriedAt = time.Now().UTC()
 		job.Retries++
 		job.PreviousError = ""
-		if _, back := taskstore.WaitsFor(sdCmd.Val()); !back {
+		if _, back := jobstore.WaitsFor(sdCmd.Val()); !back {
 			// (A job cancelled while handed back died of no error.)
 			job.PreviousError = msg.ErrorMsg
 		}
@@ -165,18 +164,18 @@ func (q *Queue) revive(ctx context.Context, upstream, id, tenant string, cancell
 			return fmt.Errorf("retry %s: encode job: %w", id, err)
 		}
 		msg.Retried, msg.ErrorMsg, msg.LastFailedAt, msg.CompletedAt = 0, "", 0, 0
-		err = space.Revive(ctx, q.rdb, sched.Revival{ID: id, Was: was, Msg: msg.Marshal(),
+		err = space.Revive(ctx, q.rdb, jobstore.Revival{ID: id, Was: was, Msg: msg.Marshal(),
 			Forget: q.cancelKey(id), Needs: SecretsKey(q.prefix, &job)})
 		switch {
 		case err == nil:
 			return nil
 		case errors.Is(err, redis.Nil):
 			return fmt.Errorf("job %s: %w", id, ErrNotFound)
-		case errors.Is(err, sched.ErrNotArchived):
+		case errors.Is(err, jobstore.ErrNotArchived):
 			return fmt.Errorf("job %s: %v: %w", id, err, ErrNotRetryable)
-		case errors.Is(err, sched.ErrNeedMissing):
+		case errors.Is(err, jobstore.ErrNeedMissing):
 			return fmt.Errorf("job %s: %w: %w", id, errSecretsGone, ErrNotRetryable)
-		case errors.Is(err, sched.ErrChanged) && try < 3:
+		case errors.Is(err, jobstore.ErrChanged) && try < 3:
 			continue
 		default:
 			return fmt.Errorf("retry %s: %w", id, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // A job's sensitive request headers (a producer's own credentials) never
@@ -79,7 +80,7 @@ func SecretsKey(prefix string, job *Job) string {
 	if job.Secrets == "" {
 		return ""
 	}
-	return prefix + ":secrets:{" + QueueName(job.Upstream) + "}:" + job.ID + ":" + job.Secrets
+	return jobstore.For(prefix, job.Upstream).SecretsKey(job.ID, job.Secrets)
 }
 
 // splitSecrets returns the job as stored (its sensitive headers removed,

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
@@ -49,7 +50,7 @@ func TestSensitiveHeadersKeptAside(t *testing.T) {
 	if keys := secretKeys(t, q); len(keys) != 1 || keys[0] != key {
 		t.Fatalf("side keys %v, want just %s", keys, key)
 	}
-	if !strings.Contains(key, "{"+QueueName("stripe")+"}") {
+	if !strings.Contains(key, "{"+jobstore.QueueName("stripe")+"}") {
 		t.Errorf("side key %s lacks the queue's hash tag", key)
 	}
 	// Until not_before plus the backstop.

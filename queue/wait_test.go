@@ -9,8 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -21,8 +20,8 @@ type waitRig struct {
 	q      *Queue
 	u      shaper.Upstream
 	bucket *leaky.Bucket
-	taker  *sched.Taker
-	space  sched.Space
+	taker  *jobstore.Taker
+	space  jobstore.Space
 }
 
 func newWaitRig(t *testing.T) *waitRig {
@@ -34,12 +33,12 @@ func newWaitRig(t *testing.T) *waitRig {
 	ups[0].PartitionLimits = []leaky.Limit{{Rate: 1, Per: time.Hour}}
 	q := newQueue(t, rdb, ups)
 	u, _ := q.Upstream("stripe")
-	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	bucket, err := leaky.New(rdb, leaky.Config{}).Bucket(jobstore.QueueName("stripe"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	space := sched.For("", "stripe")
-	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", "stripe")
+	taker, err := jobstore.NewTaker(rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -59,25 +58,25 @@ func (r *waitRig) enqueue(j Job) *Info {
 
 // takeAndEnd takes every job that can go and ends each with end's item
 // (nil: leave it active).
-func (r *waitRig) takeAndEnd(end func(id string, f *taskstore.Finished) bool) {
+func (r *waitRig) takeAndEnd(end func(id string, f *jobstore.Finished) bool) {
 	r.t.Helper()
 	ctx := context.Background()
 	tk, err := r.taker.Take(ctx, 10)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	var items []taskstore.Finished
+	var items []jobstore.Finished
 	for _, j := range tk.Jobs {
-		msg, err := taskstore.Unmarshal(j.Msg)
+		msg, err := jobstore.Unmarshal(j.Msg)
 		if err != nil {
 			r.t.Fatal(err)
 		}
-		f := taskstore.Finished{ID: j.ID, Lane: "default", Partition: "p", Msg: msg}
+		f := jobstore.Finished{ID: j.ID, Lane: "default", Partition: "p", Msg: msg}
 		if end(j.ID, &f) {
 			items = append(items, f)
 		}
 	}
-	if _, err := taskstore.Finish(ctx, r.q.rdb, taskstore.For(QueueName("stripe")), r.space.CountsKey(), r.space.BacklogKey(), items); err != nil {
+	if _, err := jobstore.Finish(ctx, r.q.rdb, jobstore.AsynqKeys(jobstore.QueueName("stripe")), r.space.CountsKey(), r.space.BacklogKey(), items); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -120,7 +119,7 @@ func TestWaitingFor(t *testing.T) {
 			name: "asynq pause",
 			setup: func(r *waitRig) string {
 				id := r.enqueue(Job{Path: "/a"}).ID
-				if err := asynq.NewInspectorFromRedisClient(r.q.rdb).PauseQueue(QueueName("stripe")); err != nil {
+				if err := asynq.NewInspectorFromRedisClient(r.q.rdb).PauseQueue(jobstore.QueueName("stripe")); err != nil {
 					r.t.Fatal(err)
 				}
 				return id
@@ -135,8 +134,8 @@ func TestWaitingFor(t *testing.T) {
 			name: "pushback, the job that met it",
 			setup: func(r *waitRig) string {
 				met := r.enqueue(Job{Path: "/met", Partition: "p"}).ID
-				r.takeAndEnd(func(id string, f *taskstore.Finished) bool {
-					f.Outcome, f.RetryAt, f.WaitsFor = taskstore.Retry, time.Now().Add(time.Minute), WaitingPushback
+				r.takeAndEnd(func(id string, f *jobstore.Finished) bool {
+					f.Outcome, f.RetryAt, f.WaitsFor = jobstore.Retry, time.Now().Add(time.Minute), WaitingPushback
 					f.ErrMsg = "waiting for pushback: upstream blocked until then (429 from upstream)"
 					return true
 				})
@@ -166,8 +165,8 @@ func TestWaitingFor(t *testing.T) {
 			name: "pushback on the job alone",
 			setup: func(r *waitRig) string {
 				id := r.enqueue(Job{Path: "/met"}).ID
-				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-					f.Outcome, f.RetryAt, f.WaitsFor = taskstore.Retry, time.Now().Add(time.Minute), WaitingPushback
+				r.takeAndEnd(func(_ string, f *jobstore.Finished) bool {
+					f.Outcome, f.RetryAt, f.WaitsFor = jobstore.Retry, time.Now().Add(time.Minute), WaitingPushback
 					f.ErrMsg = "waiting for pushback: job held (429 from upstream (endpoint-rate))"
 					return true
 				})
@@ -181,12 +180,12 @@ func TestWaitingFor(t *testing.T) {
 			setup: func(r *waitRig) string {
 				r.enqueue(Job{Path: "/1", Partition: "p"})
 				second := r.enqueue(Job{Path: "/2", Partition: "p"}).ID
-				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-					f.Outcome = taskstore.Succeeded
+				r.takeAndEnd(func(_ string, f *jobstore.Finished) bool {
+					f.Outcome = jobstore.Succeeded
 					return true
 				})
 				// The take that finds the partition's next slot an hour away.
-				r.takeAndEnd(func(id string, _ *taskstore.Finished) bool {
+				r.takeAndEnd(func(id string, _ *jobstore.Finished) bool {
 					r.t.Fatalf("took %s from a parked partition", id)
 					return false
 				})
@@ -207,8 +206,8 @@ func TestWaitingFor(t *testing.T) {
 			name: "handed back, no cause named",
 			setup: func(r *waitRig) string {
 				id := r.enqueue(Job{Path: "/a"}).ID
-				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-					f.Outcome, f.RetryAt, f.ErrMsg = taskstore.Retry, time.Now().Add(time.Minute), "attempt 1 of 3: upstream answered 503"
+				r.takeAndEnd(func(_ string, f *jobstore.Finished) bool {
+					f.Outcome, f.RetryAt, f.ErrMsg = jobstore.Retry, time.Now().Add(time.Minute), "attempt 1 of 3: upstream answered 503"
 					return true
 				})
 				return id
@@ -222,8 +221,8 @@ func TestWaitingFor(t *testing.T) {
 			name: "failed attempt, worded as a wait",
 			setup: func(r *waitRig) string {
 				id := r.enqueue(Job{Path: "/a"}).ID
-				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-					f.Outcome, f.Failure, f.RetryAt, f.ErrMsg = taskstore.Retry, true, time.Now().Add(time.Minute), "waiting for pushback: x"
+				r.takeAndEnd(func(_ string, f *jobstore.Finished) bool {
+					f.Outcome, f.Failure, f.RetryAt, f.ErrMsg = jobstore.Retry, true, time.Now().Add(time.Minute), "waiting for pushback: x"
 					return true
 				})
 				return id
@@ -236,8 +235,8 @@ func TestWaitingFor(t *testing.T) {
 			name: "failed attempt, during a pause",
 			setup: func(r *waitRig) string {
 				id := r.enqueue(Job{Path: "/a"}).ID
-				r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-					f.Outcome, f.Failure, f.RetryAt, f.ErrMsg = taskstore.Retry, true, time.Now().Add(time.Minute), "attempt 1 of 3: upstream answered 503"
+				r.takeAndEnd(func(_ string, f *jobstore.Finished) bool {
+					f.Outcome, f.Failure, f.RetryAt, f.ErrMsg = jobstore.Retry, true, time.Now().Add(time.Minute), "attempt 1 of 3: upstream answered 503"
 					return true
 				})
 				if _, err := r.bucket.Block(context.Background(), time.Hour, "paused by ops"); err != nil {
@@ -305,23 +304,23 @@ func TestEnqueueAnswerSaysHeld(t *testing.T) {
 			}
 		}, Job{Path: "/a"}, StateScheduled, WaitingPushback},
 		{"paused through asynq", func(r *waitRig) {
-			if err := asynq.NewInspectorFromRedisClient(r.q.rdb).PauseQueue(QueueName("stripe")); err != nil {
+			if err := asynq.NewInspectorFromRedisClient(r.q.rdb).PauseQueue(jobstore.QueueName("stripe")); err != nil {
 				r.t.Fatal(err)
 			}
 		}, Job{Path: "/a"}, StateScheduled, WaitingPause},
 		{"partition parked", func(r *waitRig) {
 			r.enqueue(Job{Path: "/1", Partition: "p"})
 			r.enqueue(Job{Path: "/2", Partition: "p"})
-			r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-				f.Outcome = taskstore.Succeeded
+			r.takeAndEnd(func(_ string, f *jobstore.Finished) bool {
+				f.Outcome = jobstore.Succeeded
 				return true
 			})
 		}, Job{Path: "/3", Partition: "p"}, StateScheduled, WaitingLimit},
 		{"another partition free", func(r *waitRig) {
 			r.enqueue(Job{Path: "/1", Partition: "p"})
 			r.enqueue(Job{Path: "/2", Partition: "p"})
-			r.takeAndEnd(func(_ string, f *taskstore.Finished) bool {
-				f.Outcome = taskstore.Succeeded
+			r.takeAndEnd(func(_ string, f *jobstore.Finished) bool {
+				f.Outcome = jobstore.Succeeded
 				return true
 			})
 		}, Job{Path: "/3", Partition: "q"}, StateQueued, ""},

@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/tokenbucket"
@@ -89,20 +88,20 @@ type mailDrain struct {
 	t     *testing.T
 	f     *fixture
 	u     shaper.Upstream
-	space sched.Space
-	taker *sched.Taker
+	space jobstore.Space
+	taker *jobstore.Taker
 }
 
 func newMailDrain(t *testing.T, f *fixture) *mailDrain {
 	t.Helper()
 	u, _ := f.q.Upstream("mail")
 	u.ResultMaxCount = 1
-	bucket, err := leaky.New(f.rdb, leaky.Config{}).Bucket(queue.QueueName("mail"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
+	bucket, err := leaky.New(f.rdb, leaky.Config{}).Bucket(jobstore.QueueName("mail"), leaky.BucketConfig{Limits: []leaky.Limit{leaky.PerSecond(1000)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	space := sched.For("", "mail")
-	taker, err := sched.NewTaker(f.rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", "mail")
+	taker, err := jobstore.NewTaker(f.rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -124,14 +123,14 @@ func (m *mailDrain) finish(body string) string {
 	if err != nil || len(tk.Jobs) != 1 || tk.Jobs[0].ID != id {
 		m.t.Fatalf("took %+v, %v; want %s", tk.Jobs, err, id)
 	}
-	msg, err := taskstore.Unmarshal(tk.Jobs[0].Msg)
+	msg, err := jobstore.Unmarshal(tk.Jobs[0].Msg)
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	_, err = taskstore.Finish(ctx, m.f.rdb, taskstore.For(queue.QueueName("mail")), m.space.CountsKey(), m.space.BacklogKey(),
-		[]taskstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: taskstore.Succeeded, Retention: time.Hour,
+	_, err = jobstore.Finish(ctx, m.f.rdb, jobstore.AsynqKeys(jobstore.QueueName("mail")), m.space.CountsKey(), m.space.BacklogKey(),
+		[]jobstore.Finished{{ID: id, Lane: "default", Msg: msg, Outcome: jobstore.Succeeded, Retention: time.Hour,
 			Result: []byte(`{"v":2,"s":200,"b":"ok"}`)}},
-		taskstore.KeepAtMost(queue.FinishBounds("", m.u)))
+		jobstore.KeepAtMost(m.space.FinishBounds(m.u, queue.IdempotentIDPattern)))
 	if err != nil {
 		m.t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/client"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/apicheck"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
@@ -481,7 +481,7 @@ func TestPauseResumeAndStatus(t *testing.T) {
 // last holds 30 sends over 10 s.
 func TestUpstreamHistory(t *testing.T) {
 	f := newFixture(t, generous, 1000)
-	rec := drain.NewRecorder(f.rdb, "")
+	rec := jobstore.NewRecorder(f.rdb, "")
 	now := time.Now()
 	stepEnd := now.Truncate(10 * time.Second).Add(-10 * time.Second)
 	for i := range 30 {

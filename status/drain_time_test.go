@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -16,7 +16,7 @@ import (
 // it books slots on the upstream's real bucket (horizon ahead, as the
 // dispatcher does), "sends" each job at its slot, finishes it latency later
 // (cancelling it in the queue, so it leaves the backlog), records the send
-// with a drain.Recorder flushed once a second, and reads the status every
+// with a jobstore.Recorder flushed once a second, and reads the status every
 // readEvery through the Reader, as `shaper status` would.
 type drainSim struct {
 	t       *testing.T
@@ -25,7 +25,7 @@ type drainSim struct {
 	q       *queue.Queue
 	r       *Reader
 	b       *leaky.Bucket
-	rec     *drain.Recorder
+	rec     *jobstore.Recorder
 	name    string
 	workers int           // jobs a fleet holds at once
 	latency time.Duration // the upstream's answer time
@@ -66,7 +66,7 @@ func newDrainSim(t *testing.T, u shaper.Upstream, workers int, latency time.Dura
 	// Near the real time, so that keys set to expire on Redis's clock
 	// behave as they would.
 	s := &drainSim{t: t, ctx: ctx, now: time.Now().Truncate(time.Second), q: q, name: u.Name,
-		rec: drain.NewRecorder(rdb, ""), workers: workers, latency: latency, horizon: shaper.DefaultHorizon}
+		rec: jobstore.NewRecorder(rdb, ""), workers: workers, latency: latency, horizon: shaper.DefaultHorizon}
 	s.lastSec = s.now.Unix()
 	s.r, err = NewReader(rdb, q, "", WithClock(func() time.Time { return s.now }))
 	if err != nil {
@@ -260,19 +260,19 @@ func TestTimeToDrainRule(t *testing.T) {
 		want      *float64
 		wantBasis string
 	}{
-		{"paused", drainView{Backlog: 30, Paused: true, AtLimit: 6, Pacing: true, Rates: drain.Rates{Recent: 5}}, nil, ""},
+		{"paused", drainView{Backlog: 30, Paused: true, AtLimit: 6, Pacing: true, Rates: jobstore.Rates{Recent: 5}}, nil, ""},
 		{"no backlog", drainView{Backlog: 0, AtLimit: 0}, secs(0), ""},
 		{"pacing, nothing observed yet", drainView{Backlog: 30, AtLimit: 6.12, Pacing: true}, secs(6.12), BasisLimit},
 		{"pacing, the 10 s rate still ramping", drainView{Backlog: 30, AtLimit: 6.12, Pacing: true,
-			Rates: drain.Rates{Last10s: 0.5, Recent: 4.9}}, secs(6.12), BasisLimit},
+			Rates: jobstore.Rates{Last10s: 0.5, Recent: 4.9}}, secs(6.12), BasisLimit},
 		{"pacing, but ten full seconds at half the limit", drainView{Backlog: 30, AtLimit: 6.12, Pacing: true,
-			Rates: drain.Rates{Last10s: 2.5, Recent: 2.5, RecentFull: true}}, secs(12), BasisObserved},
+			Rates: jobstore.Rates{Last10s: 2.5, Recent: 2.5, RecentFull: true}}, secs(12), BasisObserved},
 		{"pacing, ten full seconds near the limit", drainView{Backlog: 30, AtLimit: 6.12, Pacing: true,
-			Rates: drain.Rates{Last10s: 4.5, Recent: 4.5, RecentFull: true}}, secs(6.12), BasisLimit},
-		{"not pacing: observed", drainView{Backlog: 30, AtLimit: 6.12, Rates: drain.Rates{Last10s: 1, Recent: 2}}, secs(15), BasisObserved},
-		{"not pacing: never faster than the limit", drainView{Backlog: 30, AtLimit: 6.12, Rates: drain.Rates{Recent: 10}}, secs(6.12), BasisObserved},
+			Rates: jobstore.Rates{Last10s: 4.5, Recent: 4.5, RecentFull: true}}, secs(6.12), BasisLimit},
+		{"not pacing: observed", drainView{Backlog: 30, AtLimit: 6.12, Rates: jobstore.Rates{Last10s: 1, Recent: 2}}, secs(15), BasisObserved},
+		{"not pacing: never faster than the limit", drainView{Backlog: 30, AtLimit: 6.12, Rates: jobstore.Rates{Recent: 10}}, secs(6.12), BasisObserved},
 		{"not pacing, nothing drained", drainView{Backlog: 30, AtLimit: 6.12}, nil, ""},
-		{"only costs limited", drainView{Backlog: 30, AtLimit: 0, Pacing: true, Rates: drain.Rates{Recent: 3}}, secs(10), BasisObserved},
+		{"only costs limited", drainView{Backlog: 30, AtLimit: 0, Pacing: true, Rates: jobstore.Rates{Recent: 3}}, secs(10), BasisObserved},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, basis := timeToDrain(tc.v)

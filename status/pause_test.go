@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -123,7 +124,7 @@ func TestAsynqPauseShownAndResumed(t *testing.T) {
 		t.Fatal(err)
 	}
 	insp := asynq.NewInspectorFromRedisClient(rdb)
-	if err := insp.PauseQueue(queue.QueueName("api")); err != nil {
+	if err := insp.PauseQueue(jobstore.QueueName("api")); err != nil {
 		t.Fatal(err)
 	}
 	u, err := r.Upstream(ctx, "api")
@@ -144,7 +145,7 @@ func TestAsynqPauseShownAndResumed(t *testing.T) {
 	if _, err := r.Resume(ctx, "api"); err != nil {
 		t.Fatal(err)
 	}
-	qi, err := insp.GetQueueInfo(queue.QueueName("api"))
+	qi, err := insp.GetQueueInfo(jobstore.QueueName("api"))
 	if err != nil || qi.Paused {
 		t.Fatalf("asynq's view after Resume: %+v, %v; want not paused", qi, err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -71,10 +71,10 @@ type Upstream struct {
 	Limits []Limit `json:"limits"`
 	// StatedLimits are the limits the upstream states in its answers, which
 	// the fleet obeys on top of Limits; an empty list when it states none.
-	StatedLimits []Limit     `json:"stated_limits"`
-	Concurrency  int         `json:"concurrency"`
-	DrainRate    drain.Rates `json:"drain_rate"`
-	Backlog      Backlog     `json:"backlog"`
+	StatedLimits []Limit        `json:"stated_limits"`
+	Concurrency  int            `json:"concurrency"`
+	DrainRate    jobstore.Rates `json:"drain_rate"`
+	Backlog      Backlog        `json:"backlog"`
 	// InFlight counts jobs taken by workers: concurrency leases when the
 	// upstream has a cap, else jobs active in the queue (which includes
 	// jobs waiting, at most work.horizon, for their send slot).
@@ -168,7 +168,7 @@ func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string, opts ..
 	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]shaper.Upstream{}, buckets: map[string]*leaky.Bucket{}}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix, Now: o.now})
 	for _, u := range q.Upstreams() {
-		b, err := pacer.Bucket(queue.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
+		b, err := pacer.Bucket(jobstore.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 		if err != nil {
 			return nil, fmt.Errorf("status of %s: %w", u.Name, err)
 		}
@@ -219,7 +219,7 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		return Upstream{}, err
 	}
 	counts := held.Lanes
-	rates, err := drain.Read(ctx, r.rdb, r.prefix, name, st.Now)
+	rates, err := jobstore.Read(ctx, r.rdb, r.prefix, name, st.Now)
 	if err != nil {
 		return Upstream{}, err
 	}
@@ -299,7 +299,7 @@ type drainView struct {
 	AtLimit float64
 	// Pacing is true when the pacer holds the backlog back now (pacing).
 	Pacing bool
-	Rates  drain.Rates
+	Rates  jobstore.Rates
 }
 
 // timeToDrain is the time to drain and its basis. The rule:
@@ -318,7 +318,7 @@ type drainView struct {
 //   - Otherwise something else sets the pace (a full concurrency cap: the
 //     upstream's latency; a cost limit; workers that do not keep up), and
 //     the backlog drains at the rate observed since the drain began within
-//     the last 10 seconds (drain.Rates.Recent), never faster than the
+//     the last 10 seconds (jobstore.Rates.Recent), never faster than the
 //     limits; none when nothing has drained in them.
 func timeToDrain(v drainView) (*float64, string) {
 	backlog := float64(v.Backlog)
@@ -448,8 +448,8 @@ func showLimits(configured []leaky.Limit, guard time.Duration, states []leaky.Li
 	return shown, stated
 }
 
-// History is an upstream's drain rate over the last drain.History, one
-// Point per drain.HistoryStep, oldest first: what the status page's chart
+// History is an upstream's drain rate over the last jobstore.History, one
+// Point per jobstore.HistoryStep, oldest first: what the status page's chart
 // opens with, before it has polled. The JSON is GET
 // /v1/upstreams/{name}/history.
 type History struct {
@@ -457,7 +457,7 @@ type History struct {
 	// StepSeconds is how long each point's step is.
 	StepSeconds float64 `json:"step_seconds"`
 	// Points each end at At and give the step's sends per second.
-	Points []drain.Point `json:"points"`
+	Points []jobstore.Point `json:"points"`
 }
 
 // History reads an upstream's drain history, on the same clock as
@@ -471,9 +471,9 @@ func (r *Reader) History(ctx context.Context, name string) (History, error) {
 	if err != nil {
 		return History{}, err
 	}
-	pts, err := drain.HistoryAt(ctx, r.rdb, r.prefix, name, st.Now)
+	pts, err := jobstore.HistoryAt(ctx, r.rdb, r.prefix, name, st.Now)
 	if err != nil {
 		return History{}, err
 	}
-	return History{Name: name, StepSeconds: drain.HistoryStep.Seconds(), Points: pts}, nil
+	return History{Name: name, StepSeconds: jobstore.HistoryStep.Seconds(), Points: pts}, nil
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -60,7 +60,7 @@ func TestUpstreamStatus(t *testing.T) {
 		t.Fatalf("time at the limit %v, want 30 jobs at 98/s", u.AtLimitSeconds)
 	}
 	// Sends recorded 2-11 seconds ago: 10 per second.
-	rec := drain.NewRecorder(rdb, "")
+	rec := jobstore.NewRecorder(rdb, "")
 	now := time.Now()
 	for s := 2; s <= 11; s++ {
 		for i := 0; i < 10; i++ {

@@ -18,7 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shaperhq/shaper/config"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/metrics"
 )
 
@@ -138,7 +138,7 @@ func (f *Factory) checkAsynq() error {
 	} else if bi, ok := debug.ReadBuildInfo(); ok {
 		deps = bi.Deps
 	}
-	if err := taskstore.CheckAsynq(deps); err != nil {
+	if err := jobstore.CheckAsynq(deps); err != nil {
 		return fmt.Errorf("refusing to start: %w", err)
 	}
 	return nil

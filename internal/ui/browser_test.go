@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
-	"github.com/shaperhq/shaper/internal/drain"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -328,7 +328,7 @@ func TestPageInChromium(t *testing.T) {
 
 	// Ten minutes of drain at 4/s, ending two minutes ago: the history the
 	// chart must open with.
-	rec := drain.NewRecorder(rdb, "")
+	rec := jobstore.NewRecorder(rdb, "")
 	for sec := 2 * 60; sec < 12*60; sec++ {
 		for range 4 {
 			rec.Sent("mail", time.Now().Add(-time.Duration(sec)*time.Second))

@@ -16,6 +16,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/fleet"
 	"github.com/shaperhq/shaper/bench/internal/redisstats"
 	"github.com/shaperhq/shaper/bench/internal/stats"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -188,7 +189,7 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 		if contender == shaperHandler {
 			name = "noopgo"
 		}
-		qname = queue.QueueName(name)
+		qname = jobstore.QueueName(name)
 		q, err := b.newQueue(name)
 		if err != nil {
 			return res, err

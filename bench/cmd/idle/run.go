@@ -24,7 +24,7 @@ import (
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
 	"github.com/shaperhq/shaper/bench/internal/stats"
-	"github.com/shaperhq/shaper/internal/sched"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // The contenders, in the order each cell runs them.
@@ -423,11 +423,11 @@ func readiness(ctx context.Context, rdb *redis.Client, c string, n int, serveAdd
 	if resp.StatusCode != http.StatusOK {
 		return 0, nil
 	}
-	subs, err := rdb.PubSubNumSub(ctx, sched.WakeChannel("")).Result()
+	subs, err := rdb.PubSubNumSub(ctx, jobstore.WakeChannel("")).Result()
 	if err != nil {
 		return 0, err
 	}
-	ready := subs[sched.WakeChannel("")]
+	ready := subs[jobstore.WakeChannel("")]
 	pipe := rdb.Pipeline()
 	flags := make([]*redis.BoolCmd, n)
 	for i := range n {
@@ -445,9 +445,9 @@ func readiness(ctx context.Context, rdb *redis.Client, c string, n int, serveAdd
 }
 
 // sleepKey is the hash of an upstream's ready structure that holds the
-// "sleep" flag (P:s:{Q}:v in internal/sched's layout, beside its counts).
+// "sleep" flag (P:s:{Q}:v in internal/jobstore's layout, beside its counts).
 func sleepKey(upstream string) string {
-	return strings.TrimSuffix(sched.For("", upstream).CountsKey(), "c") + "v"
+	return strings.TrimSuffix(jobstore.For("", upstream).CountsKey(), "c") + "v"
 }
 
 // heldBack is the share of its smallest cell's rate per server below

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 )
 
 // breakdown is where the bytes of one job go: the keys whose MEMORY USAGE
@@ -22,7 +22,7 @@ type breakdown struct {
 	kinds   map[string]string
 	task    string
 	fields  []field
-	msg     *taskstore.Message
+	msg     *jobstore.Message
 	msgLen  int
 	// perJob is the run's used_memory growth per queued job.
 	perJob float64
@@ -70,7 +70,7 @@ func (b *breakdown) take(ctx context.Context, rdb *redis.Client, enqueue func() 
 		b.fields = append(b.fields, field{k, len(v)})
 		if k == "msg" {
 			b.msgLen = len(v)
-			if b.msg, err = taskstore.Unmarshal([]byte(v)); err != nil {
+			if b.msg, err = jobstore.Unmarshal([]byte(v)); err != nil {
 				return fmt.Errorf("task %s: msg: %w", b.task, err)
 			}
 		}

@@ -19,8 +19,7 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/bench/internal/machine"
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
-	"github.com/shaperhq/shaper/internal/sched"
-	"github.com/shaperhq/shaper/internal/taskstore"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -70,7 +69,7 @@ const (
 
 // queueName is the asynq queue of both shaper's and asynq's jobs, so that
 // their key names are equally long.
-var queueName = queue.QueueName(upstream)
+var queueName = jobstore.QueueName(upstream)
 
 func upstreams() []shaper.Upstream {
 	return []shaper.Upstream{{Name: upstream, Limits: []leaky.Limit{leaky.PerSecond(1000)}, Lanes: map[string]int{"default": 1}, Retry: shaper.Retry{MaxAttempts: 3},
@@ -259,8 +258,8 @@ func finishAll(ctx context.Context, rdb *redis.Client, q *queue.Queue, result []
 	if err != nil {
 		return 0, err
 	}
-	space := sched.For("", upstream)
-	taker, err := sched.NewTaker(rdb, space, sched.TakerConfig{Upstream: u, Bucket: bucket,
+	space := jobstore.For("", upstream)
+	taker, err := jobstore.NewTaker(rdb, space, jobstore.TakerConfig{Upstream: u, Bucket: bucket,
 		Lookahead: time.Second, Lease: 30 * time.Second, ConcurrencyLease: time.Minute})
 	if err != nil {
 		return 0, err
@@ -274,9 +273,9 @@ func finishAll(ctx context.Context, rdb *redis.Client, q *queue.Queue, result []
 		if len(tk.Jobs) == 0 {
 			return done, nil
 		}
-		items := make([]taskstore.Finished, 0, len(tk.Jobs))
+		items := make([]jobstore.Finished, 0, len(tk.Jobs))
 		for _, t := range tk.Jobs {
-			msg, err := taskstore.Unmarshal(t.Msg)
+			msg, err := jobstore.Unmarshal(t.Msg)
 			if err != nil {
 				return done, err
 			}
@@ -285,10 +284,10 @@ func finishAll(ctx context.Context, rdb *redis.Client, q *queue.Queue, result []
 				return done, err
 			}
 			// Kept without its request, as the dispatcher keeps it.
-			items = append(items, taskstore.Finished{ID: t.ID, Lane: j.Lane, Partition: j.Partition, Msg: queue.SucceededMessage(msg),
-				Outcome: taskstore.Succeeded, Result: result, Retention: u.ResultRetention})
+			items = append(items, jobstore.Finished{ID: t.ID, Lane: j.Lane, Partition: j.Partition, Msg: queue.SucceededMessage(msg),
+				Outcome: jobstore.Succeeded, Result: result, Retention: u.ResultRetention})
 		}
-		errs, err := taskstore.Finish(ctx, rdb, taskstore.For(queueName), space.CountsKey(), space.BacklogKey(), items)
+		errs, err := jobstore.Finish(ctx, rdb, jobstore.AsynqKeys(queueName), space.CountsKey(), space.BacklogKey(), items)
 		if err != nil {
 			return done, err
 		}
@@ -514,7 +513,7 @@ func run(ctx context.Context, args []string, out, progress io.Writer) error {
 		fmt.Fprintf(out, "| succeeded / completed, kept | %d | %s | %s |\n", body, r(listpackDefault, true), r(listpackBig, true))
 	}
 	fmt.Fprintf(out, `
-- shaper's payload is queue.EncodeJob's compact JSON; its response is queue.EncodeResponse of status 200, a Content-Type header and a %d-byte body, finished through sched.Taker and taskstore.Finish with the upstream's result retention (1h) and without its request's body and headers (queue.SucceededMessage), as the dispatcher stores it.
+- shaper's payload is queue.EncodeJob's compact JSON; its response is queue.EncodeResponse of status 200, a Content-Type header and a %d-byte body, finished through jobstore.Taker and jobstore.Finish with the upstream's result retention (1h) and without its request's body and headers (queue.SucceededMessage), as the dispatcher stores it.
 - asynq's payload is json.Marshal(queue.Job) of the same job as queue.Prepare fills it in (ID, lane, max_attempts, idempotency_key = ID, created_at: what shaper stored before its compact form; the body base64), enqueued with asynq.Client and default options but the queue and asynq.Retention(1h) (which must be given at enqueue, and adds 3 B to the message; shaper's holds its retention too); its result is %d raw bytes written by the handler with ResultWriter, and the task is completed by an asynq.Server with asynq.Retention(1h).
 - "a task hash" is the type, encoding and MEMORY USAGE (SAMPLES 0) of one task hash in that state; used_memory per job also counts the job's members in the queue's sorted sets and lists and its key's slot in the keyspace.
 `, o.response, o.response)

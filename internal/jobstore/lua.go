@@ -1,0 +1,85 @@
+package jobstore
+
+import (
+	"embed"
+
+	"github.com/shaperhq/shaper/internal/gcra"
+	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// The ready structure of one upstream. Every key shares the hash tag of the
+// upstream's asynq queue, {shaper.NAME}, so each script touches one
+// Redis Cluster slot. Keys the scripts build at run time (a lane's zset, a
+// flow's group, a partition's TAT) are made from prefixes passed in ARGV
+// and carry the same tag.
+//
+//	P:s:{Q}:v          hash: v (the upstream's virtual time), v:FK (FK's lane
+//	                   virtual time), seq (FIFO counter), sleep (a worker sleeps)
+//	P:s:{Q}:f          zset: fairness key FK -> virtual start, FKs with work
+//	P:s:{Q}:l:FK       zset: lane -> virtual start within FK, lanes with work
+//	P:s:{Q}:r:LANE|FK  zset: partition PK -> µs when it can next send
+//	P:s:{Q}:cal        zset: LANE|FK -> µs when its earliest partition can send,
+//	                   for lanes whose every partition is parked
+//	P:s:{Q}:c          hash: STATE:LANE -> jobs (pending scheduled retry
+//	                   deferred active dead succeeded); retry counts jobs
+//	                   waiting after a failed attempt, deferred those handed
+//	                   back to wait (a 429) without spending one
+//	P:s:{Q}:pb         zset: PK -> jobs not yet finished
+//	P:s:{Q}:pk         zset: LANE|FK|PK -> µs until which the flow's partition
+//	                   is parked for its limits (members whose time passed
+//	                   are stale: status counts only later ones)
+//	asynq:{Q}:g:LANE|FK|PK  a flow: asynq's group zset, job id -> FIFO seq
+//	P:leaky:{Q}:p:PK:LIMIT  a partition's TAT per partition limit
+//
+// A job waiting in a flow is, to asynq's Inspector, an aggregating task of
+// group LANE|FK|PK; the task hash also carries shaper's fields sl (lane), sf
+// (fairness key), sp (partition), sc (costs "name=n,..."), sq (FIFO seq),
+// and sd ("1" while it waits in asynq's retry set handed back, not failed;
+// see Finish).
+
+// Every script is a file of lua/, whose opening comment is its contract
+// (KEYS, ARGV, what it returns); the files that are libraries of local
+// functions (flow, forward, optional, remember, trim) say what they define
+// and which other library they need before them. script.New puts its
+// prelude first.
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// lua is the source of one file of lua/.
+func lua(name string) string {
+	b, err := luaFiles.ReadFile("lua/" + name)
+	if err != nil {
+		panic("jobstore: no script " + name)
+	}
+	return string(b)
+}
+
+// The ready structure's scripts: enqueue, take, and the ways a waiting job
+// moves (requeue, cancel, run now, revive) or is read (job hold,
+// holds).
+var (
+	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("flow.lua"), lua("enqueue.lua"))
+	takeScript    = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("flow.lua"), lua("forward.lua"), lua("take.lua"))
+	requeueScript = script.New(lua("flow.lua"), lua("requeue.lua"))
+	cancelScript  = script.New(lua("cancel.lua"))
+	runNowScript  = script.New(lua("flow.lua"), lua("run_now.lua"))
+	reviveScript  = script.New(lua("flow.lua"), lua("revive.lua"))
+	jobHoldScript = script.New(lua("job_hold.lua"))
+	holdsScript   = script.New(lua("holds.lua"))
+)
+
+// The scripts of a taken task's end (finish, with the lease's extension and
+// the recovery's list of expired ones), of retention (delete expired) and of
+// idempotency records (recall).
+var (
+	finishScript        = script.New(lua("remember.lua"), lua("trim.lua"), lua("finish.lua"))
+	extendScript        = script.New(lua("extend.lua"))
+	expiredScript       = script.New(lua("expired.lua"))
+	deleteExpiredScript = script.New(lua("remember.lua"), lua("trim.lua"), lua("delete_expired.lua"))
+	recallScript        = script.New(lua("remember.lua"), lua("recall.lua"))
+)
+
+// pageScript reads a page of an index for a listing (ReadIndex).
+var pageScript = script.New(lua("page.lua"))

@@ -1,0 +1,53 @@
+-- flow.lua: a library for the scripts that put jobs into an upstream's
+-- flows. Every function takes what it touches as parameters; sp is the
+-- upstream's space as a script builds it (see space below):
+--
+--   space(our, group, task, v, f, cal, groups) -> sp = {our = our prefix
+--     "P:s:{Q}:", group = asynq's group prefix, task = asynq's task prefix,
+--     v, f, cal, groups = the keys of those names (see sched_lua.go)}
+--   activate_lane(sp, fk, lane) puts lane of fairness key fk, and fk, back
+--     in the rotation at the current virtual time, off the calendar
+--   push(sp, id, lane, fk, pk, seq, t) puts job id into its flow
+--     LANE|FK|PK at FIFO place seq (its partition ready at t, µs, unless it
+--     already waits) as asynq's aggregating task
+--   count(k, field, by) adds by to a counter of hash k, dropping it at 0
+--   waited_as(tk, sd) -> the counter ("deferred:" or "retry:") a job
+--     leaving asynq's retry set was counted in, by its sd field (set:
+--     handed back); the mark stays, saying the last error is a hand-back's
+local function space(our, group, task, v, f, cal, groups)
+  return {our = our, group = group, task = task, v = v, f = f, cal = cal, groups = groups}
+end
+
+local function activate_lane(sp, fk, lane)
+  local lk = sp.our .. 'l:' .. fk
+  if redis.call('ZSCORE', lk, lane) == false then
+    local v2 = tonumber(redis.call('HGET', sp.v, 'v:' .. fk) or '0')
+    redis.call('ZADD', lk, v2, lane)
+    redis.call('ZREM', sp.cal, lane .. '|' .. fk)
+  end
+  if redis.call('ZSCORE', sp.f, fk) == false then
+    local v1 = tonumber(redis.call('HGET', sp.v, 'v') or '0')
+    redis.call('ZADD', sp.f, v1, fk)
+  end
+end
+
+local function push(sp, id, lane, fk, pk, seq, t)
+  local g = lane .. '|' .. fk .. '|' .. pk
+  redis.call('ZADD', sp.group .. g, seq, id)
+  redis.call('SADD', sp.groups, g)
+  redis.call('HSET', sp.task .. id, 'state', 'aggregating', 'group', g)
+  redis.call('ZADD', sp.our .. 'r:' .. lane .. '|' .. fk, 'NX', t, pk)
+  activate_lane(sp, fk, lane)
+end
+
+local function count(k, field, by)
+  local n = redis.call('HINCRBY', k, field, by)
+  if n <= 0 then redis.call('HDEL', k, field) end
+end
+
+local function waited_as(tk, sd)
+  if sd then
+    return 'deferred:'
+  end
+  return 'retry:'
+end

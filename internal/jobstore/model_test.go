@@ -1,0 +1,199 @@
+package jobstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// pickModel is the take's pick order in pure Go: start-time fair queuing
+// between fairness keys (each send moves a key on by 1/weight), the same
+// between the lanes of a key, then the partition that became ready first,
+// then the oldest job (FIFO). It models an upstream whose own limits never
+// stop a take and that has no partition limits, the order the take keeps
+// when nothing holds a job back; what holds jobs back has its own tests.
+//
+// Its structures are the script's sorted sets and hash, kept the same lazy
+// way (a lane whose flows emptied keeps its place until the take next
+// reaches it). Scores are doubles both sides: Redis passes a Lua number to
+// a command in a form that reads back exactly, so ties break alike.
+type pickModel struct {
+	u        shaper.Upstream
+	v        float64                       // the upstream's virtual time
+	laneV    map[string]float64            // fk -> its lanes' virtual time
+	fair     map[string]float64            // fk -> virtual start
+	lanes    map[string]map[string]float64 // fk -> lane -> virtual start
+	ready    map[string]map[string]int64   // lane|fk -> partition -> µs ready
+	flows    map[string][]string           // lane|fk|pk -> ids, oldest first
+	weights  map[string]int
+	lweights map[string]int
+}
+
+func newPickModel(u shaper.Upstream) *pickModel {
+	return &pickModel{u: u, laneV: map[string]float64{}, fair: map[string]float64{},
+		lanes: map[string]map[string]float64{}, ready: map[string]map[string]int64{},
+		flows: map[string][]string{}, weights: u.Fairness.Weights, lweights: u.Lanes}
+}
+
+// lowest is the member with the lowest score, ties by member, as ZRANGE
+// orders a sorted set.
+func lowest[S cmp.Ordered](m map[string]S) string {
+	var best string
+	first := true
+	for k, s := range m {
+		if first || s < m[best] || s == m[best] && k < best {
+			best, first = k, false
+		}
+	}
+	return best
+}
+
+func (m *pickModel) enqueue(id, lane, fk, pk string, now int64) {
+	g := lane + "|" + fk + "|" + pk
+	m.flows[g] = append(m.flows[g], id)
+	rk := lane + "|" + fk
+	if m.ready[rk] == nil {
+		m.ready[rk] = map[string]int64{}
+	}
+	if _, ok := m.ready[rk][pk]; !ok {
+		m.ready[rk][pk] = now
+	}
+	if m.lanes[fk] == nil {
+		m.lanes[fk] = map[string]float64{}
+	}
+	if _, ok := m.lanes[fk][lane]; !ok {
+		m.lanes[fk][lane] = m.laneV[fk]
+	}
+	if _, ok := m.fair[fk]; !ok {
+		m.fair[fk] = m.v
+	}
+}
+
+func (m *pickModel) retire(fk, lane string) {
+	delete(m.lanes[fk], lane)
+	if len(m.lanes[fk]) == 0 {
+		delete(m.lanes, fk)
+		delete(m.fair, fk)
+		delete(m.laneV, fk)
+	}
+}
+
+func weight(w map[string]int, k string) float64 {
+	if n, ok := w[k]; ok && n > 0 {
+		return float64(n)
+	}
+	return 1
+}
+
+func (m *pickModel) take(n int, now int64) []string {
+	var out []string
+	for len(out) < n && len(m.fair) > 0 {
+		fk := lowest(m.fair)
+		s1 := m.fair[fk]
+		if len(m.lanes[fk]) == 0 {
+			delete(m.fair, fk)
+			delete(m.laneV, fk)
+			continue
+		}
+		lane := lowest(m.lanes[fk])
+		s2 := m.lanes[fk][lane]
+		rk := lane + "|" + fk
+		if len(m.ready[rk]) == 0 {
+			m.retire(fk, lane)
+			continue
+		}
+		pk := lowest(m.ready[rk])
+		g := rk + "|" + pk
+		id := m.flows[g][0]
+		m.flows[g] = m.flows[g][1:]
+		if len(m.flows[g]) == 0 {
+			delete(m.flows, g)
+			delete(m.ready[rk], pk)
+		} else {
+			m.ready[rk][pk] = now
+		}
+		m.v = s1
+		m.fair[fk] = s1 + 1/weight(m.weights, fk)
+		m.laneV[fk] = s2
+		m.lanes[fk][lane] = s2 + 1/weight(m.lweights, lane)
+		out = append(out, id)
+	}
+	return out
+}
+
+// TestPickOrderMatchesModel runs random enqueues and takes against Redis
+// and pickModel and compares the ids each take gives, in order: FIFO
+// within a flow, fair share by weight between tenants (or partitions),
+// lanes by weight within a share, partitions by when they became ready.
+func TestPickOrderMatchesModel(t *testing.T) {
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	seeds := 40
+	if testing.Short() {
+		seeds = 12
+	}
+	for seed := range seeds {
+		rng := rand.New(rand.NewPCG(uint64(seed), 17))
+		u := shaper.Upstream{Name: fmt.Sprintf("model-%d-%d", time.Now().UnixNano()%1e6, seed),
+			Limits: []leaky.Limit{leaky.PerSecond(1000000)},
+			Lanes:  map[string]int{"default": 1, "fast": 1 + rng.IntN(3), "bulk": 1}}
+		u.Fairness.By = []string{shaper.FairByTenant, shaper.FairByPartition, shaper.FairByNone}[seed%3]
+		u.Fairness.Weights = map[string]int{"a": 1, "b": 1 + rng.IntN(3), "p1": 2}
+		u = u.WithDefaults()
+		b, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := For("", u.Name)
+		tk, err := NewTaker(rdb, s, TakerConfig{Upstream: u, Bucket: b, Lookahead: time.Second, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := newPickModel(u)
+		now := time.Now().UnixMicro()
+		var log []string
+		for op := range 150 {
+			now += 1000
+			clock := strconv.FormatInt(now, 10)
+			if rng.IntN(3) > 0 {
+				id := fmt.Sprintf("j%03d", op)
+				tenant := []string{"a", "b", "c"}[rng.IntN(3)]
+				lane := []string{"default", "fast", "bulk"}[rng.IntN(3)]
+				part := []string{"", "p1", "p2", "p3"}[rng.IntN(4)]
+				fk := FairKey(u, tenant, part)
+				msg := Message{Type: "http", ID: id, Queue: s.Queue}
+				e := Entry{ID: id, Lane: lane, FairKey: fk, Partition: part, Msg: msg.Marshal()}
+				if n, err := s.enqueue(ctx, rdb, e, "", clock); err != nil || n != 1 {
+					t.Fatalf("seed %d: enqueue %s: got %d, %v; want 1, nil", seed, id, n, err)
+				}
+				m.enqueue(id, lane, fk, part, now)
+				log = append(log, fmt.Sprintf("enqueue %s %s/%s/%s", id, tenant, lane, part))
+				continue
+			}
+			n := 1 + rng.IntN(5)
+			got, err := tk.take(ctx, n, clock)
+			if err != nil {
+				t.Fatalf("seed %d: take: %v", seed, err)
+			}
+			var ids []string
+			for _, j := range got.Jobs {
+				ids = append(ids, j.ID)
+			}
+			want := m.take(n, now)
+			log = append(log, fmt.Sprintf("take %d: %v", n, ids))
+			if !slices.Equal(ids, want) {
+				t.Fatalf("seed %d (fairness by %s, weights %v, lanes %v): take %d got %v, want %v; ops:\n%s",
+					seed, u.Fairness.By, u.Fairness.Weights, u.Lanes, n, ids, want, strings.Join(log, "\n"))
+			}
+		}
+	}
+}
