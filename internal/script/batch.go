@@ -72,12 +72,14 @@ type BatchOptions struct {
 // function panicked in their leader's goroutine.
 var ErrBatchPanicked = errors.New("batch function panicked")
 
-// NewBatcher returns a Batcher that runs batches with run. run receives the
-// leader's context without its cancellation, because the batch serves other
-// callers too, but with the latest of the batch's callers' deadlines (none
-// if any caller has none): a batch outlives no caller's patience, so a
-// Redis that hangs cannot hold a leader past every deadline in its batch.
-// Each caller still stops waiting when its own context ends.
+// NewBatcher returns a Batcher that runs batches with run. A caller who
+// finds a round trip free and nobody waiting runs a batch of its own call
+// on its own context. Otherwise run receives the leader's context without
+// its cancellation, because the batch serves other callers too, but with
+// the latest of the batch's callers' deadlines (none if any caller has
+// none): a batch outlives no caller's patience, so a Redis that hangs
+// cannot hold a leader past every deadline in its batch. Each caller still
+// stops waiting when its own context ends.
 func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls []*Call[Q, R])) *Batcher[Q, R] {
 	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight}
 	if b.maxBatch <= 0 {
@@ -93,9 +95,14 @@ func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls
 // before the result arrives, Do returns ctx.Err(); if the request was
 // already sent it may still take effect in Redis.
 func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
+	b.mu.Lock()
+	if b.inFlight < b.maxInFlight && len(b.pending) == 0 {
+		b.inFlight++
+		b.mu.Unlock()
+		return b.alone(ctx, req)
+	}
 	c := &Call[Q, R]{Req: req}
 	c.deadline, _ = ctx.Deadline()
-	b.mu.Lock()
 	if b.inFlight < b.maxInFlight {
 		b.inFlight++
 		c.state = leading
@@ -134,6 +141,22 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	b.mu.Unlock()
 	var zero R
 	return zero, ctx.Err()
+}
+
+// alone runs a batch of req only, for a caller who found a round trip free
+// and nobody waiting, so that nobody could join it. The batch serves no one
+// else, so it runs on the caller's own context, cancellation and all, and
+// costs no more than calling run directly.
+func (b *Batcher[Q, R]) alone(ctx context.Context, req Q) (R, error) {
+	c := &Call[Q, R]{Req: req, state: taken}
+	defer func() {
+		b.mu.Lock()
+		b.inFlight--
+		b.promoteLocked()
+		b.mu.Unlock()
+	}()
+	b.run(ctx, []*Call[Q, R]{c})
+	return c.Res, c.Err
 }
 
 // lead runs one batch headed by first, then hands the lead on.
