@@ -41,9 +41,9 @@ type Call[Q, R any] struct {
 	Res R
 	Err error
 
-	state    callState     // guarded by Batcher.mu
-	wake     chan struct{} // for waiting callers only: one token, "you lead" or "you are done"
-	deadline time.Time     // the caller's context's, zero for none
+	state    callState      // guarded by Batcher.mu
+	wake     chan callState // for waiting callers only: one token, leading or done
+	deadline time.Time      // the caller's context's, zero for none
 }
 
 type callState uint8
@@ -111,20 +111,25 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 		return c.Res, c.Err
 	}
 	c.state = waiting
-	c.wake = make(chan struct{}, 1) // only a caller who waits is woken
+	c.wake = make(chan callState, 1) // only a caller who waits is woken
 	b.pending = append(b.pending, c)
 	b.mu.Unlock()
 
+	// The token says what the state became, so reading it needs no lock.
+	ended := ctx.Done()
+	if ended == nil {
+		if <-c.wake == leading {
+			b.lead(ctx, c)
+		}
+		return c.Res, c.Err
+	}
 	select {
-	case <-c.wake:
-		b.mu.Lock()
-		st := c.state
-		b.mu.Unlock()
+	case st := <-c.wake:
 		if st == leading {
 			b.lead(ctx, c)
 		}
 		return c.Res, c.Err
-	case <-ctx.Done():
+	case <-ended:
 	}
 	b.mu.Lock()
 	switch c.state {
@@ -187,7 +192,7 @@ func (b *Batcher[Q, R]) lead(ctx context.Context, first *Call[Q, R]) {
 			if c.state == taken {
 				c.state = done
 				if c.wake != nil {
-					c.wake <- struct{}{}
+					c.wake <- done
 				}
 			}
 		}
@@ -232,7 +237,7 @@ func (b *Batcher[Q, R]) promoteLocked() {
 		}
 		c.state = leading
 		b.inFlight++
-		c.wake <- struct{}{}
+		c.wake <- leading
 	}
 }
 
