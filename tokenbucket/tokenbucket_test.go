@@ -399,8 +399,17 @@ func TestBatchTouchesEachBucketOnce(t *testing.T) {
 			t.Errorf("%s calls in the batch: got %d, want %d", strings.ToUpper(cmd), got, want)
 		}
 	}
-	// The written buckets hold what the model holds: the next request on
-	// each agrees too.
+	// The written buckets hold what the model holds, as plain integers of
+	// sixteen digits, and the next request on each agrees too.
+	for _, k := range []string{"hot", "warm", "cold"} {
+		raw, err := rdb.Get(ctx, lim.key(k)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tat, err := strconv.ParseInt(raw, 10, 64); err != nil || tat != loc.tats[k] {
+			t.Fatalf("bucket %s holds %q, want the model's TAT %d", k, raw, loc.tats[k])
+		}
+	}
 	for _, k := range []string{"hot", "warm", "cold"} {
 		got, err := lim.Allow(ctx, k, 1)
 		want, _ := loc.Allow(ctx, k, 1)
