@@ -245,6 +245,16 @@ func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string)
 		}
 	}
 
+	// The script passes its keys to MGET through unpack, which Lua bounds
+	// by its stack (some 8,000 values), so a group of more buckets goes in
+	// several calls.
+	for g := 0; g < len(groups); g++ {
+		if len(groups[g]) > maxScriptKeys {
+			groups = append(groups, groups[g][maxScriptKeys:])
+			groups[g] = groups[g][:maxScriptKeys]
+		}
+	}
+
 	invs = make([]script.Invocation, len(groups))
 	order = make([][]*script.Call[request, shaper.Result], len(groups))
 	for g, bs := range groups {
@@ -265,6 +275,9 @@ func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string)
 	}
 	return invs, order
 }
+
+// maxScriptKeys bounds the buckets one script call names.
+const maxScriptKeys = 1000
 
 // costs is one bucket's ARGV entry: the cost of its one request, or the
 // costs of all of them, in order, separated by commas.

@@ -419,6 +419,30 @@ func TestBatchTouchesEachBucketOnce(t *testing.T) {
 	}
 }
 
+// TestBatchOfManyBuckets: a batch naming more buckets than one script call
+// takes (MaxBatch is the user's to raise) is split, and decided in full.
+func TestBatchOfManyBuckets(t *testing.T) {
+	noLeaks(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	lim := newLimiter(t, rdb, hourly(1), Config{})
+	n := 2*maxScriptKeys + 500
+	calls := make([]*script.Call[request, shaper.Result], 2*n)
+	for i := range calls {
+		// Every bucket twice: allowed, then denied.
+		calls[i] = &script.Call[request, shaper.Result]{Req: request{key: lim.key(strconv.Itoa(i % n)), cost: 1}}
+	}
+	if invs, _ := lim.plan(calls, ""); len(invs) != 3 {
+		t.Fatalf("got %d script calls for %d buckets, want 3", len(invs), n)
+	}
+	lim.run(ctx, calls)
+	for i, c := range calls {
+		if c.Err != nil || c.Res.Allowed != (i < n) {
+			t.Fatalf("call %d of %d: got %+v, %v; want allowed=%v", i, len(calls), c.Res, c.Err, i < n)
+		}
+	}
+}
+
 // TestEveryKeyHasTTL checks after each kind of decision that every key the
 // limiter wrote expires, no later than the bucket's full span plus one
 // interval (rounded up to milliseconds).
