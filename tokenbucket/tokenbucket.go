@@ -11,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -145,7 +147,7 @@ func checkArgs(l Limit, key string, n int64) error {
 		return fmt.Errorf("token bucket: empty key: %w", shaper.ErrInvalid)
 	case len(key) > MaxKeyLen:
 		return fmt.Errorf("token bucket: key of %d bytes: at most %d: %w", len(key), MaxKeyLen, shaper.ErrInvalid)
-	case strings.ContainsAny(key, "{}"):
+	case strings.IndexByte(key, '{') >= 0 || strings.IndexByte(key, '}') >= 0:
 		return fmt.Errorf("token bucket: key %q contains '{' or '}': %w", key, shaper.ErrInvalid)
 	case n < 1:
 		return fmt.Errorf("token bucket: cost %d: must be at least 1: %w", n, shaper.ErrInvalid)
@@ -157,7 +159,9 @@ func checkArgs(l Limit, key string, n int64) error {
 
 // run decides a batch. Requests go into as few script calls as the client's
 // sharding allows (one for a single server, one per hash slot on a cluster),
-// and those calls into one pipeline.
+// and those calls into one pipeline. Within a script call each bucket is
+// named once, with all of its requests in the order they came, so a hot key
+// costs Redis one read and one write per batch rather than per request.
 func (l *Limiter) run(ctx context.Context, calls []*script.Call[request, shaper.Result]) {
 	now := script.NowArg(l.now)
 	if len(calls) == 1 {
@@ -168,75 +172,170 @@ func (l *Limiter) run(ctx context.Context, calls []*script.Call[request, shaper.
 		l.deliver(calls, v, err)
 		return
 	}
-	groups := l.group(calls)
-	invs := make([]script.Invocation, len(groups))
-	for i, g := range groups {
-		keys := make([]string, len(g))
-		args := make([]any, 3, 3+len(g))
-		args[0], args[1], args[2] = l.shape[0], l.shape[1], now
-		for j, c := range g {
-			keys[j] = c.Req.key
-			args = append(args, c.Req.cost)
-		}
-		invs[i] = script.Invocation{Keys: keys, Args: args}
-	}
-
-	var vals []any
-	var errs []error
+	invs, order := l.plan(calls, now)
 	if len(invs) == 1 {
 		v, err := script.Run(ctx, l.rdb, "token bucket", allowScript, invs[0].Keys, invs[0].Args...)
-		vals, errs = []any{v}, []error{err}
-	} else {
-		vals, errs = script.RunPipelined(ctx, l.rdb, "token bucket", allowScript, invs)
+		l.deliver(order[0], v, err)
+		return
 	}
-	for i, g := range groups {
+	vals, errs := script.RunPipelined(ctx, l.rdb, "token bucket", allowScript, invs)
+	for i, g := range order {
 		l.deliver(g, vals[i], errs[i])
 	}
 }
 
-func (l *Limiter) deliver(g []*script.Call[request, shaper.Result], v any, err error) {
-	var ints []int64
+// plan turns a batch into script invocations: its requests grouped by
+// bucket, keeping their order within each bucket, and the buckets into as
+// few invocations as the sharding allows. order[i] is invocation i's calls
+// in the order of its reply.
+func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string) (invs []script.Invocation, order [][]*script.Call[request, shaper.Result]) {
+	// Number the buckets by first appearance, then lay the calls out bucket
+	// by bucket in one slice: bucket b is sorted[first[b]:first[b+1]].
+	index := make(map[string]int32, len(calls))
+	of := make([]int32, len(calls))
+	var keys []string
+	var first []int
+	for i, c := range calls {
+		b, ok := index[c.Req.key]
+		if !ok {
+			b = int32(len(keys))
+			index[c.Req.key] = b
+			keys = append(keys, c.Req.key)
+			first = append(first, 0)
+		}
+		of[i] = b
+		first[b]++
+	}
+	at := 0
+	for b, n := range first {
+		first[b] = at
+		at += n
+	}
+	first = append(first, at)
+	next := slices.Clone(first)
+	sorted := make([]*script.Call[request, shaper.Result], len(calls))
+	for i, c := range calls {
+		sorted[next[of[i]]] = c
+		next[of[i]]++
+	}
+
+	// groups lists each invocation's buckets.
+	var groups [][]int
+	switch l.sharding {
+	case script.OneNode:
+		groups = [][]int{nil}
+		for b := range keys {
+			groups[0] = append(groups[0], b)
+		}
+	case script.BySlot:
+		slotOf := make(map[uint16]int)
+		for b, k := range keys {
+			s := script.Slot(k)
+			g, ok := slotOf[s]
+			if !ok {
+				g = len(groups)
+				slotOf[s] = g
+				groups = append(groups, nil)
+			}
+			groups[g] = append(groups[g], b)
+		}
+	default:
+		for b := range keys {
+			groups = append(groups, []int{b})
+		}
+	}
+
+	// The script passes its keys to MGET through unpack, which Lua bounds
+	// by its stack (some 8,000 values), so a group of more buckets goes in
+	// several calls.
+	for g := 0; g < len(groups); g++ {
+		if len(groups[g]) > maxScriptKeys {
+			groups = append(groups, groups[g][maxScriptKeys:])
+			groups[g] = groups[g][:maxScriptKeys]
+		}
+	}
+
+	invs = make([]script.Invocation, len(groups))
+	order = make([][]*script.Call[request, shaper.Result], len(groups))
+	for g, bs := range groups {
+		inv := script.Invocation{Keys: make([]string, len(bs)), Args: make([]any, 3, 3+len(bs))}
+		inv.Args[0], inv.Args[1], inv.Args[2] = l.shape[0], l.shape[1], now
+		for j, b := range bs {
+			inv.Keys[j] = keys[b]
+			inv.Args = append(inv.Args, costs(sorted[first[b]:first[b+1]]))
+		}
+		invs[g] = inv
+		if len(groups) == 1 {
+			order[g] = sorted // every bucket, in bucket order
+			continue
+		}
+		for _, b := range bs {
+			order[g] = append(order[g], sorted[first[b]:first[b+1]]...)
+		}
+	}
+	return invs, order
+}
+
+// maxScriptKeys bounds the buckets one script call names.
+const maxScriptKeys = 1000
+
+// costs is one bucket's ARGV entry: the cost of its one request, or the
+// costs of all of them, in order, separated by commas.
+func costs(calls []*script.Call[request, shaper.Result]) any {
+	if len(calls) == 1 {
+		return calls[0].Req.cost
+	}
+	buf := make([]byte, 0, 2*len(calls))
+	for i, c := range calls {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = strconv.AppendInt(buf, c.Req.cost, 10)
+	}
+	return buf
+}
+
+// deliver sets every call's result from the script's reply, which holds one
+// value per call in the calls' order, or the error on all of them.
+func (l *Limiter) deliver(calls []*script.Call[request, shaper.Result], v any, err error) {
 	if err == nil {
-		ints, err = script.Ints(v, 4*len(g))
+		err = l.decodeAll(calls, v)
 	}
 	if err != nil {
-		for _, c := range g {
+		for _, c := range calls {
 			c.Err = err
 		}
-		return
-	}
-	for j, c := range g {
-		r := ints[4*j : 4*j+4]
-		c.Res = toResult(l.limit, r[0] == 1, r[1], r[2], r[3])
 	}
 }
 
-func (l *Limiter) group(calls []*script.Call[request, shaper.Result]) [][]*script.Call[request, shaper.Result] {
-	if l.sharding == script.OneNode {
-		return [][]*script.Call[request, shaper.Result]{calls}
+func (l *Limiter) decodeAll(calls []*script.Call[request, shaper.Result], v any) error {
+	arr, ok := v.([]any)
+	if !ok {
+		return fmt.Errorf("token bucket: script reply %T, want an array", v)
 	}
-	var groups [][]*script.Call[request, shaper.Result]
-	slotOf := make(map[uint16]int)
-	keyOf := make(map[string]int)
-	for _, c := range calls {
-		var i int
-		var ok bool
-		if l.sharding == script.BySlot {
-			s := script.Slot(c.Req.key)
-			if i, ok = slotOf[s]; !ok {
-				i = len(groups)
-				slotOf[s] = i
-			}
-		} else if i, ok = keyOf[c.Req.key]; !ok {
-			i = len(groups)
-			keyOf[c.Req.key] = i
-		}
-		if !ok {
-			groups = append(groups, nil)
-		}
-		groups[i] = append(groups[i], c)
+	if len(arr) != len(calls) {
+		return fmt.Errorf("token bucket: script reply has %d values, want %d", len(arr), len(calls))
 	}
-	return groups
+	for i, x := range arr {
+		level, ok := x.(int64)
+		if !ok || level == 0 {
+			return fmt.Errorf("token bucket: script reply value %d is %v, want a non-zero integer", i, x)
+		}
+		calls[i].Res = l.decode(level, calls[i].Req.cost)
+	}
+	return nil
+}
+
+// decode turns the script's answer to one request into its result. The
+// answer is the bucket's level after the decision (TAT minus now),
+// negated for a denial; since the GCRA arithmetic only ever compares the TAT
+// with now, the level alone gives the same numbers gcra.Allow would.
+func (l *Limiter) decode(level, cost int64) shaper.Result {
+	if level > 0 {
+		return toResult(l.limit, true, gcra.Remaining(level, 0, l.params), 0, level)
+	}
+	level = -level
+	return toResult(l.limit, false, gcra.Remaining(level, 0, l.params), gcra.Earliest(level, 0, l.params, cost), level)
 }
 
 func toResult(l Limit, allowed bool, remaining, retryAfter, resetAfter int64) shaper.Result {

@@ -340,6 +340,109 @@ func TestMatchesModel(t *testing.T) {
 	checkAgainstModel(t, srv.Client(t), 20, 200)
 }
 
+// TestBatchTouchesEachBucketOnce: a batch with a hot key among others
+// reads every bucket in one MGET and writes each at most once, and still
+// decides every request as the model does, in order within each bucket.
+func TestBatchTouchesEachBucketOnce(t *testing.T) {
+	noLeaks(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	clock := newFakeClock()
+	l := hourly(10)
+	lim := newLimiter(t, rdb, l, Config{Now: clock.Now})
+	loc := NewLocal(l, clock.Now)
+	// 30 requests: "hot" every other one (costs 1, 2, 3, ... so it runs
+	// out part-way), "warm" every third, "cold" once and denied at its
+	// second: it costs more than is left.
+	var reqs []request
+	for i := 0; i < 30; i++ {
+		switch {
+		case i%2 == 0:
+			reqs = append(reqs, request{key: "hot", cost: 1 + int64(i/2)%4})
+		case i%3 == 0:
+			reqs = append(reqs, request{key: "warm", cost: 1})
+		case i == 1:
+			reqs = append(reqs, request{key: "cold", cost: 7})
+		default:
+			reqs = append(reqs, request{key: "cold", cost: 5})
+		}
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := make([]*script.Call[request, shaper.Result], len(reqs))
+	for i, q := range reqs {
+		calls[i] = &script.Call[request, shaper.Result]{Req: request{key: lim.key(q.key), cost: q.cost}}
+	}
+	lim.run(ctx, calls)
+	for i, q := range reqs {
+		want, err := loc.Allow(ctx, q.key, q.cost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if calls[i].Err != nil || calls[i].Res != want {
+			t.Fatalf("request %d (%s, cost %d): got %+v, %v; want %+v", i, q.key, q.cost, calls[i].Res, calls[i].Err, want)
+		}
+	}
+	stats, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for cmd, want := range map[string]int{"mget": 1, "set": 3, "get": 0} {
+		got := 0
+		for _, line := range strings.Split(stats, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+				got, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			}
+		}
+		if got != want {
+			t.Errorf("%s calls in the batch: got %d, want %d", strings.ToUpper(cmd), got, want)
+		}
+	}
+	// The written buckets hold what the model holds, as plain integers of
+	// sixteen digits, and the next request on each agrees too.
+	for _, k := range []string{"hot", "warm", "cold"} {
+		raw, err := rdb.Get(ctx, lim.key(k)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tat, err := strconv.ParseInt(raw, 10, 64); err != nil || tat != loc.tats[k] {
+			t.Fatalf("bucket %s holds %q, want the model's TAT %d", k, raw, loc.tats[k])
+		}
+	}
+	for _, k := range []string{"hot", "warm", "cold"} {
+		got, err := lim.Allow(ctx, k, 1)
+		want, _ := loc.Allow(ctx, k, 1)
+		if err != nil || got != want {
+			t.Fatalf("after the batch, Allow(%s): got %+v, %v; want %+v", k, got, err, want)
+		}
+	}
+}
+
+// TestBatchOfManyBuckets: a batch naming more buckets than one script call
+// takes (MaxBatch is the user's to raise) is split, and decided in full.
+func TestBatchOfManyBuckets(t *testing.T) {
+	noLeaks(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	lim := newLimiter(t, rdb, hourly(1), Config{})
+	n := 2*maxScriptKeys + 500
+	calls := make([]*script.Call[request, shaper.Result], 2*n)
+	for i := range calls {
+		// Every bucket twice: allowed, then denied.
+		calls[i] = &script.Call[request, shaper.Result]{Req: request{key: lim.key(strconv.Itoa(i % n)), cost: 1}}
+	}
+	if invs, _ := lim.plan(calls, ""); len(invs) != 3 {
+		t.Fatalf("got %d script calls for %d buckets, want 3", len(invs), n)
+	}
+	lim.run(ctx, calls)
+	for i, c := range calls {
+		if c.Err != nil || c.Res.Allowed != (i < n) {
+			t.Fatalf("call %d of %d: got %+v, %v; want allowed=%v", i, len(calls), c.Res, c.Err, i < n)
+		}
+	}
+}
+
 // TestEveryKeyHasTTL checks after each kind of decision that every key the
 // limiter wrote expires, no later than the bucket's full span plus one
 // interval (rounded up to milliseconds).
@@ -513,8 +616,8 @@ func TestCluster(t *testing.T) {
 	for i, k := range keys {
 		calls[i] = &script.Call[request, shaper.Result]{Req: request{key: lim.key(k), cost: 1}}
 	}
-	if groups := lim.group(calls); len(groups) >= len(calls) || len(groups[0]) != 2 {
-		t.Fatalf("got %d groups for %d calls, first of %d; want the two same-slot keys together", len(groups), len(calls), len(groups[0]))
+	if invs, _ := lim.plan(calls, ""); len(invs) >= len(calls) || len(invs[0].Keys) != 2 {
+		t.Fatalf("got %d script calls for %d requests, first of %d keys; want the two same-slot keys together", len(invs), len(calls), len(invs[0].Keys))
 	}
 	lim.run(ctx, calls)
 	for i, c := range calls {

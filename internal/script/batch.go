@@ -41,9 +41,9 @@ type Call[Q, R any] struct {
 	Res R
 	Err error
 
-	state    callState     // guarded by Batcher.mu
-	wake     chan struct{} // for waiting callers only: one token, "you lead" or "you are done"
-	deadline time.Time     // the caller's context's, zero for none
+	state    callState      // guarded by Batcher.mu
+	wake     chan callState // for waiting callers only: one token, leading or done
+	deadline time.Time      // the caller's context's, zero for none
 }
 
 type callState uint8
@@ -72,12 +72,14 @@ type BatchOptions struct {
 // function panicked in their leader's goroutine.
 var ErrBatchPanicked = errors.New("batch function panicked")
 
-// NewBatcher returns a Batcher that runs batches with run. run receives the
-// leader's context without its cancellation, because the batch serves other
-// callers too, but with the latest of the batch's callers' deadlines (none
-// if any caller has none): a batch outlives no caller's patience, so a
-// Redis that hangs cannot hold a leader past every deadline in its batch.
-// Each caller still stops waiting when its own context ends.
+// NewBatcher returns a Batcher that runs batches with run. A caller who
+// finds a round trip free and nobody waiting runs a batch of its own call
+// on its own context. Otherwise run receives the leader's context without
+// its cancellation, because the batch serves other callers too, but with
+// the latest of the batch's callers' deadlines (none if any caller has
+// none): a batch outlives no caller's patience, so a Redis that hangs
+// cannot hold a leader past every deadline in its batch. Each caller still
+// stops waiting when its own context ends.
 func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls []*Call[Q, R])) *Batcher[Q, R] {
 	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight}
 	if b.maxBatch <= 0 {
@@ -93,9 +95,14 @@ func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls
 // before the result arrives, Do returns ctx.Err(); if the request was
 // already sent it may still take effect in Redis.
 func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
+	b.mu.Lock()
+	if b.inFlight < b.maxInFlight && len(b.pending) == 0 {
+		b.inFlight++
+		b.mu.Unlock()
+		return b.alone(ctx, req)
+	}
 	c := &Call[Q, R]{Req: req}
 	c.deadline, _ = ctx.Deadline()
-	b.mu.Lock()
 	if b.inFlight < b.maxInFlight {
 		b.inFlight++
 		c.state = leading
@@ -104,20 +111,25 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 		return c.Res, c.Err
 	}
 	c.state = waiting
-	c.wake = make(chan struct{}, 1) // only a caller who waits is woken
+	c.wake = make(chan callState, 1) // only a caller who waits is woken
 	b.pending = append(b.pending, c)
 	b.mu.Unlock()
 
+	// The token says what the state became, so reading it needs no lock.
+	ended := ctx.Done()
+	if ended == nil {
+		if <-c.wake == leading {
+			b.lead(ctx, c)
+		}
+		return c.Res, c.Err
+	}
 	select {
-	case <-c.wake:
-		b.mu.Lock()
-		st := c.state
-		b.mu.Unlock()
+	case st := <-c.wake:
 		if st == leading {
 			b.lead(ctx, c)
 		}
 		return c.Res, c.Err
-	case <-ctx.Done():
+	case <-ended:
 	}
 	b.mu.Lock()
 	switch c.state {
@@ -134,6 +146,22 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	b.mu.Unlock()
 	var zero R
 	return zero, ctx.Err()
+}
+
+// alone runs a batch of req only, for a caller who found a round trip free
+// and nobody waiting, so that nobody could join it. The batch serves no one
+// else, so it runs on the caller's own context, cancellation and all, and
+// costs no more than calling run directly.
+func (b *Batcher[Q, R]) alone(ctx context.Context, req Q) (R, error) {
+	c := &Call[Q, R]{Req: req, state: taken}
+	defer func() {
+		b.mu.Lock()
+		b.inFlight--
+		b.promoteLocked()
+		b.mu.Unlock()
+	}()
+	b.run(ctx, []*Call[Q, R]{c})
+	return c.Res, c.Err
 }
 
 // lead runs one batch headed by first, then hands the lead on.
@@ -164,7 +192,7 @@ func (b *Batcher[Q, R]) lead(ctx context.Context, first *Call[Q, R]) {
 			if c.state == taken {
 				c.state = done
 				if c.wake != nil {
-					c.wake <- struct{}{}
+					c.wake <- done
 				}
 			}
 		}
@@ -209,7 +237,7 @@ func (b *Batcher[Q, R]) promoteLocked() {
 		}
 		c.state = leading
 		b.inFlight++
-		c.wake <- struct{}{}
+		c.wake <- leading
 	}
 }
 

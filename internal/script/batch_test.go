@@ -83,6 +83,37 @@ func TestLoneCallerRunsAlone(t *testing.T) {
 	}
 }
 
+// TestLoneCallerRunsOnItsOwnContext: a caller who finds nobody waiting
+// runs its batch on its own context, so its cancellation reaches the round
+// trip.
+func TestLoneCallerRunsOnItsOwnContext(t *testing.T) {
+	noLeaks(t)
+	type key struct{}
+	var cancelled []bool
+	b := NewBatcher(BatchOptions{MaxInFlight: 1}, func(ctx context.Context, calls []*Call[int, int]) {
+		if calls[0].Req == 1 {
+			cancel := ctx.Value(key{}).(context.CancelFunc)
+			cancel()
+		}
+		cancelled = append(cancelled, ctx.Err() != nil)
+		for _, c := range calls {
+			c.Res = c.Req
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ctx = context.WithValue(ctx, key{}, cancel)
+	if got, err := b.Do(ctx, 1); err != nil || got != 1 {
+		t.Fatalf("Do: got %d, %v; want 1", got, err)
+	}
+	if len(cancelled) != 1 || !cancelled[0] {
+		t.Fatalf("lone caller's batch saw its cancellation: %v, want [true]", cancelled)
+	}
+	if b.inFlight != 0 || len(b.pending) != 0 {
+		t.Fatalf("after a lone call: %d in flight, %d pending; want none", b.inFlight, len(b.pending))
+	}
+}
+
 func TestWaitingCallersShareOneBatch(t *testing.T) {
 	noLeaks(t)
 	g := &gate{started: make(chan struct{}, 16), release: make(chan struct{})}
