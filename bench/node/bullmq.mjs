@@ -10,12 +10,14 @@
 //     answer.
 //
 // The worker talks to its parent on stdout, as the Go children of
-// cmd/dispatch do: "startcpu <µs>" (the CPU this process used before the
-// Worker was made: starting node and loading BullMQ), "ready" once the
-// Worker is connected, and when it stops, a line "t <unix ns>" per job it
-// ran, then "end <jobs>". Writing the times at the end costs nothing while
-// it is being measured. It stops on SIGTERM, SIGINT or when its stdin
-// closes (as it does when the parent dies).
+// cmd/dispatch do: "startcpu <µs>" (the CPU this process used getting
+// ready: starting node, loading BullMQ, connecting), then "ready"; when it
+// stops, a line "t <unix ns>" per job it ran, then "end <jobs>". Writing
+// the times at the end costs nothing while it is being measured. It starts
+// taking jobs when the line "go" arrives on stdin, so that the second or so
+// node takes to start is not inside the drain (a Go child is ready in
+// milliseconds), and stops on SIGTERM, SIGINT or when its stdin closes (as
+// it does when the parent dies).
 
 import http from 'node:http';
 import { performance } from 'node:perf_hooks';
@@ -94,8 +96,6 @@ function sender(base, concurrency) {
 
 async function work(opts) {
   const concurrency = positive(opts, 'concurrency');
-  const cpu = process.cpuUsage();
-  process.stdout.write(`startcpu ${cpu.user + cpu.system}\n`);
 
   const times = [];
   const send = opts.url ? sender(opts.url, concurrency) : null;
@@ -103,11 +103,12 @@ async function work(opts) {
     ? async (job) => { await send(job); times.push(nowNs()); }
     : async () => { times.push(nowNs()); };
   const conn = connect(opts.redis);
-  const worker = new Worker(opts.queue, processor, { connection: conn, concurrency });
+  const worker = new Worker(opts.queue, processor, { connection: conn, concurrency, autorun: false });
   worker.on('error', (err) => process.stderr.write(`worker error: ${err.stack ?? err}\n`));
   worker.on('failed', (job, err) => process.stderr.write(`job ${job?.id} failed: ${err.message}\n`));
   await worker.waitUntilReady();
-  process.stdout.write('ready\n');
+  const cpu = process.cpuUsage();
+  process.stdout.write(`startcpu ${cpu.user + cpu.system}\nready\n`);
 
   let stopping = false;
   const stop = async () => {
@@ -122,9 +123,18 @@ async function work(opts) {
   };
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
+  let input = '';
+  let running = false;
+  process.stdin.setEncoding('utf8');
+  process.stdin.on('data', (chunk) => {
+    input += chunk;
+    if (!running && input.split('\n').includes('go')) {
+      running = true;
+      worker.run().catch((err) => process.stderr.write(`worker run: ${err.stack ?? err}\n`));
+    }
+  });
   process.stdin.on('end', stop);
   process.stdin.on('close', stop);
-  process.stdin.resume();
 }
 
 const [mode, ...rest] = process.argv.slice(2);

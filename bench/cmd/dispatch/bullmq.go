@@ -88,7 +88,8 @@ func (bq *bullmq) fill(ctx context.Context, redisURL string, n int, payload []by
 	return nil
 }
 
-// start starts one BullMQ worker process with concurrency jobs in flight;
+// start starts one BullMQ worker process with concurrency jobs in flight,
+// ready to take jobs once told to (child.start);
 // with url, its processor sends each job's request there first.
 func (bq *bullmq) start(name, redisURL string, concurrency int, url string) (*child, error) {
 	args := []string{bq.script, "work", "--redis", redisURL, "--queue", bullmqQueue, "--concurrency", strconv.Itoa(concurrency)}

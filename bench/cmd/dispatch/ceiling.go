@@ -124,7 +124,8 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 	if bq == nil {
 		fmt.Fprintf(out, "\nBullMQ: skipped (%s).\n", skip)
 	} else {
-		fmt.Fprintf(out, "\nBeside BullMQ %s (Node %s): each replica is a `node` process running one `Worker` with `concurrency` %d and BullMQ's default options; "+
+		fmt.Fprintf(out, "\nBeside BullMQ %s (Node %s): each replica is a `node` process running one `Worker` with `concurrency` %d and BullMQ's default options, "+
+			"told to run once every process has started and connected (node takes a second or so to start, a Go child milliseconds); "+
 			"the backlog is added with `Queue.addBulk` (not timed), the same payload bytes as asynq's as the job's data. "+
 			"The HTTP processor sends the job's request with node's `http` client (keep-alive agent) and reads the answer. Rates are timed as above; the target (issue 21) is ≥ 1.0× BullMQ.\n\n",
 			bq.version(), nodeVersion(bq.node), b.o.workers)
@@ -141,9 +142,9 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 	}
 
 	fmt.Fprintf(out, "\nWhat one job costs, summed over all rounds and divided by the jobs drained. Redis commands count those run inside scripts; "+
-		"\"scripts\" counts script calls (each one round trip). Blocking commands count too: BullMQ's workers wait in `bzpopmin` on their queue's marker, "+
-		"asynq's do not block. CPU is per job in µs: the Redis server, the contender's processes "+
-		"(BullMQ's from its `Worker`'s creation: starting node and loading BullMQ is left out), "+
+		"\"scripts\" counts script calls (each one round trip). Blocking commands count too, as each returns: a BullMQ worker that finds nothing waits in `bzpopmin` on its queue's marker "+
+		"(with a backlog it takes its next job as it finishes one, so it seldom blocks; one still blocked at the end is not counted); asynq's servers poll and never block. CPU is per job in µs: the Redis server, the contender's processes "+
+		"(BullMQ's from when its connected `Worker` is told to run: starting node, loading BullMQ and connecting are left out), "+
 		"and this benchmark's process (the fake upstream for HTTP; otherwise only polling for the end).\n\n")
 	fmt.Fprintf(out, "| contender | replicas | Redis cmds/job | scripts/job | Redis CPU | drainers' CPU | bench CPU | commands per job (≥ 0.01) |\n")
 	fmt.Fprintf(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
@@ -307,6 +308,13 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 				return res, err
 			}
 			children = append(children, c)
+		}
+		// All of them at once, once every node has started.
+		for _, c := range children {
+			if err := c.start(); err != nil {
+				stopAll()
+				return res, err
+			}
 		}
 	}
 

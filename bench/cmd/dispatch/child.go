@@ -240,7 +240,7 @@ func parseReport(line string) (r reportLine, ok bool) {
 // child is the parent's handle on a draining child.
 type child struct {
 	proc  *fleet.Proc
-	stdin io.Closer
+	stdin io.WriteCloser
 	ready chan struct{}
 	// times receives each job's time in streaming mode; all of them are
 	// also kept for after the child ends.
@@ -372,4 +372,11 @@ func (c *child) drainCPU() (time.Duration, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return cpu - c.startCPU, err
+}
+
+// start tells a child that waits for it (the BullMQ worker) to begin
+// taking jobs.
+func (c *child) start() error {
+	_, err := io.WriteString(c.stdin, "go\n")
+	return err
 }
