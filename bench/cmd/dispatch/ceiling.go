@@ -30,6 +30,8 @@ const (
 	asynqHTTP     = "asynq-http"
 	shaperHTTP    = "shaper-http"
 	shaperHandler = "shaper-handler"
+	bullmqDrain   = "bullmq"
+	bullmqHTTP    = "bullmq-http"
 )
 
 var contenderNames = map[string]string{
@@ -37,6 +39,8 @@ var contenderNames = map[string]string{
 	asynqHTTP:     "asynq handler sending HTTP to the fake",
 	shaperHTTP:    "`shaper work`, HTTP to the fake",
 	shaperHandler: "shaper dispatcher, Go no-op handler",
+	bullmqDrain:   "BullMQ no-op processor",
+	bullmqHTTP:    "BullMQ processor sending HTTP to the fake",
 }
 
 // drainResult is one contender's drain of one backlog.
@@ -69,7 +73,17 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	bq, skip, err := findBullMQ(ctx)
+	if err != nil {
+		return err
+	}
+	b.bullmq = bq
 	contenders := []string{asynqDrain, shaperHandler, asynqHTTP, shaperHTTP}
+	if bq != nil {
+		contenders = []string{asynqDrain, shaperHandler, bullmqDrain, asynqHTTP, shaperHTTP, bullmqHTTP}
+	} else {
+		fmt.Fprintf(os.Stderr, "ceiling: BullMQ skipped: %s\n", skip)
+	}
 	results := map[ceilingKey][]drainResult{}
 	for round := 0; round < b.o.rounds; round++ {
 		for _, n := range b.o.replicas {
@@ -108,8 +122,30 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "\n\"paired\" is the median (min–max) of each round's shaper rate over the same round's asynq rate: "+
 		"the contenders of a round run one after another within a minute, so load from elsewhere hits a pair more alike than it hits the whole run.\n")
 
+	if bq == nil {
+		fmt.Fprintf(out, "\nBullMQ: skipped (%s).\n", skip)
+	} else {
+		fmt.Fprintf(out, "\nBeside BullMQ %s (Node %s): each replica is a `node` process running one `Worker` with `concurrency` %d and BullMQ's default options, "+
+			"told to run once every process has started and connected (node takes a second or so to start, a Go child milliseconds); "+
+			"the backlog is added with `Queue.addBulk` (not timed), the same payload bytes as asynq's as the job's data. "+
+			"The HTTP processor sends the job's request with node's `http` client (keep-alive agent) and reads the answer. Rates are timed as above; the target (issue 21) is ≥ 1.0× BullMQ.\n\n",
+			bq.version(), nodeVersion(bq.node), b.o.workers)
+		fmt.Fprintf(out, "| replicas | %s | %s | × BullMQ no-op | paired | %s | %s | × BullMQ HTTP | paired |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+			contenderNames[bullmqDrain], contenderNames[shaperHandler], contenderNames[bullmqHTTP], contenderNames[shaperHTTP])
+		for _, n := range b.o.replicas {
+			med := func(c string) float64 { return stats.Median(rates(results[ceilingKey{c, n}])) }
+			fmt.Fprintf(out, "| %d | %s | %s | %.2f× | %s | %s | %s | %.2f× | %s |\n", n,
+				spread(results[ceilingKey{bullmqDrain, n}]), spread(results[ceilingKey{shaperHandler, n}]), med(shaperHandler)/med(bullmqDrain),
+				paired(results[ceilingKey{shaperHandler, n}], results[ceilingKey{bullmqDrain, n}]),
+				spread(results[ceilingKey{bullmqHTTP, n}]), spread(results[ceilingKey{shaperHTTP, n}]), med(shaperHTTP)/med(bullmqHTTP),
+				paired(results[ceilingKey{shaperHTTP, n}], results[ceilingKey{bullmqHTTP, n}]))
+		}
+	}
+
 	fmt.Fprintf(out, "\nWhat one job costs, summed over all rounds and divided by the jobs drained. Redis commands count those run inside scripts; "+
-		"\"scripts\" counts script calls (each one round trip). CPU is per job in µs: the Redis server, the contender's processes, "+
+		"\"scripts\" counts script calls (each one round trip). Blocking commands count too, as each returns: a BullMQ worker that finds nothing waits in `bzpopmin` on its queue's marker "+
+		"(with a backlog it takes its next job as it finishes one, so it seldom blocks; one still blocked at the end is not counted); asynq's servers poll and never block. CPU is per job in µs: the Redis server, the contender's processes "+
+		"(BullMQ's from when its connected `Worker` is told to run: starting node, loading BullMQ and connecting are left out), "+
 		"and this benchmark's process (the fake upstream for HTTP; otherwise only polling for the end).\n\n")
 	fmt.Fprintf(out, "| contender | replicas | Redis cmds/job | scripts/job | Redis CPU | drainers' CPU | bench CPU | commands per job (≥ 0.01) |\n")
 	fmt.Fprintf(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
@@ -184,6 +220,11 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 		if err := b.fillAsynq(ctx, qname, jobs, payload); err != nil {
 			return res, err
 		}
+	case bullmqDrain, bullmqHTTP:
+		payload, _ := json.Marshal(httpJob("noop", 0))
+		if err := b.bullmq.fill(ctx, b.redisURL(), jobs, payload); err != nil {
+			return res, err
+		}
 	case shaperHTTP, shaperHandler:
 		name := "noop"
 		if contender == shaperHandler {
@@ -256,10 +297,30 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 			}
 			children = append(children, c)
 		}
+	case bullmqDrain, bullmqHTTP:
+		url := ""
+		if contender == bullmqHTTP {
+			url = b.up.url
+		}
+		for i := 0; i < n; i++ {
+			c, err := b.bullmq.start(fmt.Sprintf("%s-%d", label, i+1), b.redisURL(), b.o.workers, url)
+			if err != nil {
+				stopAll()
+				return res, err
+			}
+			children = append(children, c)
+		}
+		// All of them at once, once every node has started.
+		for _, c := range children {
+			if err := c.start(); err != nil {
+				stopAll()
+				return res, err
+			}
+		}
 	}
 
 	// Done when every job has reached the upstream (shaper HTTP), when
-	// asynq's queue has nothing pending or running, or when the shaper
+	// asynq's (or BullMQ's) queue has nothing pending or running, or when the shaper
 	// upstream's counters show no backlog (its jobs wait in flows, not in
 	// asynq's pending list). Our own polls are taken back out of the
 	// counts.
@@ -289,11 +350,15 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 			return backlog == 0, nil
 		}
 		polls++
-		pending, err := b.rdb.LLen(ctx, "asynq:{"+qname+"}:pending").Result()
+		pendingKey, activeKey := "asynq:{"+qname+"}:pending", "asynq:{"+qname+"}:active"
+		if contender == bullmqDrain || contender == bullmqHTTP {
+			pendingKey, activeKey = "bull:"+bullmqQueue+":wait", "bull:"+bullmqQueue+":active"
+		}
+		pending, err := b.rdb.LLen(ctx, pendingKey).Result()
 		if err != nil {
 			return false, err
 		}
-		active, err := b.rdb.LLen(ctx, "asynq:{"+qname+"}:active").Result()
+		active, err := b.rdb.LLen(ctx, activeKey).Result()
 		return pending == 0 && active == 0, err
 	})
 	if err != nil {
@@ -325,7 +390,7 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 		res.drainCPU += cpu
 	}
 	for _, c := range children {
-		cpu, err := c.proc.CPU()
+		cpu, err := c.drainCPU()
 		if err != nil {
 			stopAll()
 			return res, err

@@ -173,12 +173,14 @@ type recorder struct {
 	mu     sync.Mutex
 	out    *bufio.Writer
 	times  []int64
+	n      int
 }
 
 func (r *recorder) note() {
 	now := time.Now().UnixNano()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.n++
 	if r.stream {
 		fmt.Fprintf(r.out, "t %d\n", now)
 		r.out.Flush()
@@ -200,20 +202,57 @@ func (r *recorder) finish() {
 	for _, t := range r.times {
 		fmt.Fprintf(r.out, "t %d\n", t)
 	}
-	fmt.Fprintln(r.out, "end")
+	fmt.Fprintf(r.out, "end %d\n", r.n)
+}
+
+// A drainer's report, line by line: what the Go children above and the
+// BullMQ worker (bench/node/bullmq.mjs) print on stdout.
+//
+//	startcpu <µs>   CPU used before draining began (node's start-up)
+//	ready           draining
+//	t <unix ns>     one job ran then
+//	end <jobs>      stopped, having run this many jobs
+type reportLine struct {
+	kind string // "ready", "startcpu", "t", "end"
+	n    int64
+}
+
+// parseReport reads one line of a report; ok is false for anything else
+// (a library's stray output, say), which the reader skips.
+func parseReport(line string) (r reportLine, ok bool) {
+	kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	switch kind {
+	case "ready":
+		if arg != "" {
+			return reportLine{}, false
+		}
+		return reportLine{kind: kind}, true
+	case "startcpu", "t", "end":
+		n, err := strconv.ParseInt(arg, 10, 64)
+		if err != nil || n < 0 {
+			return reportLine{}, false
+		}
+		return reportLine{kind: kind, n: n}, true
+	}
+	return reportLine{}, false
 }
 
 // child is the parent's handle on a draining child.
 type child struct {
 	proc  *fleet.Proc
-	stdin io.Closer
+	stdin io.WriteCloser
 	ready chan struct{}
 	// times receives each job's time in streaming mode; all of them are
 	// also kept for after the child ends.
 	times chan time.Time
 	mu    sync.Mutex
 	all   []time.Time
-	ended chan struct{}
+	// startCPU is the CPU the child reported using before it drained
+	// (node's start-up); reported is the job count of its "end" line, -1
+	// until one comes.
+	startCPU time.Duration
+	reported int64
+	ended    chan struct{}
 }
 
 // startChild starts a draining child of this executable in role, with its
@@ -231,6 +270,12 @@ func startChild(name, role string, env map[string]string, profileDir string) (*c
 	if profileDir != "" {
 		cmd.Env = append(cmd.Env, fleet.EnvProfile+"="+profileDir+"/"+name+".pprof")
 	}
+	return startReporting(name, cmd)
+}
+
+// startReporting starts cmd, a drainer that speaks the report above, and
+// returns once it is ready.
+func startReporting(name string, cmd *exec.Cmd) (*child, error) {
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -248,7 +293,7 @@ func startChild(name, role string, env map[string]string, profileDir string) (*c
 		stdout.Close()
 		return nil, err
 	}
-	c := &child{proc: p, stdin: stdin, ready: make(chan struct{}), times: make(chan time.Time, 1024), ended: make(chan struct{})}
+	c := &child{proc: p, stdin: stdin, ready: make(chan struct{}), times: make(chan time.Time, 1024), reported: -1, ended: make(chan struct{})}
 	go c.read(stdout)
 	select {
 	case <-c.ready:
@@ -266,17 +311,28 @@ func (c *child) read(r io.ReadCloser) {
 	defer close(c.ended)
 	defer r.Close()
 	sc := bufio.NewScanner(r)
+	readied := false
 	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "ready":
-			close(c.ready)
-		case strings.HasPrefix(line, "t "):
-			ns, err := strconv.ParseInt(line[2:], 10, 64)
-			if err != nil {
-				continue
+		l, ok := parseReport(sc.Text())
+		if !ok {
+			continue
+		}
+		switch l.kind {
+		case "ready":
+			if !readied {
+				readied = true
+				close(c.ready)
 			}
-			t := time.Unix(0, ns)
+		case "startcpu":
+			c.mu.Lock()
+			c.startCPU = time.Duration(l.n) * time.Microsecond
+			c.mu.Unlock()
+		case "end":
+			c.mu.Lock()
+			c.reported = l.n
+			c.mu.Unlock()
+		case "t":
+			t := time.Unix(0, l.n)
 			c.mu.Lock()
 			c.all = append(c.all, t)
 			c.mu.Unlock()
@@ -289,7 +345,8 @@ func (c *child) read(r io.ReadCloser) {
 }
 
 // stop closes the child's stdin, waits for it to report and end, and
-// returns every job time it reported.
+// returns every job time it reported. A report whose times do not add up
+// to its "end" count (or that has none) is an error: lines were lost.
 func (c *child) stop() ([]time.Time, error) {
 	c.stdin.Close()
 	select {
@@ -303,5 +360,23 @@ func (c *child) stop() ([]time.Time, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.reported != int64(len(c.all)) {
+		return nil, fmt.Errorf("%s reported %d jobs at its end (-1: no end line) but %d times; log:\n%s", c.proc.Name, c.reported, len(c.all), c.proc.Log())
+	}
 	return c.all, nil
+}
+
+// drainCPU is the CPU the child has used since it began draining.
+func (c *child) drainCPU() (time.Duration, error) {
+	cpu, err := c.proc.CPU()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cpu - c.startCPU, err
+}
+
+// start tells a child that waits for it (the BullMQ worker) to begin
+// taking jobs.
+func (c *child) start() error {
+	_, err := io.WriteString(c.stdin, "go\n")
+	return err
 }

@@ -8,7 +8,8 @@
 //     spacing);
 //   - ceiling: jobs per second with a no-op upstream and a limit too high to
 //     matter, beside asynq's own no-op drain rate on the same Redis in the
-//     same run, and beside shaper's dispatcher with an in-process Go handler
+//     same run, BullMQ's (node workers from bench/node, when node and npm
+//     are there), and shaper's dispatcher with an in-process Go handler
 //     (no HTTP), with Redis commands and CPU per job for each;
 //   - pickup: how long a job enqueued on an idle upstream takes to reach it.
 //

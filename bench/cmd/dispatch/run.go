@@ -96,6 +96,7 @@ type bench struct {
 	shaper *fleet.Shaper
 	up     *upstream
 	dir    string
+	bullmq *bullmq // nil without node and npm
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -158,6 +159,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func (b *bench) flush(ctx context.Context) error { return b.rdb.FlushAll(ctx).Err() }
+
+// redisURL is the Redis's address as a URL, for BullMQ.
+func (b *bench) redisURL() string { return "redis://" + b.redis.Addr + "/0" }
 
 // upstreamConfig is one upstream's part of a shaper config.
 type upstreamConfig struct {

@@ -101,6 +101,9 @@ func Build(ctx context.Context, dir string) (*Shaper, error) {
 	return &Shaper{bin: bin}, nil
 }
 
+// SourceDir is the shaper tree being benchmarked (bench/ is inside it).
+func SourceDir(ctx context.Context) (string, error) { return mainModuleDir(ctx) }
+
 // mainModuleDir is where the bench module's replace directive points: the
 // shaper tree being benchmarked.
 func mainModuleDir(ctx context.Context) (string, error) {
