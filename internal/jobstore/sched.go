@@ -199,7 +199,7 @@ func EnqueueInOrder(ctx context.Context, rdb redis.UniversalClient, calls []Enqu
 		keys, args := c.Space.enqueueInvocation(c.Entry, c.BlockKey, "")
 		invs[i] = script.Invocation{Keys: keys, Args: args}
 	}
-	vals, errs := script.RunPipelined(ctx, rdb, "jobstore.enqueue", enqueueScript, invs)
+	vals, errs := script.RunInOrder(ctx, rdb, "jobstore.enqueue", enqueueScript, invs)
 	out := make([]Enqueued, len(calls))
 	for i, v := range vals {
 		n, _ := v.(int64)

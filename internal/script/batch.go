@@ -254,11 +254,39 @@ type Invocation struct {
 // means the script did not run. It works on a ClusterClient too, as long as
 // each invocation's keys share one slot.
 func RunPipelined(ctx context.Context, rdb redis.UniversalClient, name string, s *redis.Script, invs []Invocation) ([]any, []error) {
+	return runPipelined(ctx, rdb, name, s, invs, false)
+}
+
+// RunInOrder is RunPipelined for invocations that must run in the order
+// given (each takes its place in a FIFO, say). A NOSCRIPT reply would send
+// an invocation again after later ones had run, so the first invocation on
+// each hash slot goes by EVAL, which also caches the script on that node for
+// the EVALSHAs behind it in the same pipeline: one copy of the script's text
+// per node and call. Only a SCRIPT FLUSH in the middle of the pipeline can
+// still put an invocation out of order (it then runs again by EVAL, after
+// the others, as RunPipelined's do).
+func RunInOrder(ctx context.Context, rdb redis.UniversalClient, name string, s *redis.Script, invs []Invocation) ([]any, []error) {
+	return runPipelined(ctx, rdb, name, s, invs, true)
+}
+
+func runPipelined(ctx context.Context, rdb redis.UniversalClient, name string, s *redis.Script, invs []Invocation, ordered bool) ([]any, []error) {
 	vals := make([]any, len(invs))
 	errs := make([]error, len(invs))
 	cmds := make([]*redis.Cmd, len(invs))
 	pipe := rdb.Pipeline()
+	loaded := map[uint16]bool{}
 	for i, inv := range invs {
+		if ordered {
+			slot := uint16(0)
+			if len(inv.Keys) > 0 {
+				slot = Slot(inv.Keys[0])
+			}
+			if !loaded[slot] {
+				loaded[slot] = true
+				cmds[i] = s.Eval(ctx, pipe, inv.Keys, inv.Args...)
+				continue
+			}
+		}
 		cmds[i] = s.EvalSha(ctx, pipe, inv.Keys, inv.Args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
