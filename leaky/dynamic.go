@@ -319,8 +319,9 @@ func (b *Bucket) Settle(ctx context.Context, cost string, estimate, actual int64
 	return nil
 }
 
-// PartitionTAT is the key of a partition limit's TAT, as the scheduler's
-// take script names it (Layout.PartitionPrefix + partition + ":" + id).
+// PartitionTAT is the key of a partition limit's TAT, as the job store's
+// take script names it (the partition prefix that BookingArgs passes, then
+// partition, ":" and the limit's id).
 func (b *Bucket) PartitionTAT(partition string, l Limit) string {
 	return b.p.key(b.name, "p:") + partition + ":" + limitID(l)
 }

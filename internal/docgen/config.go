@@ -355,9 +355,9 @@ func text(g *ast.CommentGroup) string {
 	return strings.Join(strings.Fields(g.Text()), " ")
 }
 
-var word = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*`)
-
+// mentions reports whether doc names name as a word (dotted paths whole).
 func mentions(doc, name string) bool {
+	word := regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*`)
 	return slices.Contains(word.FindAllString(doc, -1), name)
 }
 

@@ -213,8 +213,8 @@ type Point struct {
 
 // HistoryAt reads the drain rate over the last History, one Point per
 // HistoryStep, oldest first: History/HistoryStep steps, the latest the
-// last whose seconds Read would count (so the latest flushes are in). A step with no sends, or from before anything was recorded,
-// reads 0.
+// last whose seconds Read would count (so the latest flushes are in). A
+// step with no sends, or from before anything was recorded, reads 0.
 func HistoryAt(ctx context.Context, rdb redis.UniversalClient, prefix, upstream string, now time.Time) ([]Point, error) {
 	prefix = keyspace.Prefix(prefix)
 	step := int64(HistoryStep / time.Second)

@@ -35,8 +35,10 @@ import (
 // A job waiting in a flow is, to asynq's Inspector, an aggregating task of
 // group LANE|FK|PK; the task hash also carries shaper's fields sl (lane), sf
 // (fairness key), sp (partition), sc (costs "name=n,..."), sq (FIFO seq),
-// and sd ("1" while it waits in asynq's retry set handed back, not failed;
-// see Finish).
+// and sd (set when the job is handed back to wait, not failed: what it
+// waits for, "1" for nothing named; it stays until an attempt fails, the job
+// dies or is retried, so the last error reads as a hand-back's; a cancel
+// keeps it for a retry to read; see Finish).
 
 // Every script is a file of lua/, whose opening comment is its contract
 // (KEYS, ARGV, what it returns); the files that are libraries of local

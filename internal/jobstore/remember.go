@@ -63,7 +63,7 @@ func (r Remembered) args() []any {
 	return []any{r.Key, w, span, r.Pattern, r.CancelPrefix}
 }
 
-// RecallArg is what a script that recalls a record (RememberLua's recall)
+// RecallArg is what a script that recalls a record (remember.lua's recall)
 // is given for the task's ID: "" when r is off.
 func (r Remembered) RecallArg() string {
 	if !r.on() {

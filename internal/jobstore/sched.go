@@ -154,12 +154,6 @@ func EncodeCosts(c map[string]int64) string {
 	return b.String()
 }
 
-// unixSeconds is t as asynq's sorted sets score it (seconds), with
-// milliseconds kept as a fraction: asynq's Inspector truncates, shaper
-// reads it to the millisecond.
-func unixSeconds(t time.Time) string {
-	return strconv.FormatFloat(float64(t.UnixMilli())/1000, 'f', 3, 64)
-}
 
 // Enqueue stores e and makes it ready (or scheduled). created is false,
 // with nothing changed, if a job with e.ID exists. rdb may be a pipeline
@@ -230,7 +224,7 @@ func enqueued(n int64) Enqueued {
 func (s Space) enqueueInvocation(e Entry, blockKey, now string) ([]string, []any) {
 	at := ""
 	if !e.ProcessAt.IsZero() {
-		at = unixSeconds(e.ProcessAt)
+		at = Score(e.ProcessAt)
 	}
 	keys := []string{s.TaskKey(e.ID), s.vKey(), s.fKey(), s.calKey(), s.CountsKey(), s.BacklogKey(),
 		s.a.Scheduled(), s.a.Groups()}

@@ -17,7 +17,7 @@
 --    retry counts retry, a deferring one deferred)
 -- KEYS[11] -> shaper's partition backlog, a sorted set of partition -> tasks
 -- KEYS[12] -> with tombstones (ARGV[9] > 0): the tombstone set (see
---    trimLib); without, the task hashes start here
+--    trim.lua); without, the task hashes start here
 -- KEYS[11+g+i] -> the task hash of item i (from 1), g 1 with tombstones
 -- KEYS[...] -> uniqueness lock keys, as the items name them
 -- ARGV[1] -> score for the archived set: now, Unix seconds (see Score)
@@ -151,7 +151,8 @@ for b = 18, #ARGV, 12 do
       else
         -- Handed back: shaper's sd mark (what it waits for) tells it from
         -- a failure, in the retry set and after (see flow.lua's
-        -- waited_as); it goes when an attempt fails or the task dies.
+        -- waited_as); it goes when an attempt fails, the task dies or is
+        -- retried (a cancel keeps it: see revive.lua).
         redis.call('HSET', task, 'msg', msg, 'state', 'retry', 'sd', waits)
         count('deferred:' .. lane, 1)
       end

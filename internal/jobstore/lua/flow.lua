@@ -4,7 +4,7 @@
 --
 --   space(our, group, task, v, f, cal, groups) -> sp = {our = our prefix
 --     "P:s:{Q}:", group = asynq's group prefix, task = asynq's task prefix,
---     v, f, cal, groups = the keys of those names (see sched_lua.go)}
+--     v, f, cal, groups = the keys of those names (see lua.go)}
 --   activate_lane(sp, fk, lane) puts lane of fairness key fk, and fk, back
 --     in the rotation at the current virtual time, off the calendar
 --   push(sp, id, lane, fk, pk, seq, t) puts job id into its flow

@@ -47,6 +47,9 @@ local lane, fk, pk = f[3] or '', f[4] or '', f[5] or ''
 redis.call('ZREM', KEYS[7], id)
 local seq = redis.call('HINCRBY', K_V, 'seq', 1)
 redis.call('HSET', KEYS[1], 'msg', ARGV[4], 'sq', seq)
+-- The job starts afresh: a hand-back's mark (kept through a cancel, for
+-- the caller to read) goes.
+redis.call('HDEL', KEYS[1], 'sd')
 redis.call('HDEL', KEYS[1], 'result')
 push(sp, id, lane, fk, pk, seq, now)
 count(KEYS[5], 'dead:' .. lane, -1)

@@ -11,7 +11,7 @@
 (() => {
   const KEY_STORE = "shaper.apiKey";
   const POLL_MS = 2000;
-  const WINDOW_MS = 15 * 60 * 1000; // what the chart shows: the history the API keeps (drain.History)
+  const WINDOW_MS = 15 * 60 * 1000; // what the chart shows: the history the API keeps (jobstore.History)
   const DEAD_LIMIT = 20;
   const DEAD_REFRESH_MS = 10000; // the dead list is re-read at least this often
   const UNTIL_RESUMED_MS = 300 * 24 * 3600 * 1000; // as status.UntilResumed
