@@ -355,10 +355,14 @@ func text(g *ast.CommentGroup) string {
 	return strings.Join(strings.Fields(g.Text()), " ")
 }
 
-// mentions reports whether doc names name as a word (dotted paths whole).
+// word matches a word of a comment, a dotted path whole.
+func word() *regexp.Regexp {
+	return regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*`)
+}
+
+// mentions reports whether doc names name as a word.
 func mentions(doc, name string) bool {
-	word := regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*`)
-	return slices.Contains(word.FindAllString(doc, -1), name)
+	return slices.Contains(word().FindAllString(doc, -1), name)
 }
 
 // proseWord is a field name that comments also use as a plain word (Redis
@@ -374,7 +378,7 @@ func proseWord(name string) bool {
 // userText turns a field's Go comment into the reference's words: the
 // struct's field names become their YAML keys.
 func userText(doc string, siblings map[string]string) string {
-	return word.ReplaceAllStringFunc(doc, func(s string) string {
+	return word().ReplaceAllStringFunc(doc, func(s string) string {
 		if k, ok := siblings[s]; ok {
 			return "`" + k + "`"
 		}

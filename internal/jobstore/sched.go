@@ -154,7 +154,6 @@ func EncodeCosts(c map[string]int64) string {
 	return b.String()
 }
 
-
 // Enqueue stores e and makes it ready (or scheduled). created is false,
 // with nothing changed, if a job with e.ID exists. rdb may be a pipeline
 // or an autopipeliner.
