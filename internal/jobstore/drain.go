@@ -9,6 +9,7 @@ package jobstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/internal/keyspace"
+	"github.com/shaperhq/shaper/internal/script"
 )
 
 // Keep is how long per-second counts live: enough for a 60 s rate.
@@ -92,22 +94,26 @@ func (r *Recorder) Flush(ctx context.Context) error {
 	if len(counts) == 0 {
 		return nil
 	}
-	pipe := r.rdb.Pipeline()
+	// One script call an upstream (its keys share its slot), all in one
+	// pipeline.
+	var invs []script.Invocation
+	keep, hist := int64(Keep/time.Second), int64(historyTTL/time.Second)
 	for up, secs := range counts {
+		var inv script.Invocation
 		steps := map[int64]int64{}
 		for sec, n := range secs {
-			k := drainKey(r.prefix, up, sec)
-			pipe.IncrBy(ctx, k, n)
-			pipe.Expire(ctx, k, Keep)
+			inv.Keys = append(inv.Keys, drainKey(r.prefix, up, sec))
+			inv.Args = append(inv.Args, n, keep)
 			steps[stepStart(sec)] += n
 		}
 		for start, n := range steps {
-			k := stepKey(r.prefix, up, start)
-			pipe.IncrBy(ctx, k, n)
-			pipe.Expire(ctx, k, historyTTL)
+			inv.Keys = append(inv.Keys, stepKey(r.prefix, up, start))
+			inv.Args = append(inv.Args, n, hist)
 		}
+		invs = append(invs, inv)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, errs := script.RunPipelined(ctx, r.rdb, "jobstore.drain_add", drainAddScript, invs)
+	if err := errors.Join(errs...); err != nil {
 		r.mu.Lock()
 		for up, secs := range counts {
 			m := r.counts[up]

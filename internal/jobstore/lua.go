@@ -77,6 +77,7 @@ var (
 // idempotency records (recall).
 var (
 	finishScript        = script.New(lua("remember.lua"), lua("trim.lua"), lua("finish.lua"))
+	drainAddScript      = script.New(lua("drain_add.lua"))
 	extendScript        = script.New(lua("extend.lua"))
 	expiredScript       = script.New(lua("expired.lua"))
 	deleteExpiredScript = script.New(lua("remember.lua"), lua("trim.lua"), lua("delete_expired.lua"))
