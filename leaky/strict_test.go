@@ -56,16 +56,29 @@ func TestLatenessIsHalfTheGuard(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint(tc.cfg.Limits[0], tc.late), func(t *testing.T) {
 			b := newBucket(t, srv.Client(t), nil, tc.cfg)
-			r, err := b.Reserve(ctx, nil)
-			if err != nil || !r.OK {
-				t.Fatalf("reserve: %+v, %v", r, err)
-			}
-			if got, want := r.lateness(), b.Config().Guard/2; got != want {
-				t.Errorf("got lateness %v, want half the guard %v", got, want)
-			}
-			time.Sleep(time.Until(r.SendAt()) + tc.late)
-			if err := r.Wait(ctx); !errors.Is(err, tc.want) {
-				t.Errorf("Wait %v after the slot: got %v, want %v", tc.late, err, tc.want)
+			// A wake meant to come in time that the host itself made
+			// later than the allowance (a sleep overshooting by several
+			// ms, as under -race on a busy host) tests nothing: try
+			// again, a few times.
+			for try := 1; ; try++ {
+				r, err := b.Reserve(ctx, nil)
+				if err != nil || !r.OK {
+					t.Fatalf("reserve: %+v, %v", r, err)
+				}
+				if got, want := r.lateness(), b.Config().Guard/2; got != want {
+					t.Errorf("got lateness %v, want half the guard %v", got, want)
+				}
+				time.Sleep(time.Until(r.SendAt()) + tc.late)
+				hostLate := tc.want == nil && r.TooLate()
+				err = r.Wait(ctx)
+				if hostLate && try < 5 {
+					t.Logf("try %d: woke %v past the slot, over the allowance by the host's doing; again", try, r.Late())
+					continue
+				}
+				if !errors.Is(err, tc.want) {
+					t.Errorf("Wait %v after the slot: got %v, want %v (woke %v late)", tc.late, err, tc.want, r.Late())
+				}
+				break
 			}
 		})
 	}
