@@ -36,6 +36,11 @@ fi
 # The package's own service is not needed: the tests start their own servers.
 if command -v systemctl >/dev/null 2>&1; then systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
 
+# The clients nobody here wrote that e2e drives (the openai and stripe SDKs,
+# the standardwebhooks verifier), pinned by e2e/node's lockfile.
+if [ ! -d e2e/node/node_modules ] || [ e2e/node/package-lock.json -nt e2e/node/node_modules ]; then
+  (cd e2e/node && npm ci --no-audit --no-fund >/dev/null)
+fi
 echo "test.sh: $(go version); $(redis-server --version | cut -d' ' -f1-3)" >&2
 go vet ./...
 # The pacing tests (leaky, e2e) measure throughput to within a percent of
