@@ -17,6 +17,8 @@ command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>
 # The producer examples in other languages (examples/producers) run for real.
 command -v python3 >/dev/null 2>&1 || need_install+=(python3)
 command -v node >/dev/null 2>&1 || need_install+=(nodejs)
+# npm installs the e2e clients (e2e/node); Debian packages it apart from node.
+command -v npm >/dev/null 2>&1 || need_install+=(npm)
 if [ ${#need_install[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "test.sh: ${need_install[*]} missing; run as root or: sudo apt-get install -y ${need_install[*]}" >&2
