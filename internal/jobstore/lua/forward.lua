@@ -1,32 +1,57 @@
 -- forward.lua: a library for the take. Needs flow.lua before it.
 --
---   forward_due(sp, scheduled, retry, counts, now) moves jobs of asynq's
---     scheduled and retry sets (keys) that are due at now (µs) into their
---     flows, at their old FIFO place, counting them pending in the counter
---     hash counts; drops the parks (sp.our .. 'pk') whose time passed; and
---     brings the calendar's lanes whose time came back into the rotation.
---     At most 200 of each set and of the calendar per call: the rest comes
---     due at the next take.
+--   forward_due(sp, scheduled, retry, counts, now) -> firsts: moves jobs
+--     of asynq's scheduled and retry sets (keys) that are due at now (µs)
+--     into their flows, at their old FIFO place, counting them pending in
+--     the counter hash counts; drops the parks (sp.our .. 'pk') whose time
+--     passed; and brings the calendar's lanes whose time came back into
+--     the rotation. At most 200 of each set and of the calendar per call:
+--     the rest comes due at the next take. Each set's first member is read
+--     before anything of it is moved, so a set with nothing due costs one
+--     read; firsts = {scheduled, retry, cal} holds each set's lowest score
+--     as it stands after the call (false: empty; nil: not known, because
+--     something of it moved), which the take needs for its answer.
+--   first_score(key) -> the lowest score of a sorted set, false if empty
+local function first_score(key)
+  local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #r == 0 then
+    return false
+  end
+  return tonumber(r[2])
+end
+
 local function forward_due(sp, scheduled, retry, counts, now)
   local now_s = now / 1000000
-  for _, set in ipairs({scheduled, retry}) do
-    local due = redis.call('ZRANGEBYSCORE', set, '-inf', now_s, 'LIMIT', 0, 200)
-    for _, id in ipairs(due) do
-      redis.call('ZREM', set, id)
-      local f = redis.call('HMGET', sp.task .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
-      if f[1] then
-        local from = 'scheduled:'
-        if set == retry then from = waited_as(sp.task .. id, f[5]) end
-        push(sp, id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), now)
-        count(counts, from .. f[1], -1)
-        count(counts, 'pending:' .. f[1], 1)
+  local firsts = {}
+  for z, set in ipairs({scheduled, retry}) do
+    local first = first_score(set)
+    if first and first <= now_s then
+      first = nil
+      local due = redis.call('ZRANGEBYSCORE', set, '-inf', now_s, 'LIMIT', 0, 200)
+      for _, id in ipairs(due) do
+        redis.call('ZREM', set, id)
+        local f = redis.call('HMGET', sp.task .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
+        if f[1] then
+          local from = 'scheduled:'
+          if set == retry then from = waited_as(sp.task .. id, f[5]) end
+          push(sp, id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), now)
+          count(counts, from .. f[1], -1)
+          count(counts, 'pending:' .. f[1], 1)
+        end
       end
     end
+    firsts[z] = first
   end
   redis.call('ZREMRANGEBYSCORE', sp.our .. 'pk', '-inf', now)
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', 0, 200)) do
-    redis.call('ZREM', sp.cal, m)
-    local bar = string.find(m, '|', 1, true)
-    activate_lane(sp, string.sub(m, bar + 1), string.sub(m, 1, bar - 1))
+  -- (A push may have taken its lane off the calendar: read it after.)
+  local first = first_score(sp.cal)
+  if first and first <= now then
+    first = nil
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', 0, 200)) do
+      redis.call('ZREM', sp.cal, m)
+      local bar = string.find(m, '|', 1, true)
+      activate_lane(sp, string.sub(m, bar + 1), string.sub(m, 1, bar - 1))
+    end
   end
+  return {scheduled = firsts[1], retry = firsts[2], cal = first}
 end

@@ -99,7 +99,7 @@ local function costs_of(s)
   return t
 end
 
-forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now)
+local firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now)
 
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
@@ -120,70 +120,122 @@ local function pend(key, member, score)
   if not pends[key] then pends[key] = {} end
   pends[key][member] = score
 end
-local function pending(key, member)
-  return pends[key] and pends[key][member]
-end
 local function unpend(key, member)
   if pends[key] then pends[key][member] = nil end
+end
+-- view: what the take knows of a sorted set's first two members (n of
+-- them, 2 meaning two or more), read once and kept up to date by the
+-- take's own writes: nothing else writes these sets while it runs, so
+-- going back to a set (the one fairness key, the one lane of the common
+-- case) costs no read. A write the view cannot follow forgets it.
+local views = {}
+local function view(key)
+  local v = views[key]
+  if not v then
+    local r = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
+    v = {n = #r / 2, m1 = r[1], s1 = tonumber(r[2]), m2 = r[3], s2 = tonumber(r[4])}
+    views[key] = v
+  end
+  return v
+end
+-- rescore: key's first member moves on to score s; a sole member's new
+-- score waits for the end of the take when lazy.
+local function rescore(key, v, s, lazy)
+  if v.n == 1 and lazy then
+    pend(key, v.m1, s)
+  else
+    unpend(key, v.m1)
+    redis.call('ZADD', key, s, v.m1)
+  end
+  -- Still first: sole, or still below the second (ties by member, as
+  -- ZRANGE orders them).
+  if v.n == 1 or s < v.s2 or (s == v.s2 and v.m1 < v.m2) then
+    v.s1 = s
+  else
+    views[key] = nil
+  end
+end
+-- drop_first: key's first member leaves it.
+local function drop_first(key, v)
+  redis.call('ZREM', key, v.m1)
+  unpend(key, v.m1)
+  if v.n == 1 then
+    views[key] = {n = 0}
+  else
+    views[key] = nil
+  end
+end
+-- flows: what the take has read of a flow, from its head, a few jobs per
+-- read (as many as the take may still give, and the one after); the jobs
+-- it takes leave the flow at the end of the take, all at once.
+local flows = {}
+local function flow_head(g)
+  local fl = flows[g]
+  if not fl then
+    fl = {ids = {}, at = 1, rank = 0, more = true, took = {}}
+    flows[g] = fl
+  end
+  if fl.more and fl.ids[fl.at + 1] == nil then
+    -- The jobs taken are still in the flow, ahead of the rest.
+    local from = fl.rank + fl.at - 1
+    local k = math.max(1, max_jobs - taken)
+    fl.ids = redis.call('ZRANGE', G .. g, from, from + k)
+    fl.rank, fl.at, fl.more = from, 1, #fl.ids == k + 1
+  end
+  return fl
 end
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
-    -- Each lookup reads the first two members: a sole member's new score
-    -- need not be written until the end of the take, since nothing joins
-    -- these sets during the loop (pend).
-    local top = redis.call('ZRANGE', K_F, 0, 1, 'WITHSCORES')
-    if #top == 0 then stop = true break end
-    local fk = top[1]
-    local s1 = pending(K_F, fk) or tonumber(top[2])
-    local f_sole = #top == 2
+    local fv = view(K_F)
+    if fv.n == 0 then stop = true break end
+    local fk = fv.m1
+    local s1 = fv.s1
     local lk = P .. 'l:' .. fk
-    local lt = redis.call('ZRANGE', lk, 0, 1, 'WITHSCORES')
-    if #lt == 0 then
-      redis.call('ZREM', K_F, fk)
+    local lv = view(lk)
+    -- Lanes and fairness keys retire lazily, when the take finds them
+    -- empty.
+    local function retire_key()
+      drop_first(K_F, fv)
       redis.call('HDEL', K_V, 'v:' .. fk)
       lane_time[fk] = nil
-      unpend(K_F, fk)
+    end
+    if lv.n == 0 then
+      retire_key()
       break
     end
-    local lane = lt[1]
-    local s2 = pending(lk, lane) or tonumber(lt[2])
-    local l_sole = #lt == 2
+    local lane = lv.m1
+    local s2 = lv.s1
     local rk = P .. 'r:' .. lane .. '|' .. fk
-    local fl = redis.call('ZRANGE', rk, 0, 1, 'WITHSCORES')
-    local r_sole = #fl == 2
+    local rv = view(rk)
     local function retire_lane()
-      redis.call('ZREM', lk, lane)
-      unpend(lk, lane)
-      if redis.call('ZCARD', lk) == 0 then
-        redis.call('ZREM', K_F, fk)
-        redis.call('HDEL', K_V, 'v:' .. fk)
-        lane_time[fk] = nil
-        unpend(K_F, fk)
-      end
+      local last = lv.n == 1
+      drop_first(lk, lv)
+      if last then retire_key() end
     end
-    if #fl == 0 then
+    if rv.n == 0 then
       retire_lane()
       break
     end
-    local pk = fl[1]
-    local elig = pending(rk, pk) or tonumber(fl[2])
+    local pk = rv.m1
+    local elig = rv.s1
     if elig > now then
       -- Every partition of this lane is parked: calendar it.
       retire_lane()
       redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
+      firsts.cal = nil
       break
     end
     local g = lane .. '|' .. fk .. '|' .. pk
     -- The job and the one after it, which the flow's next chance needs.
-    local head = redis.call('ZRANGE', G .. g, 0, 1)
-    if #head == 0 then
-      redis.call('ZREM', rk, pk)
+    local fl = flow_head(g)
+    local id = fl.ids[fl.at]
+    if id == nil then
+      drop_first(rk, rv)
       redis.call('SREM', K_GROUPS, g)
       redis.call('ZREM', K_PK, g)
       break
     end
-    local id = head[1]
     local tk = T .. id
     -- Where nothing but the upstream can hold the job back (no partition
     -- limits), it is all but certainly taken: read its message now too.
@@ -213,8 +265,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- Not this partition's turn yet. It is taken when its slot comes,
       -- not booked ahead: booking the upstream at a partition's later
       -- slot would leave the upstream idle until then.
-      unpend(rk, pk)
-      redis.call('ZADD', rk, pslot, pk)
+      rescore(rk, rv, pslot, false)
       redis.call('ZADD', K_PK, pslot, g)
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
@@ -229,27 +280,23 @@ while not stop and taken < max_jobs and steps < 2000 do
     local slot = math.max(su, pslot)
     leaky_book(bucket, slot, costs, id)
     leaky_partition_book(part, slot, costs, now)
-    -- The job leaves its flow for asynq's active list.
-    redis.call('ZREM', G .. g, id)
-    local nxt = {head[2]}
-    if #head < 2 then
+    -- The job leaves its flow for asynq's active list (the flow's ZREM
+    -- comes after the loop).
+    fl.took[#fl.took + 1] = id
+    fl.at = fl.at + 1
+    local nxt = fl.ids[fl.at]
+    if nxt == nil then
       redis.call('SREM', K_GROUPS, g)
-      redis.call('ZREM', rk, pk)
+      drop_first(rk, rv)
       redis.call('ZREM', K_PK, g)
-      unpend(rk, pk)
     else
       -- The partition can go again when its limits allow its next job's
       -- costs (a job without a limit's cost is not held by it).
       local e = now
       if #pl > 0 then
-        e = leaky_partition_earliest(part, costs_of(redis.call('HGET', T .. nxt[1], 'sc')), now)
+        e = leaky_partition_earliest(part, costs_of(redis.call('HGET', T .. nxt, 'sc')), now)
       end
-      if r_sole and e <= now then
-        pend(rk, pk, e)
-      else
-        unpend(rk, pk)
-        redis.call('ZADD', rk, e, pk)
-      end
+      rescore(rk, rv, e, e <= now)
       if e > now then
         redis.call('ZADD', K_PK, e, g)
       end
@@ -263,17 +310,9 @@ while not stop and taken < max_jobs and steps < 2000 do
     -- Fair share: the key and the lane each move on by 1/weight; the
     -- virtual times are written once, below.
     v1 = s1
-    if f_sole then
-      pend(K_F, fk, s1 + 1 / (weights[fk] or 1))
-    else
-      redis.call('ZADD', K_F, s1 + 1 / (weights[fk] or 1), fk)
-    end
+    rescore(K_F, fv, s1 + 1 / (weights[fk] or 1), true)
     lane_time[fk] = s2
-    if l_sole then
-      pend(lk, lane, s2 + 1 / (lweights[lane] or 1))
-    else
-      redis.call('ZADD', lk, s2 + 1 / (lweights[lane] or 1), lane)
-    end
+    rescore(lk, lv, s2 + 1 / (lweights[lane] or 1), true)
     out[#out + 1] = id
     out[#out + 1] = msg or redis.call('HGET', tk, 'msg')
     out[#out + 1] = slot - now
@@ -284,6 +323,11 @@ if not stop and taken < max_jobs and steps >= 2000 then more = true end
 for key, members in pairs(pends) do
   for member, score in pairs(members) do
     redis.call('ZADD', key, 'XX', score, member)
+  end
+end
+for g, fl in pairs(flows) do
+  if #fl.took > 0 then
+    redis.call('ZREM', G .. g, unpack(fl.took))
   end
 end
 if #went > 0 then
@@ -314,12 +358,15 @@ local next = -1
 local function sooner(t)
   if t and (next < 0 or t < next) then next = t end
 end
-for z = 5, 6 do
-  local first = redis.call('ZRANGE', KEYS[z], 0, 0, 'WITHSCORES')
-  if #first > 0 then sooner(math.max(0, math.floor(tonumber(first[2]) * 1000000) - now)) end
+-- (What forward_due read still stands unless something of it moved.)
+for z, name in pairs({[5] = 'scheduled', [6] = 'retry'}) do
+  local first = firsts[name]
+  if first == nil then first = first_score(KEYS[z]) end
+  if first then sooner(math.max(0, math.floor(first * 1000000) - now)) end
 end
-local cal = redis.call('ZRANGE', K_CAL, 0, 0, 'WITHSCORES')
-if #cal > 0 then sooner(math.max(0, tonumber(cal[2]) - now)) end
+local cal = firsts.cal
+if cal == nil then cal = first_score(K_CAL) end
+if cal then sooner(math.max(0, cal - now)) end
 local lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
 if #lease > 0 then
   local exp = tonumber(lease[2]) * 1000000
