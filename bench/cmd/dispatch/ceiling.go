@@ -34,6 +34,12 @@ const (
 	bullmqHTTP    = "bullmq-http"
 )
 
+// allContenders are the ceiling's contenders, in the order of a round.
+var allContenders = []string{asynqDrain, shaperHandler, bullmqDrain, asynqHTTP, shaperHTTP, bullmqHTTP}
+
+// With -fair, the Go handler's jobs go round tenants and partitions.
+const fairTenants, fairPartitions = 4, 8
+
 var contenderNames = map[string]string{
 	asynqDrain:    "asynq no-op drain",
 	asynqHTTP:     "asynq handler sending HTTP to the fake",
@@ -78,11 +84,23 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	b.bullmq = bq
-	contenders := []string{asynqDrain, shaperHandler, asynqHTTP, shaperHTTP}
-	if bq != nil {
-		contenders = []string{asynqDrain, shaperHandler, bullmqDrain, asynqHTTP, shaperHTTP, bullmqHTTP}
-	} else {
+	var contenders []string
+	for _, c := range b.o.contenders {
+		if bq == nil && (c == bullmqDrain || c == bullmqHTTP) {
+			continue
+		}
+		contenders = append(contenders, c)
+	}
+	if bq == nil {
 		fmt.Fprintf(os.Stderr, "ceiling: BullMQ skipped: %s\n", skip)
+	}
+	has := func(cs ...string) bool {
+		for _, c := range cs {
+			if !slices.Contains(contenders, c) {
+				return false
+			}
+		}
+		return true
 	}
 	results := map[ceilingKey][]drainResult{}
 	for round := 0; round < b.o.rounds; round++ {
@@ -102,29 +120,36 @@ func (b *bench) ceiling(ctx context.Context, out io.Writer) error {
 	}
 
 	fmt.Fprintf(out, "### Dispatch ceiling\n\n")
-	fmt.Fprintf(out, "Jobs per second while draining a backlog of %d no-op jobs (middle 80%% of the drain), median (min–max) of %d rounds. "+
-		"Each replica is its own process with %d jobs in flight (shaper `workers`, asynq `Concurrency`). "+
-		"shaper's limit is %d/s, too high to hold anything back; the HTTP upstream (the fake, in this benchmark's process) answers 200 at once. "+
-		"asynq's tasks carry the same payload bytes with asynq's default options; shaper's are enqueued with `queue.Queue.Enqueue` as the API does. "+
-		"The asynq HTTP handler decodes the job, sends its request with a plain `http.Client` and reads the answer: what an asynq worker calling an API does without shaper. "+
-		"Ratios are of medians; the targets (issue 8) are the Go handler ≥ 1.0× asynq's no-op drain and `shaper work` ≥ 0.9× asynq + HTTP.\n\n",
-		b.o.ceilingJobs, b.o.rounds, b.o.workers, ceilingRate)
-	fmt.Fprintf(out, "| replicas | %s | %s | × asynq no-op | paired | %s | %s | × asynq HTTP | paired | × asynq no-op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-		contenderNames[asynqDrain], contenderNames[shaperHandler], contenderNames[asynqHTTP], contenderNames[shaperHTTP])
-	for _, n := range b.o.replicas {
-		med := func(c string) float64 { return stats.Median(rates(results[ceilingKey{c, n}])) }
-		fmt.Fprintf(out, "| %d | %s | %s | %.2f× | %s | %s | %s | %.2f× | %s | %.2f× |\n", n,
-			spread(results[ceilingKey{asynqDrain, n}]), spread(results[ceilingKey{shaperHandler, n}]), med(shaperHandler)/med(asynqDrain),
-			paired(results[ceilingKey{shaperHandler, n}], results[ceilingKey{asynqDrain, n}]),
-			spread(results[ceilingKey{asynqHTTP, n}]), spread(results[ceilingKey{shaperHTTP, n}]), med(shaperHTTP)/med(asynqHTTP),
-			paired(results[ceilingKey{shaperHTTP, n}], results[ceilingKey{asynqHTTP, n}]), med(shaperHTTP)/med(asynqDrain))
+	if b.o.fair {
+		fmt.Fprintf(out, "With -fair: the Go handler's jobs go round %d tenants and %d partitions (job i: tenant i mod %d, partition i mod %d), "+
+			"fair share by tenant, and a partition limit of %d/s that holds nothing back but puts every partition through its bucket.\n\n",
+			fairTenants, fairPartitions, fairTenants, fairPartitions, ceilingRate)
 	}
-	fmt.Fprintf(out, "\n\"paired\" is the median (min–max) of each round's shaper rate over the same round's asynq rate: "+
-		"the contenders of a round run one after another within a minute, so load from elsewhere hits a pair more alike than it hits the whole run.\n")
+	if has(asynqDrain, shaperHandler, asynqHTTP, shaperHTTP) {
+		fmt.Fprintf(out, "Jobs per second while draining a backlog of %d no-op jobs (middle 80%% of the drain), median (min–max) of %d rounds. "+
+			"Each replica is its own process with %d jobs in flight (shaper `workers`, asynq `Concurrency`). "+
+			"shaper's limit is %d/s, too high to hold anything back; the HTTP upstream (the fake, in this benchmark's process) answers 200 at once. "+
+			"asynq's tasks carry the same payload bytes with asynq's default options; shaper's are enqueued with `queue.Queue.Enqueue` as the API does. "+
+			"The asynq HTTP handler decodes the job, sends its request with a plain `http.Client` and reads the answer: what an asynq worker calling an API does without shaper. "+
+			"Ratios are of medians; the targets (issue 8) are the Go handler ≥ 1.0× asynq's no-op drain and `shaper work` ≥ 0.9× asynq + HTTP.\n\n",
+			b.o.ceilingJobs, b.o.rounds, b.o.workers, ceilingRate)
+		fmt.Fprintf(out, "| replicas | %s | %s | × asynq no-op | paired | %s | %s | × asynq HTTP | paired | × asynq no-op |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+			contenderNames[asynqDrain], contenderNames[shaperHandler], contenderNames[asynqHTTP], contenderNames[shaperHTTP])
+		for _, n := range b.o.replicas {
+			med := func(c string) float64 { return stats.Median(rates(results[ceilingKey{c, n}])) }
+			fmt.Fprintf(out, "| %d | %s | %s | %.2f× | %s | %s | %s | %.2f× | %s | %.2f× |\n", n,
+				spread(results[ceilingKey{asynqDrain, n}]), spread(results[ceilingKey{shaperHandler, n}]), med(shaperHandler)/med(asynqDrain),
+				paired(results[ceilingKey{shaperHandler, n}], results[ceilingKey{asynqDrain, n}]),
+				spread(results[ceilingKey{asynqHTTP, n}]), spread(results[ceilingKey{shaperHTTP, n}]), med(shaperHTTP)/med(asynqHTTP),
+				paired(results[ceilingKey{shaperHTTP, n}], results[ceilingKey{asynqHTTP, n}]), med(shaperHTTP)/med(asynqDrain))
+		}
+		fmt.Fprintf(out, "\n\"paired\" is the median (min–max) of each round's shaper rate over the same round's asynq rate: "+
+			"the contenders of a round run one after another within a minute, so load from elsewhere hits a pair more alike than it hits the whole run.\n")
+	}
 
 	if bq == nil {
 		fmt.Fprintf(out, "\nBullMQ: skipped (%s).\n", skip)
-	} else {
+	} else if has(bullmqDrain, shaperHandler, bullmqHTTP, shaperHTTP) {
 		fmt.Fprintf(out, "\nBeside BullMQ %s (Node %s): each replica is a `node` process running one `Worker` with `concurrency` %d and BullMQ's default options, "+
 			"told to run once every process has started and connected (node takes a second or so to start, a Go child milliseconds); "+
 			"the backlog is added with `Queue.addBulk` (not timed), the same payload bytes as asynq's as the job's data. "+
@@ -238,7 +263,11 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 		mk := func(i int) *queue.Job { return httpJob(name, i) }
 		if contender == shaperHandler {
 			mk = func(i int) *queue.Job {
-				return &queue.Job{Upstream: name, Task: "noop", Body: []byte(`{"n":` + strconv.Itoa(i) + `}`)}
+				j := &queue.Job{Upstream: name, Task: "noop", Body: []byte(`{"n":` + strconv.Itoa(i) + `}`)}
+				if b.o.fair {
+					j.Tenant, j.Partition = "t"+strconv.Itoa(i%fairTenants), "p"+strconv.Itoa(i%fairPartitions)
+				}
+				return j
 			}
 		}
 		err = b.fill(ctx, q, jobs, mk)
@@ -288,6 +317,9 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 			env[envURL] = b.up.url
 		case shaperHandler:
 			role, env[envQueue] = roleHandler, "noopgo"
+			if b.o.fair {
+				env[envFair] = "1"
+			}
 		}
 		for i := 0; i < n; i++ {
 			c, err := startChild(fmt.Sprintf("%s-%d", label, i+1), role, env, b.o.profileDir)
@@ -324,14 +356,9 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 	// upstream's counters show no backlog (its jobs wait in flows, not in
 	// asynq's pending list). Our own polls are taken back out of the
 	// counts.
-	var counter *queue.Queue
-	if contender == shaperHandler {
-		if counter, err = b.newQueue("noopgo"); err != nil {
-			stopAll()
-			return res, err
-		}
-		defer counter.Close()
-	}
+	// (shaper's counters are read raw, one HGETALL a poll, so that the
+	// polls come out of the counts exactly.)
+	counter := jobstore.For("", "noopgo")
 	polls := 0
 	err = waitFor(5*time.Minute, 5*time.Millisecond, "the backlog to drain", func() (bool, error) {
 		switch contender {
@@ -339,13 +366,13 @@ func (b *bench) drain(ctx context.Context, contender string, n int, label string
 			return b.up.arrived.Load() >= int64(jobs), nil
 		case shaperHandler:
 			polls++
-			counts, err := counter.Counts(ctx, "noopgo")
+			counts, err := counter.ReadCounts(ctx, b.rdb)
 			if err != nil {
 				return false, err
 			}
 			var backlog int64
 			for _, c := range counts {
-				backlog += c.Backlog()
+				backlog += c["pending"] + c["scheduled"] + c["retry"] + c["deferred"] + c["active"]
 			}
 			return backlog == 0, nil
 		}

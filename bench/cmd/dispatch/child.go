@@ -48,6 +48,7 @@ const (
 	envRate        = "DISPATCH_RATE"     // the handler upstream's limit per second
 	envStream      = "DISPATCH_STREAM"   // "1": report each job as it runs
 	envURL         = "DISPATCH_URL"      // asynq: send each job's request here first
+	envFair        = "DISPATCH_FAIR"     // "1": the handler upstream limits partitions too (-fair)
 )
 
 func runChild(role string) error {
@@ -104,8 +105,12 @@ func runChild(role string) error {
 			return fmt.Errorf("%s: %w", envRate, err)
 		}
 		name := os.Getenv(envQueue)
+		up := shaper.Upstream{Name: name, Limits: []leaky.Limit{leaky.PerSecond(rate)}, Workers: workers}
+		if os.Getenv(envFair) == "1" {
+			up.PartitionLimits = []leaky.Limit{leaky.PerSecond(rate)}
+		}
 		d, err := dispatcher.New(rdb, dispatcher.Config{
-			Upstreams: []shaper.Upstream{{Name: name, Limits: []leaky.Limit{leaky.PerSecond(rate)}, Workers: workers}},
+			Upstreams: []shaper.Upstream{up},
 			Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 			// Jobs are all handed out before a stop; nothing is in flight.
 			ShutdownTimeout: 5 * time.Second,

@@ -43,12 +43,14 @@ type options struct {
 	pickupGap     time.Duration
 	enqueuers     int
 	profileDir    string
+	contenders    []string // ceiling: those to run, in table order
+	fair          bool     // ceiling: the Go handler's jobs spread over tenants and limited partitions
 }
 
 func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("dispatch", flag.ContinueOnError)
 	var o options
-	var sections, rates, replicas, pickupUps string
+	var sections, rates, replicas, pickupUps, contenders string
 	fs.StringVar(&sections, "sections", "pacing,ceiling,pickup", "sections to run, comma-separated")
 	fs.StringVar(&rates, "rates", "50,500,2000", "pacing: limits in requests per second, comma-separated")
 	fs.StringVar(&replicas, "replicas", "1,4", "numbers of worker replicas, comma-separated")
@@ -62,6 +64,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.asynqSamples, "pickup-asynq-samples", 20, "pickup: jobs timed for asynq at its default 1s polling")
 	fs.DurationVar(&o.pickupGap, "pickup-gap", 100*time.Millisecond, "pickup: most idle time before each job (uniformly random)")
 	fs.IntVar(&o.enqueuers, "enqueuers", 16, "goroutines filling the backlog")
+	fs.StringVar(&contenders, "contenders", strings.Join(allContenders, ","), "ceiling: contenders to run, comma-separated")
+	fs.BoolVar(&o.fair, "fair", false, "ceiling: the Go handler's jobs spread over "+strconv.Itoa(fairTenants)+" tenants and "+strconv.Itoa(fairPartitions)+
+		" partitions, with fair share by tenant and a partition limit (too high to hold anything back), so that every step of the take's pick runs")
 	fs.StringVar(&o.profileDir, "profile", "", "ceiling: write CPU profiles of every drainer and of this process into this directory (shaper then runs inside this executable)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -70,6 +75,12 @@ func parseFlags(args []string) (options, error) {
 	for _, s := range o.sections {
 		if !slices.Contains([]string{"pacing", "ceiling", "pickup"}, s) {
 			return o, fmt.Errorf("-sections: %q: want pacing, ceiling or pickup", s)
+		}
+	}
+	o.contenders = strings.Split(contenders, ",")
+	for _, c := range o.contenders {
+		if !slices.Contains(allContenders, c) {
+			return o, fmt.Errorf("-contenders: %q: want some of %s", c, strings.Join(allContenders, ", "))
 		}
 	}
 	var err error
