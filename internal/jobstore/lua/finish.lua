@@ -53,9 +53,20 @@ local active, lease, completed, retry, archived = KEYS[1], KEYS[2], KEYS[3], KEY
 local counts, pbacklog = KEYS[10], KEYS[11]
 local now, stats_expire = ARGV[1], ARGV[2]
 
+-- The counters move once per call, by their sums (count_all, after the
+-- items), and the completed set takes its members in one ZADD.
+local deltas, kept = {}, {}
 local function count(field, by)
-  if redis.call('HINCRBY', counts, field, by) <= 0 then
-    redis.call('HDEL', counts, field)
+  deltas[field] = (deltas[field] or 0) + by
+end
+local function count_all()
+  for field, by in pairs(deltas) do
+    if by ~= 0 and redis.call('HINCRBY', counts, field, by) <= 0 then
+      redis.call('HDEL', counts, field)
+    end
+  end
+  if #kept > 0 then
+    redis.call('ZADD', completed, unpack(kept))
   end
 end
 
@@ -102,9 +113,14 @@ for b = 18, #ARGV, 12 do
       lane, partition = own[1], own[2] or ''
     end
   end
-  -- ZSCORE first: LREM removes as it checks, so nothing changes unless the
-  -- task is in both.
-  local held = redis.call('ZSCORE', lease, id)
+  -- A recovery reads the lease first: LREM removes as it checks, so
+  -- nothing changes unless the task is in both. An ordinary finish takes
+  -- the task off the active list, then its lease, and puts it back on
+  -- the list if it held none (active, not leased: nothing can end it).
+  local held = true
+  if lapsed ~= '' then
+    held = redis.call('ZSCORE', lease, id)
+  end
   if not held or (lapsed ~= '' and tonumber(held) > tonumber(lapsed)) then
     -- (A recovery names the lease it saw run out: a task taken again
     -- since, under a new lease, is not the recovery's to end.)
@@ -116,8 +132,10 @@ for b = 18, #ARGV, 12 do
       redis.call('ZREM', lease, id)
     end
     out[i] = 0
+  elseif redis.call('ZREM', lease, id) == 0 then
+    redis.call('LPUSH', active, id)
+    out[i] = 0
   else
-    redis.call('ZREM', lease, id)
     count('active:' .. lane, -1)
     if has_result == '1' then
       redis.call('HSET', task, 'result', result)
@@ -135,7 +153,8 @@ for b = 18, #ARGV, 12 do
         end
         redis.call('DEL', task)
       else
-        redis.call('ZADD', completed, score, id)
+        kept[#kept + 1] = score
+        kept[#kept + 1] = id
         redis.call('HSET', task, 'msg', msg, 'state', 'completed')
         count('succeeded:' .. lane, 1)
       end
@@ -168,6 +187,7 @@ for b = 18, #ARGV, 12 do
     out[i] = 1
   end
 end
+count_all()
 bump(KEYS[6], KEYS[7], processed)
 bump(KEYS[8], KEYS[9], failed)
 -- Bounded by count as well as age: the oldest go, a bounded few per call
