@@ -55,7 +55,7 @@ local now, stats_expire = ARGV[1], ARGV[2]
 
 -- The counters move once per call, by their sums (count_all, after the
 -- items), and the completed set takes its members in one ZADD.
-local deltas, kept = {}, {}
+local deltas, kept, archiving = {}, {}, false
 local function count(field, by)
   deltas[field] = (deltas[field] or 0) + by
 end
@@ -177,6 +177,7 @@ for b = 18, #ARGV, 12 do
       end
     else
       redis.call('ZADD', archived, now, id)
+      archiving = true
       redis.call('HSET', task, 'msg', msg, 'state', 'archived')
       redis.call('HDEL', task, 'sd')
       count('dead:' .. lane, 1)
@@ -199,8 +200,14 @@ if g == 0 then
 end
 local budget = i + tonumber(ARGV[8])
 local sides = side_prefixes(ARGV[12])
-trim(completed, counts, 'succeeded', tonumber(ARGV[6]), budget, ARGV[11], sides, gone, rem)
-trim(archived, counts, 'dead', tonumber(ARGV[7]), budget, ARGV[11], sides, gone, rem)
+-- A set this call added nothing to is left to the retention sweep, which
+-- holds it to its bound too.
+if #kept > 0 then
+  trim(completed, counts, 'succeeded', tonumber(ARGV[6]), budget, ARGV[11], sides, gone, rem)
+end
+if archiving then
+  trim(archived, counts, 'dead', tonumber(ARGV[7]), budget, ARGV[11], sides, gone, rem)
+end
 -- A retry's time is known to this caller only: workers that sleep learn
 -- of it from a wake-up (see WakeOnRetry).
 if retried and ARGV[3] ~= '' and redis.call('HDEL', ARGV[3], 'sleep') == 1 then
