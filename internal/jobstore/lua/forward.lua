@@ -1,11 +1,13 @@
 -- forward.lua: a library for the take. Needs flow.lua before it.
 --
---   forward_due(sp, scheduled, retry, counts, now) -> firsts: moves jobs
---     of asynq's scheduled and retry sets (keys) that are due at now (µs)
---     into their flows, at their old FIFO place, counting them pending in
---     the counter hash counts; drops the parks (sp.our .. 'pk') whose time
---     passed; and brings the calendar's lanes whose time came back into
---     the rotation. At most 200 of each set and of the calendar per call:
+--   forward_due(sp, scheduled, retry, counts, now, parks) -> firsts: moves
+--     jobs of asynq's scheduled and retry sets (keys) that are due at now
+--     (µs) into their flows, at their old FIFO place, counting them
+--     pending in the counter hash counts; with parks (the upstream limits
+--     partitions), drops the parks (sp.our .. 'pk') whose time passed
+--     (without, none is added, and those left from before go with their
+--     flows; a park past its time is not counted as one); and brings the
+--     calendar's lanes whose time came back into the rotation. At most 200 of each set and of the calendar per call:
 --     the rest comes due at the next take. Each set's first member is read
 --     before anything of it is moved, so a set with nothing due costs one
 --     read; firsts = {scheduled, retry, cal} holds each set's lowest score
@@ -20,7 +22,7 @@ local function first_score(key)
   return tonumber(r[2])
 end
 
-local function forward_due(sp, scheduled, retry, counts, now)
+local function forward_due(sp, scheduled, retry, counts, now, parks)
   local now_s = now / 1000000
   local firsts = {}
   for z, set in ipairs({scheduled, retry}) do
@@ -42,7 +44,9 @@ local function forward_due(sp, scheduled, retry, counts, now)
     end
     firsts[z] = first
   end
-  redis.call('ZREMRANGEBYSCORE', sp.our .. 'pk', '-inf', now)
+  if parks then
+    redis.call('ZREMRANGEBYSCORE', sp.our .. 'pk', '-inf', now)
+  end
   -- (A push may have taken its lane off the calendar: read it after.)
   local first = first_score(sp.cal)
   if first and first <= now then

@@ -89,6 +89,14 @@ for i = 1, nl do
   lweights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
 end
 
+-- named: some of the limits ls counts a cost by name.
+local function named(ls)
+  for _, l in ipairs(ls) do
+    if l.cost ~= '' then return true end
+  end
+  return false
+end
+
 local function costs_of(s)
   local t = {}
   if s then
@@ -99,7 +107,7 @@ local function costs_of(s)
   return t
 end
 
-local firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now)
+local firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0)
 
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
@@ -237,16 +245,10 @@ while not stop and taken < max_jobs and steps < 2000 do
       break
     end
     local tk = T .. id
-    -- Where nothing but the upstream can hold the job back (no partition
-    -- limits), it is all but certainly taken: read its message now too.
-    local limited = pk ~= '' and (overrides[pk] ~= nil or #plimits > 0)
-    local f, msg
-    if limited then
-      f = {redis.call('HGET', tk, 'sc')}
-    else
-      f = redis.call('HMGET', tk, 'sc', 'msg')
-      msg = f[2]
-    end
+    -- The message is read with the costs: a job held back by its
+    -- partition's limits reads it in vain, but one that goes needs no
+    -- second read.
+    local f = redis.call('HMGET', tk, 'sc', 'msg')
     local costs = costs_of(f[1])
     -- The upstream's own slot for this job.
     local su, why = leaky_earliest(bucket, costs, now)
@@ -294,7 +296,10 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- costs (a job without a limit's cost is not held by it).
       local e = now
       if #pl > 0 then
-        e = leaky_partition_earliest(part, costs_of(redis.call('HGET', T .. nxt, 'sc')), now)
+        -- (Limits that count requests alone need not read its costs.)
+        local nc = {}
+        if named(pl) then nc = costs_of(redis.call('HGET', T .. nxt, 'sc')) end
+        e = leaky_partition_earliest(part, nc, now)
       end
       rescore(rk, rv, e, e <= now)
       if e > now then
@@ -314,7 +319,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     lane_time[fk] = s2
     rescore(lk, lv, s2 + 1 / (lweights[lane] or 1), true)
     out[#out + 1] = id
-    out[#out + 1] = msg or redis.call('HGET', tk, 'msg')
+    out[#out + 1] = f[2]
     out[#out + 1] = slot - now
     taken = taken + 1
   until true
