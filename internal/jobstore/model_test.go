@@ -135,19 +135,47 @@ func (m *pickModel) take(n int, now int64) []string {
 // within a flow, fair share by weight between tenants (or partitions),
 // lanes by weight within a share, partitions by when they became ready.
 func TestPickOrderMatchesModel(t *testing.T) {
-	rdb := srv.Client(t)
-	ctx := context.Background()
 	seeds := 40
 	if testing.Short() {
 		seeds = 12
 	}
 	for seed := range seeds {
+		checkPickOrder(t, seed, []string{"a", "b", "c"}, []string{"", "p1", "p2", "p3"}, 150, 3, 5)
+	}
+}
+
+// TestPickOrderMatchesModelPastTheView: with more fairness keys (and
+// partitions) than a take holds of a sorted set at once (VIEW in
+// take.lua), and takes long enough to go past them, the order is the
+// model's still.
+func TestPickOrderMatchesModelPastTheView(t *testing.T) {
+	var tenants, parts []string
+	for i := range 40 {
+		tenants = append(tenants, fmt.Sprintf("t%02d", i))
+		parts = append(parts, fmt.Sprintf("p%02d", i))
+	}
+	seeds := 6
+	if testing.Short() {
+		seeds = 3
+	}
+	for seed := range seeds {
+		checkPickOrder(t, seed, tenants, append([]string{""}, parts...), 400, 10, 30)
+	}
+}
+
+// checkPickOrder is one seed of the model test: ops random enqueues (of
+// tenants and partitions) and takes of up to most jobs, one take in odds.
+func checkPickOrder(t *testing.T, seed int, tenants, parts []string, ops, odds, most int) {
+	t.Helper()
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	{
 		rng := rand.New(rand.NewPCG(uint64(seed), 17))
 		u := shaper.Upstream{Name: fmt.Sprintf("model-%d-%d", time.Now().UnixNano()%1e6, seed),
 			Limits: []leaky.Limit{leaky.PerSecond(1000000)},
 			Lanes:  map[string]int{"default": 1, "fast": 1 + rng.IntN(3), "bulk": 1}}
 		u.Fairness.By = []string{shaper.FairByTenant, shaper.FairByPartition, shaper.FairByNone}[seed%3]
-		u.Fairness.Weights = map[string]int{"a": 1, "b": 1 + rng.IntN(3), "p1": 2}
+		u.Fairness.Weights = map[string]int{tenants[0]: 1, tenants[1]: 1 + rng.IntN(3), parts[1]: 2}
 		u = u.WithDefaults()
 		b, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard})
 		if err != nil {
@@ -161,14 +189,14 @@ func TestPickOrderMatchesModel(t *testing.T) {
 		m := newPickModel(u)
 		now := time.Now().UnixMicro()
 		var log []string
-		for op := range 150 {
+		for op := range ops {
 			now += 1000
 			clock := strconv.FormatInt(now, 10)
-			if rng.IntN(3) > 0 {
+			if rng.IntN(odds) > 0 {
 				id := fmt.Sprintf("j%03d", op)
-				tenant := []string{"a", "b", "c"}[rng.IntN(3)]
+				tenant := tenants[rng.IntN(len(tenants))]
 				lane := []string{"default", "fast", "bulk"}[rng.IntN(3)]
-				part := []string{"", "p1", "p2", "p3"}[rng.IntN(4)]
+				part := parts[rng.IntN(len(parts))]
 				fk := FairKey(u, tenant, part)
 				msg := Message{Type: "http", ID: id, Queue: s.Queue}
 				e := Entry{ID: id, Lane: lane, FairKey: fk, Partition: part, Msg: msg.Marshal()}
@@ -179,7 +207,7 @@ func TestPickOrderMatchesModel(t *testing.T) {
 				log = append(log, fmt.Sprintf("enqueue %s %s/%s/%s", id, tenant, lane, part))
 				continue
 			}
-			n := 1 + rng.IntN(5)
+			n := 1 + rng.IntN(most)
 			got, err := tk.take(ctx, n, clock)
 			if err != nil {
 				t.Fatalf("seed %d: take: %v", seed, err)

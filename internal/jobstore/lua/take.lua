@@ -122,56 +122,74 @@ if redis.call('EXISTS', KEYS[10]) == 1 then
 end
 -- What the take changed, written once after the loop.
 local went, went_lane, lane_time, v1 = {}, {}, {}, nil
--- pend: new scores of sole members of a sorted set, written after the loop.
-local pends = {}
-local function pend(key, member, score)
-  if not pends[key] then pends[key] = {} end
-  pends[key][member] = score
-end
-local function unpend(key, member)
-  if pends[key] then pends[key][member] = nil end
-end
--- view: what the take knows of a sorted set's first two members (n of
--- them, 2 meaning two or more), read once and kept up to date by the
--- take's own writes: nothing else writes these sets while it runs, so
--- going back to a set (the one fairness key, the one lane of the common
--- case) costs no read. A write the view cannot follow forgets it.
+-- view: what the take knows of the first members of a sorted set it
+-- picks from (fairness keys, a key's lanes, a lane's partitions): read
+-- once, up to VIEW members, then kept in order by the take itself, whose
+-- new scores are written once, after the loop (dirty), or before the set
+-- is read again. Nothing else writes these sets while the take runs, so
+-- going back to one (the one fairness key and lane of the common case,
+-- every tenant of a fair share) costs no read. list holds the first
+-- members in ZRANGE's order as the take has made it, {member, score}
+-- each; full: it holds all of them.
+local VIEW = 16
 local views = {}
+-- before: a member of score sa and name ma comes before one of sb, mb in
+-- a sorted set (names compared as bytes, as Redis does).
+local function before(sa, ma, sb, mb)
+  if sa ~= sb then return sa < sb end
+  for i = 1, math.min(#ma, #mb) do
+    local x, y = string.byte(ma, i), string.byte(mb, i)
+    if x ~= y then return x < y end
+  end
+  return #ma < #mb
+end
+local function flush(key, v)
+  local z = {}
+  for m, sc in pairs(v.dirty) do
+    z[#z + 1] = sc
+    z[#z + 1] = m
+  end
+  if #z > 0 then redis.call('ZADD', key, 'XX', unpack(z)) end
+  v.dirty = {}
+end
 local function view(key)
   local v = views[key]
+  if v and (#v.list > 0 or v.full) then return v end
   if not v then
-    local r = redis.call('ZRANGE', key, 0, 1, 'WITHSCORES')
-    v = {n = #r / 2, m1 = r[1], s1 = tonumber(r[2]), m2 = r[3], s2 = tonumber(r[4])}
+    v = {dirty = {}}
     views[key] = v
   end
+  flush(key, v)
+  local r = redis.call('ZRANGE', key, 0, VIEW - 1, 'WITHSCORES')
+  v.list = {}
+  for i = 1, #r, 2 do v.list[#v.list + 1] = {r[i], tonumber(r[i + 1])} end
+  v.full = #v.list < VIEW
   return v
 end
--- rescore: key's first member moves on to score s; a sole member's new
--- score waits for the end of the take when lazy.
-local function rescore(key, v, s, lazy)
-  if v.n == 1 and lazy then
-    pend(key, v.m1, s)
-  else
-    unpend(key, v.m1)
-    redis.call('ZADD', key, s, v.m1)
-  end
-  -- Still first: sole, or still below the second (ties by member, as
-  -- ZRANGE orders them).
-  if v.n == 1 or s < v.s2 or (s == v.s2 and v.m1 < v.m2) then
-    v.s1 = s
-  else
-    views[key] = nil
-  end
+-- top: the first member and its score (nil: the set is empty).
+local function top(v)
+  local e = v.list[1]
+  if e then return e[1], e[2] end
 end
--- drop_first: key's first member leaves it.
+-- rescore: the first member moves to score sc; past the members the view
+-- holds (and not full), it leaves the view, which stays the set's head.
+local function rescore(v, sc)
+  local e = table.remove(v.list, 1)
+  e[2] = sc
+  v.dirty[e[1]] = sc
+  local i = 1
+  while v.list[i] and not before(sc, e[1], v.list[i][2], v.list[i][1]) do i = i + 1 end
+  if v.list[i] or v.full then table.insert(v.list, i, e) end
+end
+-- drop_first: the first member leaves the set.
 local function drop_first(key, v)
-  redis.call('ZREM', key, v.m1)
-  unpend(key, v.m1)
-  if v.n == 1 then
-    views[key] = {n = 0}
-  else
-    views[key] = nil
-  end
+  local e = table.remove(v.list, 1)
+  v.dirty[e[1]] = nil
+  redis.call('ZREM', key, e[1])
+end
+-- empty: the set holds no member now.
+local function empty(key)
+  return top(view(key)) == nil
 end
 -- flows: what the take has read of a flow, from its head, a few jobs per
 -- read (as many as the take may still give, and the one after); the jobs
@@ -196,11 +214,11 @@ while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
     local fv = view(K_F)
-    if fv.n == 0 then stop = true break end
-    local fk = fv.m1
-    local s1 = fv.s1
+    local fk, s1 = top(fv)
+    if fk == nil then stop = true break end
     local lk = P .. 'l:' .. fk
     local lv = view(lk)
+    local lane, s2 = top(lv)
     -- Lanes and fairness keys retire lazily, when the take finds them
     -- empty.
     local function retire_key()
@@ -208,25 +226,21 @@ while not stop and taken < max_jobs and steps < 2000 do
       redis.call('HDEL', K_V, 'v:' .. fk)
       lane_time[fk] = nil
     end
-    if lv.n == 0 then
+    if lane == nil then
       retire_key()
       break
     end
-    local lane = lv.m1
-    local s2 = lv.s1
     local rk = P .. 'r:' .. lane .. '|' .. fk
     local rv = view(rk)
+    local pk, elig = top(rv)
     local function retire_lane()
-      local last = lv.n == 1
       drop_first(lk, lv)
-      if last then retire_key() end
+      if empty(lk) then retire_key() end
     end
-    if rv.n == 0 then
+    if pk == nil then
       retire_lane()
       break
     end
-    local pk = rv.m1
-    local elig = rv.s1
     if elig > now then
       -- Every partition of this lane is parked: calendar it.
       retire_lane()
@@ -267,7 +281,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- Not this partition's turn yet. It is taken when its slot comes,
       -- not booked ahead: booking the upstream at a partition's later
       -- slot would leave the upstream idle until then.
-      rescore(rk, rv, pslot, false)
+      rescore(rv, pslot)
       redis.call('ZADD', K_PK, pslot, g)
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
@@ -301,7 +315,7 @@ while not stop and taken < max_jobs and steps < 2000 do
         if named(pl) then nc = costs_of(redis.call('HGET', T .. nxt, 'sc')) end
         e = leaky_partition_earliest(part, nc, now)
       end
-      rescore(rk, rv, e, e <= now)
+      rescore(rv, e)
       if e > now then
         redis.call('ZADD', K_PK, e, g)
       end
@@ -315,9 +329,9 @@ while not stop and taken < max_jobs and steps < 2000 do
     -- Fair share: the key and the lane each move on by 1/weight; the
     -- virtual times are written once, below.
     v1 = s1
-    rescore(K_F, fv, s1 + 1 / (weights[fk] or 1), true)
+    rescore(fv, s1 + 1 / (weights[fk] or 1))
     lane_time[fk] = s2
-    rescore(lk, lv, s2 + 1 / (lweights[lane] or 1), true)
+    rescore(lv, s2 + 1 / (lweights[lane] or 1))
     out[#out + 1] = id
     out[#out + 1] = f[2]
     out[#out + 1] = slot - now
@@ -325,10 +339,8 @@ while not stop and taken < max_jobs and steps < 2000 do
   until true
 end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
-for key, members in pairs(pends) do
-  for member, score in pairs(members) do
-    redis.call('ZADD', key, 'XX', score, member)
-  end
+for key, v in pairs(views) do
+  flush(key, v)
 end
 for g, fl in pairs(flows) do
   if #fl.took > 0 then
