@@ -54,6 +54,9 @@ type UpstreamStatus struct {
 	// finished and lists the busiest of them; zero from a server that
 	// predates partitions.
 	Partitions Partitions `json:"partitions"`
+	// Override is set while an operator's limits (SetLimits) replace the
+	// configured ones.
+	Override *LimitsOverride `json:"override,omitempty"`
 }
 
 // Partitions are an upstream's partitions with backlog: how many, and the
@@ -104,7 +107,7 @@ type Limit struct {
 	// upstream states a lower limit. Zero from a server that predates it.
 	EffectiveRate float64
 	// Source says what sets EffectiveRate: SourceConfigured,
-	// SourceAdaptive or SourceStated.
+	// SourceAdaptive, SourceStated or SourceOperator.
 	Source string
 }
 

@@ -275,10 +275,11 @@ func (d *Dispatcher) showLimits(ctx context.Context, u *upstream) {
 
 // setLimitGauges shows each limit's rate in units per second, labelled by
 // what it counts and its window ("requests/1s") and where the rate comes
-// from. A stated limit that is no longer stated drops out.
+// from. A stated limit that is no longer stated drops out, as do limits an
+// operator's change replaced.
 func (d *Dispatcher) setLimitGauges(u *upstream, ls []leaky.LimitState) {
 	g := d.m.UpstreamLimitRate
-	g.DeletePartialMatch(map[string]string{"upstream": u.cfg.Name, "source": leaky.SourceStated})
+	g.DeletePartialMatch(map[string]string{"upstream": u.cfg.Name})
 	for _, l := range ls {
 		g.WithLabelValues(u.cfg.Name, l.Limit.Unit()+"/"+l.Limit.Per.String(), l.Source).Set(l.Rate / l.Limit.Per.Seconds())
 	}

@@ -56,7 +56,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.registerQueues(ctx)
 	bgCtx, stopBg := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
-	bg.Add(5)
+	bg.Add(6)
 	go func() {
 		defer bg.Done()
 		d.drain.Run(bgCtx, time.Second)
@@ -83,6 +83,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	go func() {
 		defer bg.Done()
 		d.sweeps(bgCtx)
+	}()
+	go func() {
+		defer bg.Done()
+		// Limits an operator sets reach this replica within a second.
+		d.followLimits(bgCtx)
 	}()
 
 	var workers sync.WaitGroup

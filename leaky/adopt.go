@@ -20,7 +20,7 @@ type Layout struct {
 
 // Layout reports where the bucket keeps its state.
 func (b *Bucket) Layout() Layout {
-	return Layout{Block: b.keys[0], Leases: b.keys[1], PartitionPrefix: b.p.key(b.name, "p:")}
+	return Layout{Block: b.blockKey()[0], Leases: b.leasesKey()[0], PartitionPrefix: b.p.key(b.name, "p:")}
 }
 
 // LimitID names a limit's state by what it counts and over what window.

@@ -22,21 +22,39 @@ func BookingLua() string { return dynLua + bookingLua }
 // BookingKeys are the bucket's keys that BookingLua's leaky_open reads,
 // in order; they must be the last of the script's KEYS (the stated limits'
 // TATs run to the end).
-func (b *Bucket) BookingKeys() []string {
-	out := append([]string(nil), b.keys...) // block, leases, one TAT per limit
+func (b *Bucket) BookingKeys() []string { return b.bookingKeys(b.cur()) }
+
+func (b *Bucket) bookingKeys(s *limitSet) []string {
+	out := append([]string(nil), s.keys...) // block, leases, one TAT per limit
 	return append(out, b.dynKeys()...)      // the dyn hash, the stated TATs
 }
 
 // BookingArgs are the bucket's ARGV that leaky_open reads, in order: its
-// concurrency cap, how long a lease outlives its slot, and its limits as
-// configured (with their shapes under the bucket's guard).
+// concurrency cap, how long a lease outlives its slot, where partitions'
+// state and overrides are, and its limits as paced now (with their shapes
+// under the bucket's guard).
 func (b *Bucket) BookingArgs(leaseAfterSlot time.Duration) []any {
-	out := []any{b.cfg.Concurrency, leaseAfterSlot.Microseconds(), b.p.key(b.name, "p:"), len(b.cfg.Limits)}
-	fields := b.dynFields()
-	for i, l := range b.cfg.Limits {
-		out = append(out, b.params[i].Interval, b.params[i].Capacity, l.Per.Microseconds(), l.Cost, fields[i])
+	return b.bookingArgs(b.cur(), leaseAfterSlot)
+}
+
+func (b *Bucket) bookingArgs(s *limitSet, leaseAfterSlot time.Duration) []any {
+	pov := ""
+	if s.pov {
+		pov = b.povKey()
+	}
+	out := []any{b.cfg.Concurrency, leaseAfterSlot.Microseconds(), b.p.key(b.name, "p:"), pov, len(s.limits)}
+	for i, l := range s.limits {
+		out = append(out, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), l.Cost, dynField(l))
 	}
 	return out
+}
+
+// Booking is BookingKeys and BookingArgs of one set of limits, and its
+// BookingVersion: a caller that keeps them builds them again when
+// BookingVersion no longer says version.
+func (b *Bucket) Booking(leaseAfterSlot time.Duration) (keys []string, args []any, version uint64) {
+	s := b.cur()
+	return b.bookingKeys(s), b.bookingArgs(s, leaseAfterSlot), s.version
 }
 
 // PartitionArgs are the ARGV that leaky_limits reads for a partition's

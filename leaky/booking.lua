@@ -11,7 +11,8 @@
 --     at keys[k] (block hash, leases, one TAT per limit, the dyn hash, the
 --     stated limits' TATs: the rest of KEYS) and whose ARGV start at
 --     args[a] (concurrency, lease µs past the slot, the partition TAT
---     prefix, n, n × (interval, capacity, per µs, cost name, dyn field)),
+--     prefix, the partitions' overrides hash or "" for none, n, n ×
+--     (interval, capacity, per µs, cost name, dyn field)),
 --     its limits as paced now; a2 is the ARGV index after the bucket's
 --   leaky_limits(args, a) -> limits, a2: a partition's limits at args[a]
 --     (k, k × (id, interval, capacity, per µs, cost name))
@@ -22,6 +23,10 @@
 --     concurrency cap, held already, or room), else µs until one ends
 --   leaky_book(b, slot, costs, lease) books the slot on every limit and,
 --     with a concurrency cap, holds lease until the slot plus its lifetime
+--   leaky_partition_override(b, pk) -> partition pk's own limits as an
+--     operator set them (Bucket.PutPartitionLimits), or nil: one HGET of
+--     the overrides hash per partition and call, none on a bucket without
+--     overrides
 --   leaky_partition(b, pk, limits, now) -> p: partition pk's state under
 --     limits ({} for none)
 --   leaky_partition_earliest(p, costs, now) -> slot µs for the partition
@@ -37,8 +42,9 @@ local function leaky_open(keys, k, args, a, now)
   b.conc = tonumber(args[a])
   b.lease_ttl = tonumber(args[a + 1])
   b.pprefix = args[a + 2]
-  local n = tonumber(args[a + 3])
-  a = a + 4
+  b.pov, b.pcache = args[a + 3], {}
+  local n = tonumber(args[a + 4])
+  a = a + 5
   local dyn = shaper_dyn_read(keys[k + 2 + n])
   for i = 1, n do
     local l = {interval = tonumber(args[a]), capacity = tonumber(args[a + 1]), per = tonumber(args[a + 2]),
@@ -103,6 +109,24 @@ local function leaky_book(b, slot, costs, lease)
     redis.call('ZADD', b.leases, exp, lease)
     if exp > b.lease_expiry then b.lease_expiry = exp end
   end
+end
+
+local function leaky_partition_override(b, pk)
+  if b.pov == '' or pk == '' then return nil end
+  local c = b.pcache[pk]
+  if c == nil then
+    c = false
+    local v = redis.call('HGET', b.pov, pk)
+    if v then
+      c = {}
+      for id, iv, cap, per, cost in string.gmatch(v, '([^%s,]+) (%d+) (%d+) (%d+) ([^%s,]+) %d+ %d+') do
+        if cost == '-' then cost = '' end
+        c[#c + 1] = {id = id, interval = tonumber(iv), capacity = tonumber(cap), per = tonumber(per), cost = cost}
+      end
+    end
+    b.pcache[pk] = c
+  end
+  return c or nil
 end
 
 local function leaky_partition(b, pk, limits, now)

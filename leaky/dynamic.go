@@ -99,14 +99,6 @@ func dynField(l Limit) string {
 	return "a:" + limitID(l)
 }
 
-func (b *Bucket) dynFields() []string {
-	out := make([]string, len(b.cfg.Limits))
-	for i, l := range b.cfg.Limits {
-		out[i] = dynField(l)
-	}
-	return out
-}
-
 // statedParams is what a stated limit is stored as: "interval capacity
 // per quota" (the scripts read the first three).
 func statedParams(l Limit, guard time.Duration) string {
@@ -231,7 +223,7 @@ func (b *Bucket) Feedback(ctx context.Context, pushedBack bool) (int, error) {
 		return 0, nil
 	}
 	args := []any{script.NowArg(b.p.now), dynTTL.Milliseconds(), AdaptCooldown.Microseconds()}
-	for _, l := range b.cfg.Limits {
+	for _, l := range b.cur().current() {
 		if f := dynField(l); f != "" {
 			args = append(args, f, strconv.FormatFloat(1/float64(l.Rate), 'f', 9, 64))
 		}
@@ -296,10 +288,11 @@ func (b *Bucket) Settle(ctx context.Context, cost string, estimate, actual int64
 	}
 	var keys []string
 	args := []any{script.NowArg(b.p.now), delta}
-	for i, l := range b.cfg.Limits {
+	s := b.cur()
+	for i, l := range s.limits {
 		if l.Cost == cost {
-			keys = append(keys, b.keys[2+i])
-			args = append(args, b.params[i].Interval, l.Per.Microseconds())
+			keys = append(keys, s.keys[2+i])
+			args = append(args, s.params[i].Interval, l.Per.Microseconds())
 		}
 	}
 	if partition != "" {
@@ -422,7 +415,7 @@ func (b *Bucket) Pushback(ctx context.Context, base, ceiling, probe time.Duratio
 	if !sent.IsZero() {
 		sentUs = sent.UnixMicro()
 	}
-	v, err := script.Run(ctx, b.p.rdb, "leaky.pushback", pushbackScript, b.keys[:1], script.NowArg(b.p.now),
+	v, err := script.Run(ctx, b.p.rdb, "leaky.pushback", pushbackScript, b.blockKey(), script.NowArg(b.p.now),
 		base.Microseconds(), ceiling.Microseconds(), reason, b.p.blocksChannel(), b.name, sentUs, probe.Microseconds())
 	if err != nil {
 		return time.Time{}, 0, false, fmt.Errorf("pushback %s: %w", b.name, err)
@@ -449,7 +442,7 @@ type LimitState struct {
 	// Rate is the rate paced at now, in units per Limit.Per: Limit.Rate
 	// unless an adaptive limit is below its ceiling.
 	Rate float64
-	// Source is "configured", "adaptive" or "stated".
+	// Source is "configured", "adaptive", "stated" or "operator".
 	Source string
 }
 
@@ -458,16 +451,23 @@ const (
 	SourceConfigured = "configured"
 	SourceAdaptive   = "adaptive"
 	SourceStated     = "stated"
+	// SourceOperator: an operator replaced the configured limits (see
+	// Override).
+	SourceOperator = "operator"
 )
 
 // limitStates turns the dyn hash's fields into LimitStates.
-func (b *Bucket) limitStates(fields map[string]string, now int64) []LimitState {
-	out := make([]LimitState, 0, len(b.cfg.Limits)+MaxStated)
-	for _, l := range b.cfg.Limits {
+func (b *Bucket) limitStates(s *limitSet, fields map[string]string, now int64) []LimitState {
+	out := make([]LimitState, 0, s.n+MaxStated)
+	for _, l := range s.current() {
 		ls := LimitState{Limit: l, Rate: float64(l.Rate), Source: SourceConfigured}
 		if f := dynField(l); f != "" {
 			ls.Source = SourceAdaptive
 			ls.Rate = float64(l.Rate) * adaptRatio(fields[f], now)
+		}
+		if s.gen > 0 {
+			// An operator's limit, adaptive or not.
+			ls.Source = SourceOperator
 		}
 		out = append(out, ls)
 	}

@@ -24,14 +24,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/keyspace"
 	"github.com/shaperhq/shaper/internal/script"
 )
@@ -106,22 +105,27 @@ type BucketConfig struct {
 	// MaxWait is the longest wait Reserve books; further slots are refused
 	// with a RetryAfter. Default DefaultMaxWait.
 	MaxWait time.Duration
+	// Generation names the state of Limits: 0 (the default) for the
+	// limits a bucket is configured with, the generation of an operator's
+	// change for the limits it put in their place (see Override), whose
+	// state then starts apart from the configured limits'.
+	Generation int64
+	// Draining are limits in force before the last change of limits,
+	// each under its own generation's state, enforced beside Limits while
+	// the slots booked under them drain (see Override.Pace). A draining
+	// limit whose state is Limits' own (same generation and id) is not
+	// enforced twice.
+	Draining []Phase
 }
 
 // Bucket paces one upstream. Build it with Pacer.Bucket.
 type Bucket struct {
-	p      *Pacer
-	name   string
-	cfg    BucketConfig
-	params []gcra.Params
-	keys   []string // block, leases, one TAT per limit
-	// reserveKeys are keys plus the dynamic limits' (dynKeys), stateKeys
-	// keys plus the dyn hash: built once, since a shared slice appended to
-	// on every call could be written by two calls at once.
-	reserveKeys, stateKeys []string
-	// spin is how long before a slot Wait watches the clock: strictSpin
-	// for a bucket with a strictly spaced limit, else 0.
-	spin     time.Duration
+	p    *Pacer
+	name string
+	cfg  BucketConfig // Limits, Generation and Draining as at construction
+	// set is the limits paced at now (SetLimits replaces it); every call
+	// loads it once.
+	set      atomic.Pointer[limitSet]
 	clock    *offsetEstimator
 	batch    *script.Batcher[reserveReq, reserveRes]
 	releases *script.Batcher[string, struct{}]
@@ -143,17 +147,6 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 	if len(cfg.Limits) == 0 {
 		return nil, fmt.Errorf("bucket %s: at least one limit is required", name)
 	}
-	seen := map[string]bool{}
-	for i, l := range cfg.Limits {
-		if err := l.Validate(); err != nil {
-			return nil, fmt.Errorf("bucket %s: limit %d (%v): %w", name, i+1, l, err)
-		}
-		id := limitID(l)
-		if seen[id] {
-			return nil, fmt.Errorf("bucket %s: limit %d (%v): two limits count %s per %v", name, i+1, l, l.Unit(), l.Per)
-		}
-		seen[id] = true
-	}
 	if cfg.Guard < 0 {
 		return nil, fmt.Errorf("bucket %s: guard %v must not be negative", name, cfg.Guard)
 	}
@@ -172,20 +165,11 @@ func (p *Pacer) Bucket(name string, cfg BucketConfig) (*Bucket, error) {
 	b := &Bucket{p: p, name: name, cfg: cfg, clock: newOffsetEstimator()}
 	b.batch = script.NewBatcher(script.BatchOptions{}, b.runReserve)
 	b.releases = script.NewBatcher(script.BatchOptions{}, b.runRelease)
-	b.keys = append(b.keys, p.key(name, "block"), p.key(name, "leases"))
-	for _, l := range cfg.Limits {
-		prm := l.Params(cfg.Guard)
-		if err := prm.Validate(); err != nil {
-			return nil, fmt.Errorf("bucket %s: limit %v: %w", name, l, err)
-		}
-		b.params = append(b.params, prm)
-		b.keys = append(b.keys, p.key(name, "tat:"+limitID(l)))
+	s, err := b.newSet(cfg.Limits, cfg.Generation, cfg.Draining, 1)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", name, err)
 	}
-	b.reserveKeys = append(slices.Clone(b.keys), b.dynKeys()...)
-	b.stateKeys = append(slices.Clone(b.keys), b.dynKey())
-	if b.strictSlack() > 0 {
-		b.spin = strictSpin
-	}
+	b.set.Store(s)
 	return b, nil
 }
 
@@ -209,8 +193,13 @@ func limitID(l Limit) string {
 // Name is the bucket's name.
 func (b *Bucket) Name() string { return b.name }
 
-// Config is the bucket's config with defaults filled in.
-func (b *Bucket) Config() BucketConfig { return b.cfg }
+// Config is the bucket's config with defaults filled in, its Limits,
+// Generation and Draining those paced at now (see SetLimits).
+func (b *Bucket) Config() BucketConfig {
+	c, s := b.cfg, b.cur()
+	c.Limits, c.Generation, c.Draining = s.current(), s.gen, s.draining
+	return c
+}
 
 // Costs are a reservation's amounts by cost name ("tokens": 1200). A limit
 // without a cost name always counts 1; a limit whose cost is missing from
@@ -266,6 +255,7 @@ type Reservation struct {
 	sendAt   time.Time // local time certainly not before the slot
 	earliest time.Time // local time certainly not after the slot
 	tats     []int64   // prev, next per limit, for Cancel
+	set      *limitSet // the limits it was booked under, for Cancel
 	bucket   *Bucket
 }
 
@@ -314,28 +304,43 @@ func (b *Bucket) Reserve(ctx context.Context, costs Costs, opts ...ReserveOption
 	if b.cfg.Concurrency == 0 {
 		o.lease = ""
 	}
-	req := reserveReq{maxWait: o.maxWait.Microseconds(), lease: o.lease, costs: make([]int64, len(b.params))}
-	for i, l := range b.cfg.Limits {
-		c, err := b.cost(l, costs)
-		if err != nil {
-			return nil, err
+	var res reserveRes
+	var s *limitSet
+	for try := 0; ; try++ {
+		s = b.cur()
+		req := reserveReq{maxWait: o.maxWait.Microseconds(), lease: o.lease, costs: make([]int64, len(s.params)), set: s}
+		for i, l := range s.limits {
+			c, err := b.cost(l, costs)
+			if i >= s.n && errors.Is(err, ErrCostTooLarge) {
+				// A draining limit counts what it can carry at once.
+				c, err = l.Capacity(), nil
+			}
+			if err != nil {
+				return nil, err
+			}
+			req.costs[i] = c
 		}
-		req.costs[i] = c
-	}
-	res, err := b.batch.Do(ctx, req)
-	if err != nil {
-		return nil, fmt.Errorf("reserve %s: %w", b.name, err)
+		var err error
+		res, err = b.batch.Do(ctx, req)
+		if errors.Is(err, errLimitsChanged) && try < 3 {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reserve %s: %w", b.name, err)
+		}
+		break
 	}
 	out := res.out
-	n := len(b.params)
+	n := len(s.params)
 	r := &Reservation{
 		OK:     out[0] == 1,
 		Reason: Reason(out[2]),
 		Now:    time.UnixMicro(out[4]),
 		bucket: b,
+		set:    s,
 	}
 	if i := out[3]; i >= 1 && int(i) <= n {
-		l := b.cfg.Limits[i-1]
+		l := s.limits[i-1]
 		r.Limit = &l
 	}
 	if r.OK {
@@ -354,7 +359,8 @@ func (b *Bucket) Reserve(ctx context.Context, costs Costs, opts ...ReserveOption
 type reserveReq struct {
 	maxWait int64
 	lease   string
-	costs   []int64 // per limit
+	costs   []int64   // per limit
+	set     *limitSet // the limits the costs are for
 }
 
 // reserveRes is its raw reply and the clock bounds of the call it rode in.
@@ -365,13 +371,21 @@ type reserveRes struct {
 
 // runReserve books a batch of reservations in one script call.
 func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq, reserveRes]) {
-	n := len(b.params)
+	s := calls[0].Req.set
+	n := len(s.params)
 	args := make([]any, 0, 4+4*n+len(calls)*(2+n))
 	args = append(args, script.NowArg(b.p.now), b.cfg.LeaseTTL.Microseconds(), b.cfg.Concurrency, n)
-	for i, l := range b.cfg.Limits {
-		args = append(args, b.params[i].Interval, b.params[i].Capacity, l.Per.Microseconds(), dynField(l))
+	for i, l := range s.limits {
+		args = append(args, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), dynField(l))
 	}
+	var booked []*script.Call[reserveReq, reserveRes]
 	for _, c := range calls {
+		if c.Req.set != s {
+			// Reserved across a change of limits: Reserve tries again.
+			c.Err = errLimitsChanged
+			continue
+		}
+		booked = append(booked, c)
 		args = append(args, c.Req.maxWait, c.Req.lease)
 		for _, cost := range c.Req.costs {
 			args = append(args, cost)
@@ -382,8 +396,9 @@ func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq
 			c.Err = err
 		}
 	}
+	calls = booked
 	issued := time.Now()
-	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, b.reserveKeys, args...)
+	v, err := script.Run(ctx, b.p.rdb, "leaky.reserve", reserveScript, s.reserveKeys, args...)
 	if err != nil {
 		fail(err)
 		return
@@ -426,7 +441,7 @@ func (b *Bucket) cost(l Limit, costs Costs) (int64, error) {
 // CheckCosts reports costs that no reservation on this bucket could carry,
 // so a producer can be told at enqueue time rather than at dispatch.
 func (b *Bucket) CheckCosts(costs Costs) error {
-	for _, l := range b.cfg.Limits {
+	for _, l := range b.cur().current() {
 		if _, err := b.cost(l, costs); err != nil {
 			return err
 		}
@@ -450,11 +465,12 @@ func (b *Bucket) Cancel(ctx context.Context, r *Reservation) (int, error) {
 		}
 		return 0, b.ReleaseLease(ctx, r.Lease)
 	}
-	keys := make([]string, 0, 1+len(b.params))
-	keys = append(keys, b.keys[1])
-	keys = append(keys, b.keys[2:]...)
+	s := r.set
+	keys := make([]string, 0, 1+len(s.params))
+	keys = append(keys, s.keys[1])
+	keys = append(keys, s.keys[2:]...)
 	args := []any{script.NowArg(b.p.now), r.Lease, r.Now.Add(r.Delay).UnixMicro()}
-	for i, l := range b.cfg.Limits {
+	for i, l := range s.limits {
 		args = append(args, r.tats[2*i], r.tats[2*i+1], l.Per.Microseconds())
 	}
 	v, err := script.Run(ctx, b.p.rdb, "leaky.cancel", cancelScript, keys, args...)
@@ -489,7 +505,7 @@ func (b *Bucket) runRelease(ctx context.Context, calls []*script.Call[string, st
 	for i, c := range calls {
 		args[i] = c.Req
 	}
-	_, err := script.Run(ctx, b.p.rdb, "leaky.release", releaseScript, b.keys[1:2], args...)
+	_, err := script.Run(ctx, b.p.rdb, "leaky.release", releaseScript, b.leasesKey(), args...)
 	for _, c := range calls {
 		c.Err = err
 	}
@@ -498,7 +514,7 @@ func (b *Bucket) runRelease(ctx context.Context, calls []*script.Call[string, st
 // ExtendLease keeps a lease for d more from now. It returns false if the
 // lease already expired, in which case the holder no longer counts.
 func (b *Bucket) ExtendLease(ctx context.Context, lease string, d time.Duration) (bool, error) {
-	v, err := script.Run(ctx, b.p.rdb, "leaky.extend", extendScript, b.keys[1:2], script.NowArg(b.p.now), lease, d.Microseconds())
+	v, err := script.Run(ctx, b.p.rdb, "leaky.extend", extendScript, b.leasesKey(), script.NowArg(b.p.now), lease, d.Microseconds())
 	if err != nil {
 		return false, fmt.Errorf("extend lease on %s: %w", b.name, err)
 	}
@@ -512,7 +528,7 @@ func (b *Bucket) Block(ctx context.Context, d time.Duration, reason string) (tim
 	if d <= 0 {
 		return time.Time{}, fmt.Errorf("block %s: duration %v must be positive", b.name, d)
 	}
-	v, err := script.Run(ctx, b.p.rdb, "leaky.block", blockScript, b.keys[:1], script.NowArg(b.p.now), d.Microseconds(), reason,
+	v, err := script.Run(ctx, b.p.rdb, "leaky.block", blockScript, b.blockKey(), script.NowArg(b.p.now), d.Microseconds(), reason,
 		b.p.blocksChannel(), b.name)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("block %s: %w", b.name, err)
@@ -527,7 +543,7 @@ func (b *Bucket) Block(ctx context.Context, d time.Duration, reason string) (tim
 
 // Unblock lifts any block at once.
 func (b *Bucket) Unblock(ctx context.Context) error {
-	if _, err := script.Run(ctx, b.p.rdb, "leaky.unblock", unblockScript, b.keys[:1], b.p.blocksChannel(), b.name); err != nil {
+	if _, err := script.Run(ctx, b.p.rdb, "leaky.unblock", unblockScript, b.blockKey(), b.p.blocksChannel(), b.name); err != nil {
 		return fmt.Errorf("unblock %s: %w", b.name, err)
 	}
 	b.p.blocks.set(b.name, 0)
@@ -555,12 +571,13 @@ type State struct {
 
 // State reads the bucket without changing it.
 func (b *Bucket) State(ctx context.Context) (State, error) {
-	v, err := script.Run(ctx, b.p.rdb, "leaky.state", stateScript, b.stateKeys, script.NowArg(b.p.now))
+	s := b.cur()
+	v, err := script.Run(ctx, b.p.rdb, "leaky.state", stateScript, s.stateKeys, script.NowArg(b.p.now))
 	if err != nil {
 		return State{}, fmt.Errorf("state of %s: %w", b.name, err)
 	}
 	arr, ok := v.([]any)
-	if !ok || len(arr) != 5+len(b.params) {
+	if !ok || len(arr) != 5+len(s.params) {
 		return State{}, fmt.Errorf("state of %s: malformed reply %v", b.name, v)
 	}
 	ints := func(i int) int64 { n, _ := arr[i].(int64); return n }
@@ -578,8 +595,8 @@ func (b *Bucket) State(ctx context.Context) (State, error) {
 			fields[k] = val
 		}
 	}
-	st.Limits = b.limitStates(fields, now)
-	for i := range b.params {
+	st.Limits = b.limitStates(s, fields, now)
+	for i := range s.params {
 		st.Booked = append(st.Booked, time.Duration(max(0, ints(5+i)-now))*time.Microsecond)
 	}
 	return st, nil

@@ -81,7 +81,7 @@ func TestScriptsMatchModel(t *testing.T) {
 					k := 2 + rng.IntN(4)
 					var calls []*script.Call[reserveReq, reserveRes]
 					for c := 0; c < k; c++ {
-						req := reserveReq{maxWait: []int64{0, 50_000, 1_000_000}[rng.IntN(3)], costs: []int64{1, rng.Int64N(cfg.Limits[1].Capacity() + 1)}}
+						req := reserveReq{set: b.cur(), maxWait: []int64{0, 50_000, 1_000_000}[rng.IntN(3)], costs: []int64{1, rng.Int64N(cfg.Limits[1].Capacity() + 1)}}
 						if conc > 0 {
 							req.lease = fmt.Sprint("lease", rng.IntN(6))
 						}
@@ -132,12 +132,12 @@ func modelLimits(b *Bucket, costs Costs) []modelLimit {
 	var out []modelLimit
 	for i, l := range b.cfg.Limits {
 		c, _ := b.cost(l, costs)
-		out = append(out, modelLimit{key: b.keys[2+i], params: b.params[i], cost: c})
+		out = append(out, modelLimit{key: b.cur().keys[2+i], params: b.cur().params[i], cost: c})
 	}
 	return out
 }
 
-func tatKeys(b *Bucket) []string { return b.keys[2:] }
+func tatKeys(b *Bucket) []string { return b.cur().keys[2:] }
 
 // reply rebuilds the script's raw reply from a Reservation.
 func reply(r *Reservation) []int64 {
@@ -181,7 +181,7 @@ func assertTTLs(t *testing.T, rdb *redis.Client, b *Bucket) {
 	for _, l := range b.cfg.Limits {
 		longest = max(longest, l.Per)
 	}
-	for _, k := range b.keys {
+	for _, k := range b.cur().keys {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)

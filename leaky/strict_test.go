@@ -32,7 +32,7 @@ func TestStrictSlack(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint(tc.limits, tc.guard), func(t *testing.T) {
 			b := newBucket(t, srv.Client(t), nil, BucketConfig{Limits: tc.limits, Guard: tc.guard})
-			if got := b.strictSlack(); got != tc.want {
+			if got := b.cur().strictSlack(); got != tc.want {
 				t.Errorf("got slack %v, want %v", got, tc.want)
 			}
 		})

@@ -35,13 +35,13 @@ const (
 // strictSlack is the least slack of the bucket's strict limits, or 0 if
 // it has none: limits of capacity 1 whose slack is at least
 // strictMinSlack.
-func (b *Bucket) strictSlack() time.Duration {
+func (s *limitSet) strictSlack() time.Duration {
 	var least time.Duration
-	for i, l := range b.cfg.Limits {
+	for i, l := range s.limits {
 		if l.Capacity() != 1 {
 			continue
 		}
-		slack := time.Duration(b.params[i].Interval*l.Rate-l.Per.Microseconds()) * time.Microsecond / time.Duration(l.Rate)
+		slack := time.Duration(s.params[i].Interval*l.Rate-l.Per.Microseconds()) * time.Microsecond / time.Duration(l.Rate)
 		if slack >= strictMinSlack && (least == 0 || slack < least) {
 			least = slack
 		}
@@ -88,7 +88,7 @@ func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.OK {
 		return fmt.Errorf("wait on %s: reservation was not booked", r.bucket.name)
 	}
-	if err := sleepUntil(ctx, r.SendAt(), r.bucket.spin); err != nil {
+	if err := sleepUntil(ctx, r.SendAt(), r.bucket.cur().spin); err != nil {
 		// Give the slot back with a fresh context: ours is done.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		r.bucket.Cancel(cctx, r)

@@ -93,7 +93,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	m.UpstreamLimitRate = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "shaper_upstream_limit_rate",
-		Help: "Units per second the fleet paces an upstream's limit at, as this replica last read it: the configured rate, an adaptive limit's current rate, or a rate the upstream stated (source).",
+		Help: "Units per second the fleet paces an upstream's limit at, as this replica last read it: the configured rate, an adaptive limit's current rate, a rate the upstream stated, or one an operator set (source: configured, adaptive, stated, operator).",
 	}, []string{"upstream", "limit", "source"})
 	reg.MustRegister(m.UpstreamLimitRate)
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{

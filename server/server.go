@@ -231,6 +231,12 @@ func (s *Server) routes(page http.Handler) {
 	handle("POST /v1/upstreams/{name}/pause", s.authed(s.admin(s.handlePause)))
 	handle("POST /v1/upstreams/{name}/resume", s.authed(s.admin(s.handleResume)))
 	handle("POST /v1/upstreams/{name}/retry-dead", s.authed(s.admin(s.handleRetryDead)))
+	// Limits changed live, for every replica (server/limits.go).
+	handle("PUT /v1/upstreams/{name}/limits", s.authed(s.admin(s.handlePutLimits)))
+	handle("DELETE /v1/upstreams/{name}/limits", s.authed(s.admin(s.handleResetLimits)))
+	handle("GET /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.handleGetPartitionLimits))
+	handle("PUT /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handlePutPartitionLimits)))
+	handle("DELETE /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handleResetPartitionLimits)))
 	handle("GET /v1/openapi.json", http.HandlerFunc(s.handleOpenAPI))
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
 	handle("GET /readyz", http.HandlerFunc(s.handleReady))
@@ -326,7 +332,7 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !caller(r).Admin {
 			writeProblem(w, problem{Type: problemForbidden, Title: "Forbidden", Status: http.StatusForbidden,
-				Detail: fmt.Sprintf("key %s is not an admin key; pausing, resuming and retrying every dead job of an upstream need one", caller(r).Name)})
+				Detail: fmt.Sprintf("key %s is not an admin key; pausing, resuming, retrying every dead job of an upstream and changing its limits need one", caller(r).Name)})
 			return
 		}
 		h(w, r)

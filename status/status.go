@@ -43,7 +43,7 @@ type Limit struct {
 	// this limit's window).
 	EffectiveRate float64 `json:"effective_rate"`
 	// Source says what sets EffectiveRate: SourceConfigured,
-	// SourceAdaptive or SourceStated.
+	// SourceAdaptive, SourceStated or SourceOperator.
 	Source string `json:"source"`
 }
 
@@ -115,6 +115,9 @@ type Upstream struct {
 	// Partitions counts the partitions with jobs not yet finished, and
 	// Top shows the ones with the most (at most TopPartitions).
 	Partitions Partitions `json:"partitions"`
+	// Override is set while an operator's limits replace the configured
+	// ones (Limits then shows the operator's, source operator).
+	Override *Override `json:"override,omitempty"`
 }
 
 // TopPartitions is how many partitions Upstream.Partitions.Top lists.
@@ -143,6 +146,7 @@ type Reader struct {
 	sources map[string]shaper.Upstream
 	buckets map[string]*leaky.Bucket
 	names   []string
+	pacer   *leaky.Pacer
 }
 
 // Option adjusts a Reader.
@@ -167,6 +171,7 @@ func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string, opts ..
 	prefix = keyspace.Prefix(prefix)
 	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]shaper.Upstream{}, buckets: map[string]*leaky.Bucket{}}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix, Now: o.now})
+	r.pacer = pacer
 	for _, u := range q.Upstreams() {
 		b, err := pacer.Bucket(jobstore.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
 		if err != nil {
@@ -210,6 +215,10 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		return Upstream{}, fmt.Errorf("upstream %q: %w", name, queue.ErrUnknownUpstream)
 	}
 	b := r.buckets[name]
+	override, err := applyOverride(ctx, b, src, time.Now())
+	if err != nil {
+		return Upstream{}, err
+	}
 	st, err := b.State(ctx)
 	if err != nil {
 		return Upstream{}, err
@@ -236,7 +245,8 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		Name: name, Concurrency: src.Concurrency, DrainRate: rates, WaitingFor: map[string]int64{},
 		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
 	}
-	u.Limits, u.StatedLimits = showLimits(src.Limits, b.Config().Guard, st.Limits)
+	u.Override = override
+	u.Limits, u.StatedLimits = showLimits(b.Config().Limits, b.Config().Guard, st.Limits)
 	var active int64
 	for _, c := range counts {
 		u.Backlog.Total += c.Backlog()

@@ -128,6 +128,7 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 		return err
 	}
 	defer parts.Close()
+	defer followLimits(ctx, parts.st, log)()
 	d, err := dispatcher.New(rdb, dispatcher.Config{
 		Upstreams:       []shaper.Upstream{cfg.Upstreams["demo"].Shaper()},
 		ShutdownTimeout: time.Duration(cfg.Work.ShutdownTimeout),

@@ -120,6 +120,7 @@ Start with "shaper dev": everything in one process, no setup.`,
 		newCmdJobs(f),
 		newCmdPause(f),
 		newCmdResume(f),
+		newCmdLimits(f),
 		newCmdConfig(f),
 		newCmdVersion(f),
 	)

@@ -168,6 +168,7 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 		return err
 	}
 	defer parts.Close()
+	defer followLimits(ctx, parts.st, log)()
 
 	listen := cfg.API.Listen
 	if opts.listen != "" {

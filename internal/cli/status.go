@@ -315,6 +315,15 @@ func limitLines(u status.Upstream) []string {
 			lines = append(lines, fmt.Sprintf("adaptive: pacing %s%s per %s (ceiling %d)", rateNum(l.EffectiveRate), unit(l.Cost), l.Per, l.Rate))
 		}
 	}
+	if o := u.Override; o != nil {
+		// An operator's limits are what the table shows.
+		conf := make([]string, len(o.Configured))
+		for i, l := range o.Configured {
+			conf[i] = fmt.Sprintf("%d%s per %s", l.Rate, unit(l.Cost), l.Per)
+		}
+		lines = append(lines, fmt.Sprintf("source: operator, since %s (configured %s; shaper limits reset %s)",
+			o.Since.Format(time.RFC3339), strings.Join(conf, ", "), u.Name))
+	}
 	for _, s := range u.StatedLimits {
 		line := fmt.Sprintf("stated %d%s per %s", s.Rate, unit(s.Cost), s.Per)
 		// Compare with the configured limit it caps: same units, and the

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -368,11 +369,20 @@ type Taker struct {
 	s      Space
 	rdb    redis.Scripter
 	bucket *leaky.Bucket
-	keys   []string
-	fixed  []any // ARGV after max jobs and lookahead
+	cfg    TakerConfig
 	conc   bool
 	leaseS int64
 	lookUs int64
+	// args are the keys and ARGV of the bucket's limits as last seen:
+	// built again when an operator's change of limits reaches the bucket
+	// (leaky.Bucket.BookingVersion).
+	args atomic.Pointer[takeArgs]
+}
+
+type takeArgs struct {
+	keys    []string
+	fixed   []any // ARGV after max jobs and lookahead
+	version uint64
 }
 
 // TakerConfig shapes a Taker.
@@ -392,14 +402,26 @@ type TakerConfig struct {
 // NewTaker prepares the arguments every take sends.
 func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 	u := cfg.Upstream
-	t := &Taker{s: s, rdb: rdb, bucket: cfg.Bucket, leaseS: int64(cfg.Lease / time.Second),
+	t := &Taker{s: s, rdb: rdb, bucket: cfg.Bucket, cfg: cfg, leaseS: int64(cfg.Lease / time.Second),
 		lookUs: cfg.Lookahead.Microseconds(), conc: u.Concurrency > 0}
+	a, err := t.build()
+	if err != nil {
+		return nil, err
+	}
+	t.args.Store(a)
+	return t, nil
+}
+
+// build makes the keys and ARGV of a take under the bucket's limits now.
+func (t *Taker) build() (*takeArgs, error) {
+	s, cfg, u := t.s, t.cfg, t.cfg.Upstream
+	bk, ba, version := cfg.Bucket.Booking(cfg.ConcurrencyLease)
 	// The bucket's keys come last: the stated limits' TATs run to the end.
-	t.keys = append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
+	keys := append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
 		s.a.Scheduled(), s.a.Retry(), s.a.Active(), s.a.Lease(), s.a.Groups(), s.a.Paused()},
-		cfg.Bucket.BookingKeys()...)
+		bk...)
 	f := []any{t.leaseS, s.our, s.groupPrefix(), s.taskPrefix(), PausedPoll.Microseconds()}
-	f = append(f, cfg.Bucket.BookingArgs(cfg.ConcurrencyLease)...)
+	f = append(f, ba...)
 	plimits := func(ls []leaky.Limit) error {
 		args, err := cfg.Bucket.PartitionArgs(ls)
 		f = append(f, args...)
@@ -432,8 +454,21 @@ func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 	for _, k := range sortedKeys(u.Lanes) {
 		f = append(f, k, max(u.Lanes[k], 1))
 	}
-	t.fixed = f
-	return t, nil
+	return &takeArgs{keys: keys, fixed: f, version: version}, nil
+}
+
+// current is the take's keys and ARGV under the bucket's limits now.
+func (t *Taker) current() (*takeArgs, error) {
+	a := t.args.Load()
+	if a.version == t.bucket.BookingVersion() {
+		return a, nil
+	}
+	a, err := t.build()
+	if err != nil {
+		return nil, err
+	}
+	t.args.Store(a)
+	return a, nil
 }
 
 func sortedKeys(m map[string]int) []string {
@@ -478,11 +513,15 @@ func (t *Taker) Take(ctx context.Context, n int) (Take, error) { return t.take(c
 // take is Take with clock overriding Redis's clock (µs, "" for TIME), for
 // the model test.
 func (t *Taker) take(ctx context.Context, n int, clock string) (Take, error) {
-	args := make([]any, 0, 3+len(t.fixed))
+	ta, err := t.current()
+	if err != nil {
+		return Take{}, err
+	}
+	args := make([]any, 0, 3+len(ta.fixed))
 	args = append(args, clock, n, t.lookUs)
-	args = append(args, t.fixed...)
+	args = append(args, ta.fixed...)
 	issued := time.Now()
-	v, err := script.Run(ctx, t.rdb, "jobstore.take", takeScript, t.keys, args...)
+	v, err := script.Run(ctx, t.rdb, "jobstore.take", takeScript, ta.keys, args...)
 	if err != nil {
 		return Take{}, err
 	}

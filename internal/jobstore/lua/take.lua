@@ -274,6 +274,8 @@ while not stop and taken < max_jobs and steps < 2000 do
     -- The partition's slot.
     local pl = plimits
     if overrides[pk] then pl = overrides[pk] end
+    -- An operator's override of the partition (leaky's library) wins.
+    pl = leaky_partition_override(bucket, pk) or pl
     if pk == '' then pl = {} end
     local part = leaky_partition(bucket, pk, pl, now)
     local pslot = leaky_partition_earliest(part, costs, now)

@@ -392,6 +392,10 @@
       f.drain_rate.textContent = rate(drain);
       f.drain_rate_60s.textContent = rate((u.drain_rate && u.drain_rate.last_60s) || 0);
       f.limit.textContent = limit === null ? "none on requests" : rate(limit);
+      if (u.override) {
+        // An operator's limits replace the configured ones (PUT .../limits).
+        f.limit.textContent += " (set by an operator)";
+      }
       f.limit.title = (u.limits || []).map((l) => l.description + (l.source && l.source !== "configured" ? " (" + l.source + ")" : "")).join("; ");
       f.backlog.textContent = count((u.backlog && u.backlog.total) || 0);
       f.time_to_drain.textContent = timeToDrain(u);
