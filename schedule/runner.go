@@ -69,7 +69,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
-		r.pass(ctx)
+		r.Pass(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -85,8 +85,9 @@ const (
 	maxBatches = 20
 )
 
-// pass runs every due tick once: one call when nothing is due.
-func (r *Runner) pass(ctx context.Context) {
+// Pass runs every due tick once: one call to Redis when nothing is due.
+// Run calls it every Interval; a replica's Pass and another's may overlap.
+func (r *Runner) Pass(ctx context.Context) {
 	for range maxBatches {
 		now, ds, err := r.st.due(ctx, dueBatch)
 		if err != nil {

@@ -111,7 +111,7 @@ func keysOf(name string, ticks ...time.Time) []string {
 func (r *rig) walk(until time.Time, step time.Duration, runners ...*Runner) {
 	ctx := context.Background()
 	for i := 0; !r.clk.now().After(until); i++ {
-		runners[i%len(runners)].pass(ctx)
+		runners[i%len(runners)].Pass(ctx)
 		r.clk.add(step)
 	}
 }
@@ -163,7 +163,7 @@ func TestEachTickOnceAcrossReplicas(t *testing.T) {
 		r.clk.add(100 * time.Millisecond)
 		var wg sync.WaitGroup
 		for _, rn := range runners {
-			wg.Go(func() { rn.pass(ctx) })
+			wg.Go(func() { rn.Pass(ctx) })
 		}
 		wg.Wait()
 	}
@@ -185,7 +185,7 @@ func TestCrashBetweenEnqueueAndAdvanceMakesOneJob(t *testing.T) {
 	a, b := r.runner(l), r.runner(l)
 	ctx := context.Background()
 	r.clk.add(time.Minute)
-	a.pass(ctx) // enqueues, then "dies": the tick stays due
+	a.Pass(ctx) // enqueues, then "dies": the tick stays due
 	v, err := r.st.Get(ctx, "acme", "report")
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +194,7 @@ func TestCrashBetweenEnqueueAndAdvanceMakesOneJob(t *testing.T) {
 		t.Fatalf("after the crash next_run_at: got %v, want %v (still due)", v.NextRunAt, want)
 	}
 	r.clk.add(time.Second)
-	b.pass(ctx) // enqueues again: the same job
+	b.Pass(ctx) // enqueues again: the same job
 	if got, want := l.sortedKeys(), keysOf("report", start.Add(time.Minute)); !slices.Equal(got, want) {
 		t.Errorf("got runs %v, want %v", got, want)
 	}
@@ -223,7 +223,7 @@ func TestMissedTicksFollowCatchUp(t *testing.T) {
 			r.create(t, Schedule{Name: "digest", Cron: "@every 1m", CatchUp: c.catchUp})
 			l := newLedger()
 			r.clk.add(10*time.Minute + 5*time.Second)
-			r.runner(l).pass(context.Background())
+			r.runner(l).Pass(context.Background())
 			var want []time.Time
 			for _, d := range c.want {
 				want = append(want, start.Add(d))
@@ -247,10 +247,10 @@ func TestRefusedRunSaysSoAndKeepsItsPlace(t *testing.T) {
 	rn := r.runner(l)
 	ctx := context.Background()
 	r.clk.add(time.Minute)
-	rn.pass(ctx)
+	rn.Pass(ctx)
 	l.refuse = "backlog full: upstream reports has 100 pending jobs (max_pending 100)"
 	r.clk.add(time.Minute)
-	rn.pass(ctx)
+	rn.Pass(ctx)
 	v, _ := r.st.Get(ctx, "acme", "sync")
 	if v.LastError != l.refuse || v.LastJobID != "job-1" || !v.LastRunAt.Equal(start.Add(2*time.Minute)) || !v.NextRunAt.Equal(start.Add(3*time.Minute)) {
 		t.Errorf("got %+v, want last_error %q, last_job_id job-1, last_run_at %v, next_run_at %v",
@@ -258,7 +258,7 @@ func TestRefusedRunSaysSoAndKeepsItsPlace(t *testing.T) {
 	}
 	l.refuse = ""
 	r.clk.add(time.Minute)
-	rn.pass(ctx)
+	rn.Pass(ctx)
 	v, _ = r.st.Get(ctx, "acme", "sync")
 	if v.LastError != "" || v.LastJobID != "job-2" {
 		t.Errorf("after an accepted run: got %+v, want no last_error and job-2", v.State)
@@ -277,11 +277,11 @@ func TestIdlePassIsOneCommand(t *testing.T) {
 	defer rdb.Close()
 	rdb.AddHook(counter{&n})
 	rn := NewRunner(NewStore(rdb, Config{Prefix: "t-" + t.Name(), Now: r.clk.now}), newLedger(), RunnerConfig{})
-	rn.pass(context.Background()) // loads the script
+	rn.Pass(context.Background()) // loads the script
 	n.Store(0)
 	for range 10 {
 		r.clk.add(time.Second)
-		rn.pass(context.Background())
+		rn.Pass(context.Background())
 	}
 	if got := n.Load(); got != 10 {
 		t.Errorf("10 idle passes over 500 schedules sent %d commands, want 10", got)

@@ -89,6 +89,9 @@ func (s *Store) put(ctx context.Context, sch *Schedule, mode string) (View, erro
 	if sch.CatchUp == "" {
 		sch.CatchUp = CatchUpLast
 	}
+	if sch.Timezone == "" {
+		sch.Timezone = "UTC"
+	}
 	if sch.Source == "" {
 		sch.Source = SourceAPI
 	}
