@@ -56,9 +56,11 @@ type ScheduleJob struct {
 	Path string `yaml:"path" json:"path,omitempty"`
 	// Headers are sent with the request.
 	Headers map[string]string `yaml:"headers" json:"headers,omitempty"`
-	// Body is the request body as text; BodyBase64 as base64.
-	Body       *string `yaml:"body" json:"body,omitempty"`
-	BodyBase64 *string `yaml:"body_base64" json:"body_base64,omitempty"`
+	// Body is the request body as text.
+	Body string `yaml:"body" json:"body,omitempty"`
+	// BodyBase64 is the request body as base64, for bytes that are not
+	// text; not with body.
+	BodyBase64 string `yaml:"body_base64" json:"body_base64,omitempty"`
 	// Cost is the job's amounts by name ({tokens: 1200}).
 	Cost map[string]int64 `yaml:"cost" json:"cost,omitempty"`
 	// Lane is the upstream's lane; default default.
