@@ -20,10 +20,10 @@ type schedulesOptions struct {
 	json bool
 
 	// add
-	add     client.ScheduleRequest
-	job     string
-	upJob   client.JobRequest
-	body    string
+	add   client.ScheduleRequest
+	job   string
+	upJob client.JobRequest
+	body  string
 }
 
 func newCmdSchedules(f *Factory) *cobra.Command {
