@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -185,6 +186,7 @@ func TestClientFieldsAreDocumented(t *testing.T) {
 		{reflect.TypeFor[client.Job](), "Job"},
 		{reflect.TypeFor[client.UpstreamStatus](), "UpstreamStatus"},
 		{reflect.TypeFor[client.LaneCounts](), "LaneCounts"},
+		{reflect.TypeFor[client.Schedule](), "Schedule"},
 	} {
 		checkFields(t, tc.typ, schemas[tc.schema].Value, tc.schema)
 	}
@@ -211,7 +213,9 @@ func checkFields(t *testing.T, typ reflect.Type, s *openapi3.Schema, at string) 
 			continue
 		}
 		checked++
-		if ft := f.Type; ft.Kind() == reflect.Struct && ft.PkgPath() == typ.PkgPath() && len(prop.Value.Properties) > 0 {
+		// A type that decodes itself (JobRequest) has no field tags to check.
+		decodesItself := reflect.PointerTo(f.Type).Implements(reflect.TypeFor[json.Unmarshaler]())
+		if ft := f.Type; ft.Kind() == reflect.Struct && ft.PkgPath() == typ.PkgPath() && len(prop.Value.Properties) > 0 && !decodesItself {
 			checkFields(t, ft, prop.Value, at+"."+name)
 		}
 	}

@@ -39,6 +39,9 @@ type Config struct {
 	// part of queue names and Redis hash tags, so it is restricted to
 	// lowercase letters, digits, _ and - (at most 63). At least one.
 	Upstreams map[string]*Upstream `yaml:"upstreams"`
+	// Schedules are jobs enqueued on a cron, declared here rather than
+	// through the API (POST /v1/schedules); see Schedule.
+	Schedules []Schedule `yaml:"schedules"`
 
 	// file and lines locate fields for problems found after parsing
 	// (ResolveKeys).
@@ -400,6 +403,7 @@ func Parse(data []byte, lookupEnv func(string) (string, bool)) (*Config, error) 
 		return nil, err
 	}
 	applyDefaults(c, ps.lines)
+	scheduleDefaults(c)
 	c.lines = ps.lines
 	return c, nil
 }

@@ -84,6 +84,7 @@ func check(c *Config, ps *problems) {
 	for _, name := range c.UpstreamNames() {
 		k.upstream(join("upstreams", name), name, c.Upstreams[name], tenants)
 	}
+	k.schedules(c)
 }
 
 // keyTenants is the set of tenants the API keys name, nil when there are

@@ -31,6 +31,7 @@ import (
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/schedule"
 	"github.com/shaperhq/shaper/status"
 	"github.com/shaperhq/shaper/tokenbucket"
 )
@@ -94,6 +95,8 @@ type Server struct {
 	// patterns are the routes registered on mux, in order, so that a test
 	// can hold them to the OpenAPI document both ways.
 	patterns []string
+	// schedules keeps the tenants' schedules (schedules.go).
+	schedules *schedule.Store
 }
 
 // storeProbeEvery is how often, while Redis is failing, one enqueue is let
@@ -147,30 +150,10 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 		}
 		s.keys = append(s.keys, keyEntry{Key: k, sum: sha256.Sum256([]byte(k.Secret))})
 	}
-	// Jobs are checked against the upstreams the queue stores them for,
-	// with the same defaults, so the two can never disagree.
+	if err := s.addUpstreams(q, st); err != nil {
+		return nil, err
+	}
 	for _, u := range q.Upstreams() {
-		b, ok := st.Bucket(u.Name)
-		if !ok {
-			return nil, fmt.Errorf("server: upstream %s has no status source", u.Name)
-		}
-		e := upstreamEntry{Upstream: u, bucket: b, costs: map[string]bool{}, headers: map[string]bool{}}
-		if u.BaseURL != "" {
-			base, err := url.Parse(u.BaseURL)
-			if err != nil {
-				return nil, fmt.Errorf("server: upstream %s: base URL: %w", u.Name, err)
-			}
-			e.base = base
-		}
-		for _, l := range u.Limits {
-			if l.Cost != "" {
-				e.costs[l.Cost] = true
-			}
-		}
-		for _, h := range u.WorkerHeaders() {
-			e.headers[http.CanonicalHeaderKey(h)] = true
-		}
-		s.ups[u.Name] = e
 		s.m.InitEnqueue(u.Name, u.LaneNames())
 	}
 	s.m.InitAPI()
@@ -237,6 +220,7 @@ func (s *Server) routes(page http.Handler) {
 	handle("GET /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.handleGetPartitionLimits))
 	handle("PUT /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handlePutPartitionLimits)))
 	handle("DELETE /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handleResetPartitionLimits)))
+	s.scheduleRoutes(handle)
 	handle("GET /v1/openapi.json", http.HandlerFunc(s.handleOpenAPI))
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
 	handle("GET /readyz", http.HandlerFunc(s.handleReady))

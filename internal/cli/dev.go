@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -142,6 +143,14 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	ln, err := net.Listen("tcp", opts.listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", opts.listen, err)
+	}
+	runCtx, stopRunner := context.WithCancel(ctx)
+	var schedWG sync.WaitGroup
+	defer schedWG.Wait()
+	defer stopRunner()
+	if err := startSchedules(runCtx, &schedWG, rdb, cfg, parts.server, m, log); err != nil {
+		ln.Close()
+		return err
 	}
 	printDevBanner(f, ln.Addr(), key, storeName, demoURL, opts.demoRate)
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -177,6 +178,14 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", listen, err)
+	}
+	runCtx, stopRunner := context.WithCancel(ctx)
+	var schedWG sync.WaitGroup
+	defer schedWG.Wait()
+	defer stopRunner()
+	if err := startSchedules(runCtx, &schedWG, rdb, cfg, parts.server, m, log); err != nil {
+		ln.Close()
+		return err
 	}
 	log.Info("API listening", "addr", ln.Addr().String(), "keys", len(keys), "upstreams", len(cfg.Upstreams), "version", Version)
 	return serveUntilDone(ctx, ln, parts.server.Handler(), time.Duration(cfg.API.ShutdownTimeout), log)

@@ -105,6 +105,19 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 			return err
 		}
 	}
+	jobs, closeJobs, err := workerScheduleJobs(rdb, cfg, m)
+	if err != nil {
+		return err
+	}
+	defer closeJobs()
+	// The runner stops with ctx, before the deferred waits above.
+	runCtx, stopRunner := context.WithCancel(ctx)
+	var schedWG sync.WaitGroup
+	defer schedWG.Wait()
+	defer stopRunner()
+	if err := startSchedules(runCtx, &schedWG, rdb, cfg, jobs, m, log); err != nil {
+		return err
+	}
 	log.Info("worker starting", "upstreams", len(chosen), "version", Version)
 	err = d.Run(ctx)
 	log.Info("worker stopped")
