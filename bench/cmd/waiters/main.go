@@ -93,6 +93,9 @@ type result struct {
 	PublishSec  float64
 	PerFinished float64 // commands per finished job
 	ServeRSSMB  float64
+	HeapMB      float64 // serve's go_memstats_heap_inuse_bytes
+	StackMB     float64 // serve's go_memstats_stack_inuse_bytes
+	Goroutines  float64
 	ServeCPU    float64 // cores
 	Top         string
 }
@@ -176,11 +179,15 @@ upstreams:
 		}
 		results = append(results, r)
 	}
-	fmt.Fprintf(out, "| waiters | Redis commands/s | of which PUBLISH/s | commands per finished job | jobs finished/s | serve RSS | serve CPU | answered early |\n")
-	fmt.Fprintf(out, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Fprintf(out, "| waiters | Redis commands/s | of which PUBLISH/s | commands per finished job | jobs finished/s | serve RSS | heap + stacks in use | per waiter | goroutines | serve CPU | answered early |\n")
+	fmt.Fprintf(out, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {
-		fmt.Fprintf(out, "| %d | %.0f | %.1f | %.1f | %.0f | %.0f MB | %.2f | %d |\n", r.Waiters, r.CommandsSec, r.PublishSec,
-			r.PerFinished, float64(r.Finished)/o.window.Seconds(), r.ServeRSSMB, r.ServeCPU, r.Answered)
+		per := "–"
+		if r.Waiters > 0 && results[0].Waiters == 0 {
+			per = fmt.Sprintf("%.1f KB", (r.HeapMB+r.StackMB-results[0].HeapMB-results[0].StackMB)*1024/float64(r.Waiters))
+		}
+		fmt.Fprintf(out, "| %d | %.0f | %.1f | %.1f | %.0f | %.0f MB | %.1f MB | %s | %.0f | %.2f | %d |\n", r.Waiters, r.CommandsSec, r.PublishSec,
+			r.PerFinished, float64(r.Finished)/o.window.Seconds(), r.ServeRSSMB, r.HeapMB+r.StackMB, per, r.Goroutines, r.ServeCPU, r.Answered)
 	}
 	fmt.Fprintln(out)
 	for _, r := range results {
@@ -224,10 +231,15 @@ func (a *api) do(ctx context.Context, method, path string, body any) (*http.Resp
 }
 
 // enqueue stores n jobs in batches; a later notBefore keeps them waiting.
+// Items refused 503 (a busy machine ran out the store budget) are sent
+// again.
 func (a *api) enqueue(ctx context.Context, n int, notBefore string) ([]string, error) {
 	var ids []string
-	for n > 0 {
-		k := min(n, 1000)
+	for tries := 0; n > 0; tries++ {
+		if tries > 100 {
+			return nil, errors.New("enqueue: refused 503 a hundred times")
+		}
+		k := min(n, 200)
 		jobs := make([]map[string]any, k)
 		for i := range jobs {
 			jobs[i] = map[string]any{"upstream": "echo", "method": "POST", "path": "/call"}
@@ -254,12 +266,21 @@ func (a *api) enqueue(ctx context.Context, n int, notBefore string) ([]string, e
 			return nil, err
 		}
 		for _, r := range out.Results {
-			if r.Status != 202 {
+			switch r.Status {
+			case 202:
+				ids = append(ids, r.Job.ID)
+				n--
+			case 503:
+			default:
 				return nil, fmt.Errorf("batch item: status %d", r.Status)
 			}
-			ids = append(ids, r.Job.ID)
 		}
-		n -= k
+		if len(out.Results) != k {
+			return nil, fmt.Errorf("batch of %d: %d results", k, len(out.Results))
+		}
+		if n > 0 && len(ids)%200 != 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 	return ids, nil
 }
@@ -297,7 +318,12 @@ func (a *api) cell(ctx context.Context, srv *redisproc.Server, servePid, n int, 
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var answered atomic.Int64
-	for _, id := range ids {
+	for i, id := range ids {
+		if i%250 == 249 {
+			// Under the listen backlog: 10,000 dials at once would
+			// overflow it.
+			time.Sleep(25 * time.Millisecond)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -332,7 +358,7 @@ func (a *api) cell(ctx context.Context, srv *redisproc.Server, servePid, n int, 
 		}
 	}()
 	time.Sleep(time.Second) // the finisher reaches its pace
-	before, err := redisstats.Take(srv)
+	before, err := take(srv)
 	if err != nil {
 		fcancel()
 		return r, err
@@ -342,10 +368,14 @@ func (a *api) cell(ctx context.Context, srv *redisproc.Server, servePid, n int, 
 	cpuBefore, _ := fleet.CPUOf(servePid)
 	t0 := time.Now()
 	time.Sleep(o.window)
-	after, err := redisstats.Take(srv)
+	after, err := take(srv)
 	secs := time.Since(t0).Seconds()
 	cpuAfter, _ := fleet.CPUOf(servePid)
 	r.ServeRSSMB = rssMB(servePid)
+	if m, err := a.metrics(ctx); err == nil {
+		r.HeapMB, r.StackMB = m["go_memstats_heap_inuse_bytes"]/(1<<20), m["go_memstats_stack_inuse_bytes"]/(1<<20)
+		r.Goroutines = m["go_goroutines"]
+	}
 	r.Finished = processed(ctx, a.rdb) - processedBefore
 	r.Answered = answered.Load() - answeredBefore
 	fcancel()
@@ -369,6 +399,39 @@ func (a *api) cell(ctx context.Context, srv *redisproc.Server, servePid, n int, 
 	}
 	r.Top = strings.Join(top, ", ")
 	return r, nil
+}
+
+// metrics reads serve's /metrics, the unlabelled samples.
+func (a *api) metrics(ctx context.Context) (map[string]float64, error) {
+	_, raw, err := a.do(ctx, "GET", "/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		name, v, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			out[name] = f
+		}
+	}
+	return out, nil
+}
+
+// take is redisstats.Take, tried again when a loaded machine makes its
+// short dial time out.
+func take(srv *redisproc.Server) (redisstats.Snapshot, error) {
+	var err error
+	for range 10 {
+		var s redisstats.Snapshot
+		if s, err = redisstats.Take(srv); err == nil {
+			return s, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return redisstats.Snapshot{}, err
 }
 
 // processed is the echo upstream's asynq processed total: jobs finished.
