@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -51,7 +52,7 @@ func newClient(t *testing.T, f *fake, key string, opts ...client.Option) (*clien
 		t.Fatalf("New: %v", err)
 	}
 	s := &sleeper{}
-	client.SetTime(c, nil, s.sleep)
+	client.SetTime(c, f.now, s.sleep)
 	return c, s
 }
 
@@ -1027,73 +1028,133 @@ func TestEnqueueBatchMismatchedAnswer(t *testing.T) {
 	}
 }
 
+// longPolls are the GETs of job id the fake received, with their wait.
+func longPolls(f *fake, id string) []string {
+	var out []string
+	for _, r := range f.log() {
+		if r.Method == "GET" && strings.HasSuffix(r.Path, "/"+id) {
+			q, _ := url.ParseQuery(r.Query)
+			out = append(out, q.Get("wait"))
+		}
+	}
+	return out
+}
+
 func TestWait(t *testing.T) {
 	ctx := context.Background()
 
-	t.Run("until succeeded, backing off", func(t *testing.T) {
+	t.Run("one long poll per window, no polling", func(t *testing.T) {
 		f, c, s := setup(t)
 		f.setStates("queued", "active", "retrying", "active", "succeeded")
 		job, _ := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe", Body: []byte("hi")})
-		got, err := c.Wait(ctx, job.ID, client.WithPollInterval(time.Second, 4*time.Second))
+		var seen []client.State
+		got, err := c.Wait(ctx, job.ID, client.WithProgress(func(j *client.Job) { seen = append(seen, j.State) }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got.State != client.StateSucceeded || string(got.Response.Body) != "hi" {
 			t.Errorf("got %+v, want succeeded with the echo", got)
 		}
-		if got, want := s.recorded(), []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}; !reflect.DeepEqual(got, want) {
-			t.Errorf("got waits %v, want %v", got, want)
+		if got, want := longPolls(f, job.ID), []string{"20000ms", "20000ms", "20000ms", "20000ms", "20000ms"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("got GETs with wait %q, want one long poll of the default window per state", got)
+		}
+		if w := s.recorded(); len(w) != 0 {
+			t.Errorf("slept %v between long polls, want no sleep at all", w)
+		}
+		if want := []client.State{"queued", "active", "retrying", "active"}; !reflect.DeepEqual(seen, want) {
+			t.Errorf("progress saw %v, want %v", seen, want)
 		}
 	})
 
-	t.Run("defaults", func(t *testing.T) {
-		f, c, s := setup(t)
-		f.setStates("active", "active", "active", "active", "active", "active", "dead")
+	t.Run("window", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			opts []client.WaitOption
+			http *http.Client
+			want string
+		}{
+			{"asked for", []client.WaitOption{client.WithWaitWindow(5 * time.Second)}, nil, "5000ms"},
+			{"the server's bound", []client.WaitOption{client.WithWaitWindow(5 * time.Minute)}, &http.Client{}, "60000ms"},
+			{"within the http timeout", []client.WaitOption{client.WithWaitWindow(time.Minute)}, nil, "24000ms"},
+			{"within a short http timeout", nil, &http.Client{Timeout: 2 * time.Second}, "1000ms"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var opts []client.Option
+				if tc.http != nil {
+					opts = append(opts, client.WithHTTPClient(tc.http))
+				}
+				f, c, _ := setup(t, opts...)
+				f.setStates("active", "succeeded")
+				job, _ := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe"})
+				if _, err := c.Wait(ctx, job.ID, tc.opts...); err != nil {
+					t.Fatal(err)
+				}
+				if got := longPolls(f, job.ID); len(got) != 2 || got[0] != tc.want {
+					t.Errorf("got waits %q, want two of %s", got, tc.want)
+				}
+			})
+		}
+	})
+
+	t.Run("within ctx's deadline", func(t *testing.T) {
+		f, c, _ := setup(t)
+		f.setStates("active", "succeeded")
 		job, _ := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe"})
-		got, err := c.Wait(ctx, job.ID)
-		if err != nil {
+		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		if _, err := c.Wait(dctx, job.ID); err != nil {
 			t.Fatal(err)
 		}
-		if got.State != client.StateDead || got.LastError == "" {
-			t.Errorf("got %+v, want dead", got)
+		got := longPolls(f, job.ID)
+		d, err := time.ParseDuration(got[0])
+		if err != nil || d > 3*time.Second || d < 2*time.Second {
+			t.Errorf("got wait %q with 3s left, want about 3s", got[0])
 		}
-		want := []time.Duration{client.DefaultPollInterval, 2 * client.DefaultPollInterval, 4 * client.DefaultPollInterval,
-			8 * client.DefaultPollInterval, 16 * client.DefaultPollInterval, client.DefaultMaxPollInterval}
-		if got := s.recorded(); !reflect.DeepEqual(got, want) {
-			t.Errorf("got waits %v, want %v", got, want)
+	})
+
+	t.Run("a server that answers at once", func(t *testing.T) {
+		f, c, s := setup(t)
+		f.ignoreWait = true
+		f.setStates("active", "active", "active", "dead")
+		job, _ := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe"})
+		got, err := c.Wait(ctx, job.ID)
+		if err != nil || got.State != client.StateDead {
+			t.Fatalf("got %+v, %v, want dead", got, err)
+		}
+		if got, want := s.recorded(), []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second}; !reflect.DeepEqual(got, want) {
+			t.Errorf("got pauses %v, want a back-off, not a busy loop", got)
 		}
 	})
 
 	t.Run("already final", func(t *testing.T) {
-		_, c, s := setup(t)
+		f, c, s := setup(t)
 		job, _ := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe"})
 		c.Cancel(ctx, job.ID)
 		got, err := c.Wait(ctx, job.ID)
-		if err != nil || got.State != client.StateCancelled || len(s.recorded()) != 0 {
+		if err != nil || got.State != client.StateCancelled || len(s.recorded()) != 0 || len(longPolls(f, job.ID)) != 1 {
 			t.Errorf("got %+v, %v, waits %v, want cancelled at once", got, err, s.recorded())
 		}
 	})
 
 	t.Run("ctx cancelled while waiting", func(t *testing.T) {
-		f, c, s := setup(t)
+		f, c, _ := setup(t)
 		job, _ := c.Enqueue(ctx, client.JobRequest{Upstream: "stripe"})
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		s.hook = func(n int) error {
-			if n == 3 {
+		n := 0
+		got, err := c.Wait(cctx, job.ID, client.WithProgress(func(*client.Job) {
+			if n++; n == 3 {
 				cancel()
 			}
-			return nil
-		}
-		got, err := c.Wait(cctx, job.ID)
+		}))
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("got %v, want context.Canceled", err)
 		}
 		if got == nil || got.ID != job.ID || got.State != client.StateQueued {
 			t.Errorf("got %+v, want the job as last seen", got)
 		}
-		if gets := len(f.log()) - 1; gets != 3 {
-			t.Errorf("got %d polls, want 3", gets)
+		if gets := len(longPolls(f, job.ID)); gets != 3 {
+			t.Errorf("got %d long polls, want 3", gets)
 		}
 	})
 

@@ -37,7 +37,7 @@ func Example() {
 	}
 	fmt.Println(job.ID, job.State)
 
-	done, err := c.Wait(ctx, job.ID, client.WithPollInterval(10*time.Millisecond, time.Second))
+	done, err := c.Wait(ctx, job.ID)
 	if err != nil {
 		panic(err)
 	}

@@ -43,6 +43,20 @@ type fake struct {
 	// storeDown makes every enqueue fail as the real server does when it
 	// cannot reach Redis.
 	storeDown bool
+	// ignoreWait makes GET answer at once whatever its wait, as a server
+	// without long polls would.
+	ignoreWait bool
+	// passed is how far the fake's clock (now) is ahead of the real one:
+	// a long poll that ends with its job not final lets its whole wait
+	// pass there, so a client on that clock sees the window it asked for.
+	passed time.Duration
+}
+
+// now is the fake's clock.
+func (f *fake) now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return time.Now().Add(f.passed)
 }
 
 type fakeKey struct {
@@ -575,7 +589,21 @@ func (f *fake) get(w http.ResponseWriter, r *http.Request) {
 	if j == nil {
 		return
 	}
+	// A long poll: one step of the job's script is what happens while it
+	// waits; if that is not final, the wait runs out.
+	var wait time.Duration
+	if v := r.URL.Query().Get("wait"); v != "" && !f.ignoreWait {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Minute {
+			writeProblem(w, http.StatusBadRequest, "Invalid request", "wait "+v, []problemField{{Field: "wait", Message: "must be a duration up to 60s"}})
+			return
+		}
+		wait = d
+	}
 	j.advance()
+	if !isFinal(j.wire["state"].(string)) {
+		f.passed += wait
+	}
 	writeJSON(w, http.StatusOK, j.wire)
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 	"unicode/utf8"
 )
@@ -403,58 +404,107 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Job, error) {
 	return &job, nil
 }
 
-// Default polling of Wait.
-const (
-	DefaultPollInterval    = 250 * time.Millisecond
-	DefaultMaxPollInterval = 5 * time.Second
-)
+// DefaultWaitWindow is how long each long poll of Wait asks the server to
+// hold its answer, when the HTTP client's timeout leaves room for it.
+const DefaultWaitWindow = 20 * time.Second
+
+// maxWaitWindow is the server's bound on one long poll.
+const maxWaitWindow = 60 * time.Second
 
 // WaitOption tunes one Wait.
 type WaitOption func(*waitConfig)
 
 type waitConfig struct {
-	first, max time.Duration
+	window   time.Duration
+	progress func(*Job)
 }
 
-// WithPollInterval makes Wait poll first after first and then at doubling
-// intervals up to max (defaults DefaultPollInterval and
-// DefaultMaxPollInterval). Values that are not positive keep the default;
-// a max below first is raised to first.
-func WithPollInterval(first, max time.Duration) WaitOption {
+// WithWaitWindow makes each long poll of Wait ask for up to d (default
+// DefaultWaitWindow, at most a minute, the server's bound). Wait shortens
+// it to fit ctx's deadline and the HTTP client's timeout. Values that are
+// not positive keep the default.
+func WithWaitWindow(d time.Duration) WaitOption {
 	return func(w *waitConfig) {
-		if first > 0 {
-			w.first = first
-		}
-		if max > 0 {
-			w.max = max
+		if d > 0 {
+			w.window = min(d, maxWaitWindow)
 		}
 	}
 }
 
-// Wait polls a job until it reaches a final state (succeeded, dead or
-// cancelled) and returns it; check Job.State for which. Polls start
-// quickly and back off, so short jobs return soon and long ones cost few
-// requests. ctx bounds the whole wait. On any error, including ctx ending
-// first, Wait returns the job as last seen (nil if never) with the error,
-// which matches ctx's error when that is the cause.
+// WithProgress calls fn with the job as it is each time a long poll of Wait
+// ends with the job not final yet.
+func WithProgress(fn func(*Job)) WaitOption {
+	return func(w *waitConfig) { w.progress = fn }
+}
+
+// Wait returns a job once it reaches a final state (succeeded, dead or
+// cancelled); check Job.State for which. It does not poll: each request
+// is a long poll (GET /v1/jobs/{id}?wait=) that the server answers within
+// milliseconds of the job finishing, or when its window ends, so a job
+// that takes a minute costs a few requests. ctx bounds the whole wait. On
+// any error, including ctx ending first, Wait returns the job as last seen
+// (nil if never) with the error, which matches ctx's error when that is
+// the cause.
 func (c *Client) Wait(ctx context.Context, id string, opts ...WaitOption) (*Job, error) {
-	cfg := waitConfig{first: DefaultPollInterval, max: DefaultMaxPollInterval}
+	if id == "" {
+		return nil, errors.New("wait: empty id")
+	}
+	cfg := waitConfig{window: DefaultWaitWindow}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	cfg.max = max(cfg.max, cfg.first)
+	if t := c.hc.Timeout; t > 0 {
+		// Room for the answer to come back before the client gives up.
+		cfg.window = max(min(cfg.window, t-max(t/5, time.Second)), time.Second)
+	}
 	var last *Job
-	for interval := cfg.first; ; interval = min(2*interval, cfg.max) {
-		job, err := c.Get(ctx, id)
+	for early := 0; ; {
+		window := cfg.window
+		if dl, ok := ctx.Deadline(); ok {
+			window = max(min(window, dl.Sub(c.now())), time.Millisecond)
+		}
+		asked := c.now()
+		job, err := c.GetWait(ctx, id, window)
 		if err != nil {
+			if last != nil && ctx.Err() != nil {
+				return last, fmt.Errorf("wait for job %s (%s): %w", id, last.State, err)
+			}
 			return last, fmt.Errorf("wait: %w", err)
 		}
 		if job.Done() {
 			return job, nil
 		}
 		last = job
-		if err := c.sleep(ctx, interval); err != nil {
+		if cfg.progress != nil {
+			cfg.progress(job)
+		}
+		// A window the server cut short (it shuts down, or predates long
+		// polls and answers at once) must not become a busy loop: back
+		// off, doubling from a quarter second to the window.
+		if c.now().Sub(asked) >= window/2 {
+			early = 0
+			continue
+		}
+		pause := min(250*time.Millisecond<<min(early, 10), cfg.window)
+		early++
+		if err := c.sleep(ctx, pause); err != nil {
 			return last, fmt.Errorf("wait for job %s (%s): %w", id, last.State, err)
 		}
 	}
+}
+
+// GetWait is one long poll: it reads a job as Get does, but the server
+// holds its answer until the job is final or d (at most a minute) has
+// passed, and answers the job as it is then.
+func (c *Client) GetWait(ctx context.Context, id string, d time.Duration) (*Job, error) {
+	if id == "" {
+		return nil, errors.New("get job: empty id")
+	}
+	d = min(max(d, 0), maxWaitWindow)
+	var job Job
+	path := "/v1/jobs/" + pathSegment(id) + "?wait=" + strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	if _, err := c.do(ctx, http.MethodGet, path, nil, &job); err != nil {
+		return nil, fmt.Errorf("get job %s: %w", id, err)
+	}
+	return &job, nil
 }

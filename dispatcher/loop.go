@@ -331,7 +331,8 @@ func (u *upstream) held() []string {
 func (d *Dispatcher) recover(ctx context.Context, u *upstream, now time.Time) int {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n, err := jobstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), now, 100)
+	n, err := jobstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), now, 100,
+		jobstore.AnnounceFinal(jobstore.FinalChannel(d.cfg.Prefix)))
 	if err != nil {
 		d.m.RedisErrors.WithLabelValues("pacing").Inc()
 		d.log.Warn("could not recover jobs whose worker stopped", "upstream", u.cfg.Name, "err", err)

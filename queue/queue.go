@@ -71,6 +71,8 @@ type Queue struct {
 	// blocks are the upstreams' bucket block hashes: a block holds their
 	// waiting jobs (Info.WaitingFor).
 	blocks map[string]string
+	// finals wakes long polls (Wait) when their jobs become final.
+	finals *jobstore.Finals
 
 	mu      sync.Mutex
 	backlog map[string]backlogSample
@@ -110,6 +112,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 		backlog: map[string]backlogSample{},
 		listed:  map[string]bool{},
 		blocks:  map[string]string{},
+		finals:  jobstore.NewFinals(rdb, cfg.Prefix),
 	}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: q.prefix})
 	for name := range ups {
@@ -123,8 +126,12 @@ func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
 	return q, nil
 }
 
-// Close releases the asynq inspector (not rdb).
-func (q *Queue) Close() error { return q.insp.Close() }
+// Close ends every Wait (see EndWaits) and releases the asynq inspector
+// (not rdb).
+func (q *Queue) Close() error {
+	q.finals.Close()
+	return q.insp.Close()
+}
 
 // Upstreams lists the upstreams, with their defaults filled in, sorted by
 // name.

@@ -62,7 +62,14 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		s.m.JobsRejected.WithLabelValues(s.upstreamLabel(req.Upstream), "rate_limited").Inc()
 		return
 	}
-	s.process(r.Context(), caller(r), s.cfg.Now(), item{req: req, bad: bad}, "").write(w)
+	o := s.process(r.Context(), caller(r), s.cfg.Now(), item{req: req, bad: bad}, "")
+	if secs, ok := preferWait(r.Header); ok {
+		var final bool
+		if o, final = s.waitedOutcome(r, o, secs); final {
+			preferenceApplied(w, secs)
+		}
+	}
+	o.write(w)
 }
 
 // batchRequest is the body of POST /v1/jobs/batch.
@@ -107,7 +114,11 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, *bad)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"results": s.processAll(r.Context(), caller(r), items)})
+	results, waited := s.processAll(r, caller(r), items)
+	if waited >= 0 {
+		preferenceApplied(w, waited)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"results": results})
 }
 
 // decodeBatch reads a batch and each of its items; the problem is for the
@@ -141,7 +152,14 @@ func (s *Server) decodeBatch(w http.ResponseWriter, r *http.Request) ([]item, *p
 // processAll judges every item of a batch as process does, then stores
 // the valid ones together, in the batch's order (queue.EnqueueBatch), so
 // that the jobs of one flow leave in the order the batch gives them.
-func (s *Server) processAll(ctx context.Context, k *keyEntry, items []item) []batchResult {
+//
+// With Prefer: wait=N, every stored job is waited for, together, up to N
+// seconds: each final by then is answered 200 with its final job, the
+// others as without it (202, or 200 for an existing one); the batch says
+// Preference-Applied when every stored job is final (waited is then N,
+// else -1).
+func (s *Server) processAll(r *http.Request, k *keyEntry, items []item) (results []batchResult, waited int64) {
+	ctx := r.Context()
 	now := s.cfg.Now()
 	outs := make([]outcome, len(items))
 	var jobs []*queue.Job
@@ -160,11 +178,12 @@ func (s *Server) processAll(ctx context.Context, k *keyEntry, items []item) []ba
 			outs[at[k]] = o
 		}
 	}
-	results := make([]batchResult, len(items))
+	waited = s.waitBatch(r, outs)
+	results = make([]batchResult, len(items))
 	for i, o := range outs {
 		results[i] = batchResult{Index: i, Status: o.status, Job: o.job, Error: o.problem}
 	}
-	return results
+	return results, waited
 }
 
 // process judges one job request and, when it is valid, stores it. With

@@ -380,6 +380,10 @@ func describeJSONError(err error) string {
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
+	if q := r.URL.Query(); q.Has("wait") {
+		s.handleGetWait(w, r, q.Get("wait"))
+		return
+	}
 	info, err := s.q.Get(r.Context(), r.PathValue("id"), caller(r).Tenant)
 	if err != nil {
 		s.jobError(w, r, err)

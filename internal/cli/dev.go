@@ -154,7 +154,7 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	}
 	printDevBanner(f, ln.Addr(), key, storeName, demoURL, opts.demoRate)
 
-	err = runAPIAndWorkers(ctx, d, ln, parts.server.Handler(), time.Duration(cfg.API.ShutdownTimeout), log)
+	err = runAPIAndWorkers(ctx, d, ln, parts, time.Duration(cfg.API.ShutdownTimeout), log)
 	fmt.Fprintf(f.ErrOut, "\ndemo upstream: %s\n", fake.Report())
 	return err
 }
@@ -255,7 +255,7 @@ func devConfigFor(f *Factory, key, redisURL, listen, demoURL string, rate int64)
 
 // runAPIAndWorkers runs the workers and serves the API on ln until ctx ends
 // or either stops, then stops the other and waits for it.
-func runAPIAndWorkers(ctx context.Context, d *dispatcher.Dispatcher, ln net.Listener, api http.Handler, grace time.Duration, log *slog.Logger) error {
+func runAPIAndWorkers(ctx context.Context, d *dispatcher.Dispatcher, ln net.Listener, api *apiParts, grace time.Duration, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 2)

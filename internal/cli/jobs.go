@@ -38,12 +38,13 @@ tenant's jobs only, and retry-dead needs an admin key. --config wins over
 		Example: `  shaper jobs ls --upstream stripe --state dead --config shaper.yaml
   shaper jobs ls --upstream demo --api http://localhost:8080 --api-key "$KEY"
   shaper jobs get stripe.default.3fa9c1d2-k4xq7m...
+  shaper jobs wait stripe.default.3fa9c1d2-k4xq7m...
   shaper jobs retry stripe.default.3fa9c1d2-k4xq7m...
   shaper jobs retry-dead stripe --api-key "$ADMIN_KEY"`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return fmt.Errorf("unknown command %q for \"shaper jobs\" (have: ls, get, retry, retry-dead, cancel)", args[0])
+				return fmt.Errorf("unknown command %q for \"shaper jobs\" (have: ls, get, wait, retry, retry-dead, cancel)", args[0])
 			}
 			return cmd.Help()
 		},
@@ -55,6 +56,7 @@ tenant's jobs only, and retry-dead needs an admin key. --config wins over
 	pf.BoolVar(&opts.json, "json", false, "print JSON")
 	cmd.AddCommand(newCmdJobsList(f, opts), newCmdJobsGet(f, opts), newCmdJobsRetry(f, opts),
 		newCmdJobsRetryDead(f, opts), newCmdJobsCancel(f, opts))
+	cmd.AddCommand(newCmdJobsWait(f, opts))
 	return cmd
 }
 

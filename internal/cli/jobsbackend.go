@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,6 +20,9 @@ import (
 type jobsBackend interface {
 	list(ctx context.Context, o client.ListJobsOptions) (*client.JobPage, error)
 	get(ctx context.Context, id string) (*client.Job, error)
+	// wait waits for a job to be final, a long poll of up to window at a
+	// time, calling progress after each that ends with it not final.
+	wait(ctx context.Context, id string, window time.Duration, progress func(*client.Job)) (*client.Job, error)
 	retry(ctx context.Context, id string) (*client.Job, error)
 	cancel(ctx context.Context, id string) (*client.Job, error)
 	retryDead(ctx context.Context, upstream string) (*client.RetryDeadResult, error)

@@ -188,17 +188,27 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 		return err
 	}
 	log.Info("API listening", "addr", ln.Addr().String(), "keys", len(keys), "upstreams", len(cfg.Upstreams), "version", Version)
-	return serveUntilDone(ctx, ln, parts.server.Handler(), time.Duration(cfg.API.ShutdownTimeout), log)
+	return serveUntilDone(ctx, ln, parts, time.Duration(cfg.API.ShutdownTimeout), log)
 }
 
-// serveUntilDone serves h on ln until ctx ends, then shuts down gracefully.
-func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration, log *slog.Logger) error {
-	hs := &http.Server{
+// apiHTTPServer is the HTTP server of the API. It has no WriteTimeout: a
+// long poll (GET /v1/jobs/{id}?wait=, Prefer: wait) answers after up to
+// queue.MaxWait, and a write deadline would cut it. ReadTimeout does not:
+// net/http clears the read deadline once a request's body has been read.
+func apiHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
 		IdleTimeout:       120 * time.Second,
 	}
+}
+
+// serveUntilDone serves the API on ln until ctx ends, then shuts down
+// gracefully; long polls answer at once when the shutdown starts.
+func serveUntilDone(ctx context.Context, ln net.Listener, api *apiParts, grace time.Duration, log *slog.Logger) error {
+	hs := apiHTTPServer(api.server.Handler())
+	hs.RegisterOnShutdown(api.q.EndWaits)
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	select {

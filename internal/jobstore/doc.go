@@ -28,6 +28,7 @@
 //	P:cancelled:{Q}:ID      a cancelled job's mark
 //	P:drain:{U}:SEC         sends to upstream U in one second (Recorder)
 //	P:wake                  channel: an upstream has work (WakeChannel)
+//	P:final                 channel: jobs made final (FinalChannel, Finals)
 //
 // The leaky bucket's own keys (P:leaky:{Q}:...) belong to package leaky; the
 // take books them through the library leaky gives it.

@@ -272,12 +272,12 @@ func (s Space) Requeue(ctx context.Context, rdb redis.Scripter, concLeases strin
 var ErrNotWaiting = errors.New("job is not waiting")
 
 // Cancel moves a waiting job (ready, scheduled or retrying) to asynq's
-// archive, out of every structure that would dispatch it. It returns
-// redis.Nil if there is no such job.
+// archive, out of every structure that would dispatch it, and announces
+// it on FinalChannel. It returns redis.Nil if there is no such job.
 func (s Space) Cancel(ctx context.Context, rdb redis.Scripter, id string) error {
 	keys := []string{s.TaskKey(id), s.CountsKey(), s.BacklogKey(), s.a.Scheduled(),
 		s.a.Retry(), s.a.Archived(), s.a.Groups()}
-	v, err := script.Run(ctx, rdb, "jobstore.cancel", cancelScript, keys, "", s.groupPrefix(), id)
+	v, err := script.Run(ctx, rdb, "jobstore.cancel", cancelScript, keys, "", s.groupPrefix(), id, FinalChannel(s.prefix))
 	if err != nil {
 		return err
 	}

@@ -153,6 +153,7 @@ type FinishOption func(*finishOpts)
 type finishOpts struct {
 	sleepKey, channel, message string
 	bounds                     Bounds
+	final                      string // AnnounceFinal's channel
 }
 
 // TrimMargin is how many tasks past its bound a Finish deletes from each of
@@ -250,11 +251,12 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	for _, it := range items {
 		keys = append(keys, k.Task(it.ID))
 	}
-	args := make([]any, 0, 17+12*len(items))
+	args := make([]any, 0, 18+12*len(items))
 	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message,
 		max(b.Completed, 0), max(b.Archived, 0), TrimMargin, goneMax, goneFor, k.TaskPrefix(),
 		strings.Join(b.SidePrefixes, "\n"))
 	args = append(args, b.Remember.args()...)
+	args = append(args, o.final)
 	for i := range items {
 		it := &items[i]
 		if err := it.check(k); err != nil {
@@ -438,7 +440,9 @@ func Exhausted(m *Message) bool {
 // returns how many tasks it ended; one finished by its worker between the
 // listing and the ending is left to that worker. counts and pbacklog are as
 // for Finish.
-func Recover(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog string, now time.Time, limit int) (int, error) {
+//
+// Options are Finish's: AnnounceFinal announces the tasks that go dead.
+func Recover(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog string, now time.Time, limit int, opts ...FinishOption) (int, error) {
 	exp, err := ExpiredLeases(ctx, rdb, k, now, limit)
 	if err != nil || len(exp) == 0 {
 		return 0, err
@@ -451,7 +455,7 @@ func Recover(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog s
 			items[i].Outcome = Dead
 		}
 	}
-	errs, err := finishAt(ctx, rdb, k, counts, pbacklog, items, now)
+	errs, err := finishAt(ctx, rdb, k, counts, pbacklog, items, now, opts...)
 	if err != nil {
 		return 0, fmt.Errorf("recover: %w", err)
 	}

@@ -4,8 +4,9 @@
 // Node 20 or later, built-in fetch only. The call is enqueued with
 // POST /v1/jobs; a 429 (admission limit) or 503 (backlog full, store
 // unavailable) is waited out for as long as its Retry-After says, then the
-// job is read back with GET /v1/jobs/{id} until it is finished, and printed
-// as JSON.
+// job is read back with long polls, GET /v1/jobs/{id}?wait=20s, which the
+// server answers as soon as the job is finished (or when the 20 s are up,
+// and the next one waits again): no polling loop. It is printed as JSON.
 //
 //   SHAPER_API_URL=http://localhost:8080 SHAPER_API_KEY=... \
 //     node produce.mjs --upstream stripe --path /v1/charges --body 'amount=100'
@@ -18,6 +19,9 @@ import { parseArgs } from "node:util";
 
 const FINAL_STATES = new Set(["succeeded", "dead", "cancelled"]);
 const USER_AGENT = "shaper-example-node";
+// How long one long poll asks the server to wait (it allows up to 60 s; a
+// proxy in between may cut idle requests sooner).
+const WAIT_WINDOW = 20;
 
 class APIError extends Error {
   constructor(status, problem) {
@@ -42,7 +46,7 @@ const sleep = (secs) => new Promise((resolve) => setTimeout(resolve, secs * 1000
 
 // call makes one API call, waiting out 429 and 503 as the server asks, and
 // returns [status, parsed JSON body].
-async function call(api, key, method, path, body, deadline) {
+async function call(api, key, method, path, body, deadline, timeoutSecs = 30) {
   const headers = {
     Authorization: `Bearer ${key}`,
     Accept: "application/json, application/problem+json",
@@ -54,7 +58,7 @@ async function call(api, key, method, path, body, deadline) {
       method,
       headers,
       body: body === undefined ? undefined : JSON.stringify(body),
-      signal: AbortSignal.timeout(30_000),
+      signal: AbortSignal.timeout(timeoutSecs * 1000),
     });
     const text = await resp.text();
     let parsed;
@@ -111,16 +115,22 @@ async function main() {
   try {
     const [status, accepted] = await call(args.api, args.key, "POST", "/v1/jobs", job, deadline);
     console.error(`enqueued ${accepted.id} (${status === 202 ? "new" : "existing"})`);
-    let poll = 0.2;
+    const path = `/v1/jobs/${encodeURIComponent(accepted.id)}`;
     for (;;) {
-      [, got] = await call(args.api, args.key, "GET", `/v1/jobs/${encodeURIComponent(accepted.id)}`, undefined, deadline);
-      if (FINAL_STATES.has(got.state)) break;
-      if (Date.now() + poll * 1000 > deadline) {
-        console.error(`job ${accepted.id} still ${got.state} after ${timeout}s`);
+      const left = (deadline - Date.now()) / 1000;
+      if (left <= 0) {
+        console.error(`job ${accepted.id} still ${got?.state ?? accepted.state} after ${timeout}s`);
         return 2;
       }
-      await sleep(poll);
-      poll = Math.min(poll * 2, 2);
+      const window = Math.max(1, Math.min(WAIT_WINDOW, Math.floor(left)));
+      const asked = Date.now();
+      // The request's timeout leaves room for the answer after the wait.
+      [, got] = await call(args.api, args.key, "GET", `${path}?wait=${window}s`, undefined, deadline, window + 10);
+      if (FINAL_STATES.has(got.state)) break;
+      console.error(`job ${accepted.id} is ${got.state}; waiting`);
+      // Answered early (the server is shutting down): do not turn that
+      // into a busy loop.
+      if (Date.now() - asked < (window * 1000) / 2) await sleep(1);
     }
   } catch (err) {
     console.error(`error: ${err.message}`);

@@ -3,8 +3,10 @@
 
 Standard library only (urllib). The call is enqueued with POST /v1/jobs; a
 429 (admission limit) or 503 (backlog full, store unavailable) is waited out
-for as long as its Retry-After says, then the job is read back with
-GET /v1/jobs/{id} until it is finished, and printed as JSON.
+for as long as its Retry-After says, then the job is read back with long
+polls, GET /v1/jobs/{id}?wait=20s, which the server answers as soon as the job
+is finished (or when the 20 s are up, and the next one waits again): no
+polling loop. It is printed as JSON.
 
     SHAPER_API_URL=http://localhost:8080 SHAPER_API_KEY=... \
         python3 produce.py --upstream stripe --path /v1/charges --body 'amount=100'
@@ -25,6 +27,9 @@ import urllib.request
 import uuid
 
 FINAL_STATES = {"succeeded", "dead", "cancelled"}
+# How long one long poll asks the server to wait (it allows up to 60 s; a
+# proxy in between may cut idle requests sooner).
+WAIT_WINDOW = 20
 USER_AGENT = "shaper-example-python"
 
 
@@ -54,7 +59,7 @@ def retry_after_seconds(value):
     return max(0.0, when.timestamp() - time.time())
 
 
-def call(api, key, method, path, body=None, deadline=None):
+def call(api, key, method, path, body=None, deadline=None, timeout=30):
     """One API call, waiting out 429 and 503 as the server asks.
 
     Returns (status, parsed JSON body).
@@ -69,7 +74,7 @@ def call(api, key, method, path, body=None, deadline=None):
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, json.load(resp)
         except urllib.error.HTTPError as err:
             raw = err.read()
@@ -123,17 +128,25 @@ def main():
         status, accepted = call(args.api, args.key, "POST", "/v1/jobs", job, deadline)
         job_id = accepted["id"]
         print(f"enqueued {job_id} ({'new' if status == 202 else 'existing'})", file=sys.stderr)
-        poll = 0.2
+        path = "/v1/jobs/" + urllib.parse.quote(job_id, safe="")
+        got = accepted
         while True:
-            _, got = call(args.api, args.key, "GET", "/v1/jobs/" + urllib.parse.quote(job_id, safe=""),
-                          deadline=deadline)
-            if got["state"] in FINAL_STATES:
-                break
-            if time.monotonic() + poll > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 print(f"job {job_id} still {got['state']} after {args.timeout:g}s", file=sys.stderr)
                 return 2
-            time.sleep(poll)
-            poll = min(poll * 2, 2.0)
+            window = max(1, min(WAIT_WINDOW, int(left)))
+            asked = time.monotonic()
+            # The socket timeout leaves room for the answer after the wait.
+            _, got = call(args.api, args.key, "GET", f"{path}?wait={window}s", deadline=deadline,
+                          timeout=window + 10)
+            if got["state"] in FINAL_STATES:
+                break
+            print(f"job {job_id} is {got['state']}; waiting", file=sys.stderr)
+            if time.monotonic() - asked < window / 2:
+                # Answered early (the server is shutting down): do not
+                # turn that into a busy loop.
+                time.sleep(1)
     except (APIError, urllib.error.URLError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@
 -- ARGV[1] -> now override
 -- ARGV[2] -> asynq group prefix
 -- ARGV[3] -> id
+-- ARGV[4] -> the channel that announces jobs made final ("" = none)
 --
 -- Returns the state the job was in ("" if there is no such job).
 local f = redis.call('HMGET', KEYS[1], 'state', 'group', 'sl', 'sp', 'sd')
@@ -49,5 +50,9 @@ if pk ~= '' then
   if tonumber(redis.call('ZINCRBY', KEYS[3], -1, pk)) <= 0 then
     redis.call('ZREM', KEYS[3], pk)
   end
+end
+-- Cancelled is final: long polls wake on it (see Finals).
+if ARGV[4] ~= '' then
+  redis.call('PUBLISH', ARGV[4], ARGV[3])
 end
 return state

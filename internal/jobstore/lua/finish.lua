@@ -37,6 +37,8 @@
 --    (Remembered.args): the bucket index key ("" = none; its buckets are
 --    built from it, in the queue's slot), window and span in seconds, the
 --    Lua pattern of such an ID, the cancel mark's prefix
+-- ARGV[18] -> the channel that announces jobs made final (see
+--    AnnounceFinal; "" = none)
 --    then per item, 12 values:
 --    id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
 --    "d" dead), encoded message to store, "1" when a result follows (else
@@ -97,7 +99,7 @@ local processed, failed = 0, 0
 local out = {}
 local i = 0
 local retried = false
-for b = 18, #ARGV, 12 do
+for b = 19, #ARGV, 12 do
   i = i + 1
   local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
@@ -212,5 +214,20 @@ end
 -- of it from a wake-up (see WakeOnRetry).
 if retried and ARGV[3] ~= '' and redis.call('HDEL', ARGV[3], 'sleep') == 1 then
   redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
+-- Jobs made final (succeeded, dead) are announced, every id of the call in
+-- one message, one per line: long polls wake on it (see Finals), at one
+-- command per call whoever waits.
+if ARGV[18] ~= '' then
+  local final, n = {}, 0
+  for b = 19, #ARGV, 12 do
+    n = n + 1
+    if out[n] == 1 and ARGV[b + 3] ~= 'r' then
+      final[#final + 1] = ARGV[b]
+    end
+  end
+  if #final > 0 then
+    redis.call('PUBLISH', ARGV[18], table.concat(final, '\n'))
+  end
 end
 return out
