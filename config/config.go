@@ -39,6 +39,8 @@ type Config struct {
 	// part of queue names and Redis hash tags, so it is restricted to
 	// lowercase letters, digits, _ and - (at most 63). At least one.
 	Upstreams map[string]*Upstream `yaml:"upstreams"`
+	// Callbacks configures the signed callbacks to a job's callback_url.
+	Callbacks Callbacks `yaml:"callbacks"`
 
 	// file and lines locate fields for problems found after parsing
 	// (ResolveKeys).
@@ -116,6 +118,10 @@ type Key struct {
 	KeyEnv string `yaml:"key_env"`
 	// Admin keys may also pause and resume upstreams.
 	Admin bool `yaml:"admin"`
+	// CallbackSecretEnv, when set, is the environment variable holding the
+	// secret (whsec_…) that signs the callbacks of this key's jobs, in
+	// place of callbacks.secret_env.
+	CallbackSecretEnv string `yaml:"callback_secret_env"`
 }
 
 // Admission is the token bucket each API key's enqueues pass through.

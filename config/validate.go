@@ -84,6 +84,7 @@ func check(c *Config, ps *problems) {
 	for _, name := range c.UpstreamNames() {
 		k.upstream(join("upstreams", name), name, c.Upstreams[name], tenants)
 	}
+	k.callbacks(&c.Callbacks, c.API.Keys)
 }
 
 // keyTenants is the set of tenants the API keys name, nil when there are
@@ -531,6 +532,7 @@ func applyDefaults(c *Config, lines map[string]int) {
 		}
 		u.fillDefaults()
 	}
+	c.Callbacks.fillDefaults()
 }
 
 func setDefault[T comparable](field *T, def T) {

@@ -31,6 +31,7 @@ type Metrics struct {
 	BuildInfo          *prometheus.GaugeVec     // version, revision, goversion
 	APIRequests        *prometheus.CounterVec   // route, code
 	APIRequestDuration *prometheus.HistogramVec // route
+	CallbackDeliveries *prometheus.CounterVec   // outcome
 }
 
 // New creates the metrics and registers them on reg.
@@ -111,6 +112,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 	}, []string{"route"})
 	reg.MustRegister(m.BuildInfo, m.APIRequests, m.APIRequestDuration)
+	m.CallbackDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shaper_callback_deliveries_total",
+		Help: "Callback delivery attempts by outcome (delivered; retry: failed, tried again later; failed: failed, retries ran out; stale: recorded after its lease had passed to another replica).",
+	}, []string{"outcome"})
+	reg.MustRegister(m.CallbackDeliveries)
 	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
 		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
 		m.RedisErrors, m.RequestDuration)
