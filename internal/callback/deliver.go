@@ -60,8 +60,9 @@ type Config struct {
 	// View is the body of a delivery: the job as GET /v1/jobs/{id} shows
 	// it, marshalled as JSON.
 	View func(*queue.Info) ([]byte, error)
-	// Timeout bounds one attempt; default DefaultTimeout. A claim's lease
-	// is twice it plus a pacing wait's bound.
+	// Timeout bounds one attempt, and the wait for its host's pacing slot
+	// another as long; default DefaultTimeout. A claim's lease is both
+	// and 5s: a delivery whose replica died is tried again after that.
 	Timeout time.Duration
 	// PollInterval is how often each upstream's due set is looked at while
 	// there is nothing to deliver; default DefaultPollInterval.
@@ -217,9 +218,10 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	}
 }
 
-// lease is how long a claim is the claimer's: an attempt and a pacing
-// wait, twice over.
-func (d *Deliverer) lease() time.Duration { return 2*d.cfg.Timeout + 2*d.paceBound() }
+// lease is how long a claim is the claimer's: longer than an attempt with
+// its pacing wait can take (attempt bounds both), with a margin for
+// recording the outcome. A claimer killed mid-delivery holds it that long.
+func (d *Deliverer) lease() time.Duration { return d.cfg.Timeout + d.paceBound() + 5*time.Second }
 
 // paceBound is the longest an attempt waits for its host's slot.
 func (d *Deliverer) paceBound() time.Duration { return d.cfg.Timeout }
