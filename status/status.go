@@ -115,7 +115,13 @@ type Upstream struct {
 	// Partitions counts the partitions with jobs not yet finished, and
 	// Top shows the ones with the most (at most TopPartitions).
 	Partitions Partitions `json:"partitions"`
+	// CallbacksFailed counts the jobs whose callback's retries ran out in
+	// the last CallbacksFailedWindow and that were not retried since.
+	CallbacksFailed int64 `json:"callbacks_failed"`
 }
+
+// CallbacksFailedWindow is how far back Upstream.CallbacksFailed looks.
+const CallbacksFailedWindow = 24 * time.Hour
 
 // TopPartitions is how many partitions Upstream.Partitions.Top lists.
 const TopPartitions = 10
@@ -237,6 +243,9 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
 	}
 	u.Limits, u.StatedLimits = showLimits(src.Limits, b.Config().Guard, st.Limits)
+	if u.CallbacksFailed, err = jobstore.For(r.prefix, name).CallbacksFailedSince(ctx, r.rdb, st.Now.Add(-CallbacksFailedWindow)); err != nil {
+		return Upstream{}, err
+	}
 	var active int64
 	for _, c := range counts {
 		u.Backlog.Total += c.Backlog()

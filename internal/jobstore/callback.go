@@ -28,6 +28,17 @@ import (
 // CallbacksDueKey is the upstream's due set of callback deliveries.
 func (s Space) CallbacksDueKey() string { return s.our + "cb" }
 
+// FailedCallbacksKey is the upstream's set of jobs whose callback failed
+// for good: job id -> Unix seconds when, for a week (or until retried).
+func (s Space) FailedCallbacksKey() string { return s.our + "cbf" }
+
+// CallbacksFailedSince counts the upstream's callbacks that failed for good
+// since t and were not retried since (jobs deleted in the meantime
+// included: the set is kept by the scripts, not swept).
+func (s Space) CallbacksFailedSince(ctx context.Context, rdb redis.Cmdable, t time.Time) (int64, error) {
+	return rdb.ZCount(ctx, s.FailedCallbacksKey(), strconv.FormatInt(t.Unix(), 10), "+inf").Result()
+}
+
 // callbackArg is enqueue.lua's ARGV[14].
 func (e Entry) callbackArg(s Space) string {
 	if !e.Callback {
@@ -94,7 +105,7 @@ func (s Space) ClaimCallbacks(ctx context.Context, rdb redis.Scripter, now time.
 	if limit <= 0 || lease <= 0 || maxAttempts <= 0 {
 		return nil, fmt.Errorf("claim callbacks: limit %d, lease %v, max attempts %d: want each more than 0", limit, lease, maxAttempts)
 	}
-	v, err := script.Run(ctx, rdb, "claim callbacks", callbackClaimScript, []string{s.CallbacksDueKey()},
+	v, err := script.Run(ctx, rdb, "claim callbacks", callbackClaimScript, []string{s.CallbacksDueKey(), s.FailedCallbacksKey()},
 		nowArg(now), lease.Microseconds(), limit, s.taskPrefix(), maxAttempts)
 	if err != nil {
 		return nil, err
@@ -156,7 +167,7 @@ func (s Space) CallbackDone(ctx context.Context, rdb redis.Scripter, now time.Ti
 	if delivered {
 		ok, errMsg = "1", ""
 	}
-	v, err := script.Run(ctx, rdb, "callback done", callbackDoneScript, []string{s.CallbacksDueKey(), s.TaskKey(c.ID)},
+	v, err := script.Run(ctx, rdb, "callback done", callbackDoneScript, []string{s.CallbacksDueKey(), s.TaskKey(c.ID), s.FailedCallbacksKey()},
 		nowArg(now), c.ID, c.Attempt, ok, errMsg, max(retryIn, 0).Microseconds(), maxAttempts)
 	if err != nil {
 		return CallbackStale, err
@@ -174,7 +185,7 @@ var ErrNoCallbackToRetry = errors.New("no failed callback to retry")
 // has none) is left alone with ErrNoCallbackToRetry; the state found is
 // returned either way.
 func (s Space) RetryCallback(ctx context.Context, rdb redis.Scripter, id string) (string, error) {
-	v, err := script.Run(ctx, rdb, "retry callback", callbackRetryScript, []string{s.CallbacksDueKey(), s.TaskKey(id)}, "", id)
+	v, err := script.Run(ctx, rdb, "retry callback", callbackRetryScript, []string{s.CallbacksDueKey(), s.TaskKey(id), s.FailedCallbacksKey()}, "", id)
 	if err != nil {
 		return "", err
 	}

@@ -206,11 +206,20 @@ func TestCallbackAttemptsRunOut(t *testing.T) {
 	if st := r.callback("b"); st.State != jobstore.CallbackFailed || st.LastError == "" {
 		t.Fatalf("b: got %+v, want failed (lease expired)", st)
 	}
+	if n, err := r.space.CallbacksFailedSince(ctx, r.rdb, now.Add(-time.Hour)); err != nil || n != 2 {
+		t.Fatalf("failed since an hour ago: got %d, %v; want 2", n, err)
+	}
+	if n, _ := r.space.CallbacksFailedSince(ctx, r.rdb, now.Add(time.Hour)); n != 0 {
+		t.Fatalf("failed since an hour ahead: got %d, want 0", n)
+	}
 	if st, err := r.space.RetryCallback(ctx, r.rdb, "a"); err != nil || st != jobstore.CallbackFailed {
 		t.Fatalf("retry: got %q, %v", st, err)
 	}
 	if st := r.callback("a"); st.State != jobstore.CallbackPending || st.Attempts != 0 {
 		t.Fatalf("after retry: got %+v, want pending, 0 attempts", st)
+	}
+	if n, _ := r.space.CallbacksFailedSince(ctx, r.rdb, now.Add(-time.Hour)); n != 1 {
+		t.Fatalf("failed after a's retry: got %d, want 1 (b)", n)
 	}
 	if c, err := r.space.ClaimCallbacks(ctx, r.rdb, time.Time{}, time.Minute, 10, 1); err != nil || len(c) != 1 || c[0].ID != "a" || c[0].Attempt != 1 {
 		t.Fatalf("claim after retry: got %+v, %v; want a, attempt 1", c, err)

@@ -7,6 +7,7 @@
 -- (callback_done.lua).
 --
 -- KEYS[1] -> the due set: job id -> µs when due (or its lease ends)
+-- KEYS[2] -> the failed set: job id -> Unix seconds its callback failed
 -- ARGV[1] -> now override, µs ("" = Redis TIME)
 -- ARGV[2] -> lease, µs
 -- ARGV[3] -> most ids to claim
@@ -30,6 +31,7 @@ for _, id in ipairs(ids) do
   elseif tonumber(f[3] or '0') >= most then
     redis.call('ZREM', KEYS[1], id)
     redis.call('HSET', task, 'cbs', 'failed', 'cbe', 'lease expired: the worker delivering it stopped')
+    redis.call('ZADD', KEYS[2], math.floor(now / 1000000), id)
   else
     local attempt = redis.call('HINCRBY', task, 'cba', 1)
     redis.call('ZADD', KEYS[1], shaper_int(now + lease), id)

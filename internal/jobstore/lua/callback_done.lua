@@ -2,6 +2,8 @@
 --
 -- KEYS[1] -> the due set
 -- KEYS[2] -> the job's task hash
+-- KEYS[3] -> the failed set: job id -> Unix seconds its callback failed
+--    (members older than a week go at each failure, so it stays bounded)
 -- ARGV[1] -> now override, µs ("" = Redis TIME)
 -- ARGV[2] -> job id
 -- ARGV[3] -> the attempt claimed (the fence)
@@ -28,6 +30,9 @@ redis.call('HSET', KEYS[2], 'cbe', ARGV[5])
 if tonumber(ARGV[3]) >= tonumber(ARGV[7]) then
   redis.call('ZREM', KEYS[1], ARGV[2])
   redis.call('HSET', KEYS[2], 'cbs', 'failed')
+  local secs = math.floor(now / 1000000)
+  redis.call('ZADD', KEYS[3], secs, ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', secs - 7 * 86400)
   return 3
 end
 redis.call('ZADD', KEYS[1], shaper_int(now + tonumber(ARGV[6])), ARGV[2])

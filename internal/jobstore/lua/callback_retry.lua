@@ -3,6 +3,7 @@
 --
 -- KEYS[1] -> the due set
 -- KEYS[2] -> the job's task hash
+-- KEYS[3] -> the failed set
 -- ARGV[1] -> now override, µs ("" = Redis TIME)
 -- ARGV[2] -> job id
 --
@@ -13,4 +14,5 @@ if not f[1] or not f[2] then return '' end
 if f[2] ~= 'failed' then return f[2] end
 redis.call('ZADD', KEYS[1], shaper_int(shaper_now(ARGV[1])), ARGV[2])
 redis.call('HSET', KEYS[2], 'cbs', 'pending', 'cba', 0)
+redis.call('ZREM', KEYS[3], ARGV[2])
 return 'failed'
