@@ -77,6 +77,10 @@ type JobRequest struct {
 	// partition limits, each partition gets its own; elsewhere it only
 	// labels the job. Empty means none.
 	Partition string
+	// CallbackURL, when set, is POSTed the job's final view once it
+	// succeeds, dies or is cancelled, signed per Standard Webhooks; its
+	// host must be in the server's callbacks.allowed_hosts.
+	CallbackURL string
 }
 
 // jobRequestJSON is JobRequest as it travels.
@@ -95,6 +99,7 @@ type jobRequestJSON struct {
 	NotBefore      string            `json:"not_before,omitempty"`
 	TTL            string            `json:"ttl,omitempty"`
 	Partition      string            `json:"partition,omitempty"`
+	CallbackURL    string            `json:"callback_url,omitempty"`
 }
 
 // MarshalJSON encodes r as the body of POST /v1/jobs.
@@ -102,7 +107,7 @@ func (r JobRequest) MarshalJSON() ([]byte, error) {
 	w := jobRequestJSON{
 		Upstream: r.Upstream, Method: r.Method, Path: r.Path, Headers: r.Headers,
 		Task: r.Task, Cost: r.Cost, Lane: r.Lane, IdempotencyKey: r.IdempotencyKey,
-		MaxAttempts: r.MaxAttempts, Partition: r.Partition,
+		MaxAttempts: r.MaxAttempts, Partition: r.Partition, CallbackURL: r.CallbackURL,
 	}
 	w.Body, w.BodyBase64 = encodeBody(r.Body)
 	if !r.NotBefore.IsZero() {
@@ -129,6 +134,7 @@ func (r *JobRequest) UnmarshalJSON(data []byte) error {
 		Upstream: w.Upstream, Method: w.Method, Path: w.Path, Headers: w.Headers,
 		Body: body, Task: w.Task, Cost: w.Cost, Lane: w.Lane,
 		IdempotencyKey: w.IdempotencyKey, MaxAttempts: w.MaxAttempts, Partition: w.Partition,
+		CallbackURL: w.CallbackURL,
 	}
 	if w.NotBefore != "" {
 		if out.NotBefore, err = time.Parse(time.RFC3339, w.NotBefore); err != nil {
@@ -216,11 +222,25 @@ type Job struct {
 	// there is an answer.
 	Response *Response `json:"response,omitempty"`
 
+	// CallbackURL is where the job's final view is POSTed; Callback how
+	// that delivery stands once the job is final (nil before).
+	CallbackURL string    `json:"callback_url,omitempty"`
+	Callback    *Callback `json:"callback,omitempty"`
+
 	// Existing reports that the enqueue found a job already made under
 	// the same idempotency key (the server answered 200, not 202), and
 	// this is that job. A retry that finds its own first attempt's job
 	// reports it too.
 	Existing bool `json:"-"`
+}
+
+// Callback is the delivery of a final job's callback_url: State is
+// "pending" (being delivered or waiting to retry), "delivered" or "failed"
+// (its retries ran out; RetryCallback delivers it again).
+type Callback struct {
+	State     string `json:"state"`
+	Attempts  int    `json:"attempts"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // Done reports whether the job is in a final state: succeeded, dead or

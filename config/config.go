@@ -42,6 +42,8 @@ type Config struct {
 	// Schedules are jobs enqueued on a cron, declared here rather than
 	// through the API (POST /v1/schedules); see Schedule.
 	Schedules []Schedule `yaml:"schedules"`
+	// Callbacks configures the signed callbacks to a job's callback_url.
+	Callbacks Callbacks `yaml:"callbacks"`
 
 	// file and lines locate fields for problems found after parsing
 	// (ResolveKeys).
@@ -119,6 +121,10 @@ type Key struct {
 	KeyEnv string `yaml:"key_env"`
 	// Admin keys may also pause and resume upstreams.
 	Admin bool `yaml:"admin"`
+	// CallbackSecretEnv, when set, is the environment variable holding the
+	// secret (whsec_…) that signs the callbacks of this key's jobs, in
+	// place of callbacks.secret_env.
+	CallbackSecretEnv string `yaml:"callback_secret_env"`
 }
 
 // Admission is the token bucket each API key's enqueues pass through.

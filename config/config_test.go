@@ -158,6 +158,8 @@ upstreams:
 		"fast": upstream("fast", "https://fast.example.com", 500, 200, time.Millisecond, Limit{Rate: 10, Per: Duration(50 * time.Millisecond)}),
 		"many": upstream("many", "https://many.example.com", 50, 50, 20*time.Millisecond, Limit{Rate: 10, Per: Duration(time.Second)}),
 	}
+	want.Callbacks = Callbacks{Limits: []Limit{{Rate: 50, Per: Duration(time.Second)}},
+		Retry: Retry{MaxAttempts: 12, MinBackoff: Duration(5 * time.Second), MaxBackoff: Duration(time.Hour)}}
 	c.lines, c.file = nil, ""
 	if !reflect.DeepEqual(*c, want) {
 		gotJSON, _ := json.MarshalIndent(c, "", "  ")

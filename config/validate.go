@@ -85,6 +85,7 @@ func check(c *Config, ps *problems) {
 		k.upstream(join("upstreams", name), name, c.Upstreams[name], tenants)
 	}
 	k.schedules(c)
+	k.callbacks(&c.Callbacks, c.API.Keys)
 }
 
 // keyTenants is the set of tenants the API keys name, nil when there are
@@ -532,6 +533,7 @@ func applyDefaults(c *Config, lines map[string]int) {
 		}
 		u.fillDefaults()
 	}
+	c.Callbacks.fillDefaults()
 }
 
 func setDefault[T comparable](field *T, def T) {

@@ -32,6 +32,7 @@ type Metrics struct {
 	APIRequests        *prometheus.CounterVec   // route, code
 	APIRequestDuration *prometheus.HistogramVec // route
 	ScheduleRuns       *prometheus.CounterVec   // result
+	CallbackDeliveries *prometheus.CounterVec   // outcome
 }
 
 // New creates the metrics and registers them on reg.
@@ -114,6 +115,11 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.BuildInfo, m.APIRequests, m.APIRequestDuration)
 	m.ScheduleRuns = newScheduleRuns()
 	reg.MustRegister(m.ScheduleRuns)
+	m.CallbackDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shaper_callback_deliveries_total",
+		Help: "Callback delivery attempts by outcome (delivered; retry: failed, tried again later; failed: failed, retries ran out; stale: recorded after its lease had passed to another replica).",
+	}, []string{"outcome"})
+	reg.MustRegister(m.CallbackDeliveries)
 	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
 		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
 		m.RedisErrors, m.RequestDuration)

@@ -70,6 +70,14 @@ type Job struct {
 	RetriedAt     time.Time `json:"retried_at,omitzero"`
 	Retries       int       `json:"retries,omitempty"`
 	PreviousError string    `json:"previous_error,omitempty"`
+
+	// CallbackURL, when set, is POSTed the job's final view, signed, once
+	// it succeeds, dies or is cancelled (see internal/callback); the API
+	// checks it against callbacks.allowed_hosts. CallbackKey names the API
+	// key whose secret signs it (its callback_secret_env, else
+	// callbacks.secret_env).
+	CallbackURL string `json:"callback_url,omitempty"`
+	CallbackKey string `json:"callback_key,omitempty"`
 }
 
 // State is where a job is in its life.

@@ -46,6 +46,8 @@ type storedJob struct {
 	RetriedAt   int64            `json:"ra,omitempty"`
 	Retries     int              `json:"r,omitempty"`
 	PrevError   string           `json:"pe,omitempty"`
+	CallbackURL string           `json:"cb,omitempty"`
+	CallbackKey string           `json:"ck,omitempty"`
 }
 
 // storedVersion is the v of the stored form.
@@ -81,6 +83,7 @@ func EncodeJob(j *Job) ([]byte, error) {
 		Method: j.Method, Path: j.Path, Headers: j.Headers, Task: j.Task, Secrets: j.Secrets, Cost: j.Cost,
 		MaxAttempts: j.MaxAttempts, NotBefore: unixNano(j.NotBefore), ExpiresAt: unixNano(j.ExpiresAt),
 		CreatedAt: unixNano(j.CreatedAt), RetriedAt: unixNano(j.RetriedAt), Retries: j.Retries, PrevError: j.PreviousError,
+		CallbackURL: j.CallbackURL, CallbackKey: j.CallbackKey,
 	}
 	if j.IdempotencyKey != j.ID {
 		s.Key = j.IdempotencyKey
@@ -132,6 +135,7 @@ func DecodeJob(id string, payload []byte) (Job, error) {
 		NotBefore: fromUnixNano(s.NotBefore), ExpiresAt: fromUnixNano(s.ExpiresAt),
 		CreatedAt: fromUnixNano(s.CreatedAt), RetriedAt: fromUnixNano(s.RetriedAt),
 		Retries: s.Retries, PreviousError: s.PrevError,
+		CallbackURL: s.CallbackURL, CallbackKey: s.CallbackKey,
 	}
 	if s.Text != nil {
 		j.Body = []byte(*s.Text)

@@ -165,6 +165,9 @@ type Info struct {
 	LastFailedAt  time.Time `json:"last_failed_at,omitzero"`
 	CompletedAt   time.Time `json:"completed_at,omitzero"`
 	Response      *Response `json:"response,omitempty"`
+	// Callback is the delivery of the job's callback_url, once the job is
+	// final (nil before, and for a job without one).
+	Callback *Callback `json:"callback,omitempty"`
 }
 
 // Prepare fills in a job's defaults and checks it against the config: the
@@ -325,7 +328,7 @@ func (q *Queue) prepare(ctx context.Context, job *Job, rdb redis.Cmdable) (*prep
 	}
 	entry := jobstore.Entry{
 		ID: job.ID, Lane: job.Lane, FairKey: fk, Partition: job.Partition, Costs: job.Cost,
-		Msg: msg.Marshal(), ProcessAt: job.NotBefore,
+		Msg: msg.Marshal(), ProcessAt: job.NotBefore, Callback: job.CallbackURL != "",
 	}
 	if IsIdempotentID(job.ID) {
 		entry.Remember = remembered(q.prefix, u).RecallArg()
@@ -651,6 +654,9 @@ func (q *Queue) Get(ctx context.Context, id, tenant string) (*Info, error) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err := q.describeWait(ctx, info); err != nil {
+		return nil, fmt.Errorf("get job %s: %w", id, err)
+	}
+	if err := q.readCallback(ctx, info); err != nil {
 		return nil, fmt.Errorf("get job %s: %w", id, err)
 	}
 	if info.State == StateDead {

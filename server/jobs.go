@@ -37,6 +37,7 @@ type JobRequest struct {
 	TTL            string            `json:"ttl"`
 	Task           string            `json:"task"`
 	Partition      string            `json:"partition"`
+	CallbackURL    string            `json:"callback_url"`
 }
 
 // taskPattern is what a Go handler's task name may be; a compiled pattern
@@ -105,6 +106,7 @@ func (s *Server) toJob(req *JobRequest, k *keyEntry, now time.Time, prefix strin
 	}
 	checkAttempts(p, req)
 	checkSchedule(p, req, job, now)
+	s.checkCallback(p, req, job, k)
 	if len(p.list) > 0 {
 		return nil, status, p.list
 	}
@@ -412,6 +414,8 @@ func (s *Server) jobError(w http.ResponseWriter, r *http.Request, err error) {
 			Detail: fmt.Sprintf("no job %q for this key's tenant", r.PathValue("id"))})
 	case errors.Is(err, queue.ErrNotCancellable):
 		writeProblem(w, problem{Type: problemConflict, Title: "Job cannot be cancelled", Status: http.StatusConflict, Detail: err.Error()})
+	case errors.Is(err, queue.ErrNoCallbackToRetry):
+		writeProblem(w, problem{Type: problemConflict, Title: "No failed callback to retry", Status: http.StatusConflict, Detail: err.Error()})
 	case errors.Is(err, queue.ErrNotRetryable):
 		writeProblem(w, problem{Type: problemConflict, Title: "Job cannot be retried", Status: http.StatusConflict, Detail: err.Error()})
 	case errors.As(err, &full):
@@ -455,6 +459,10 @@ type JobView struct {
 	Retries       int           `json:"retries,omitempty"`
 	PreviousError string        `json:"previous_error,omitempty"`
 	Response      *ResponseView `json:"response,omitempty"`
+	// CallbackURL is where the job's final view is POSTed, signed; Callback
+	// how that delivery stands once the job is final.
+	CallbackURL string        `json:"callback_url,omitempty"`
+	Callback    *CallbackView `json:"callback,omitempty"`
 }
 
 // ResponseView is the upstream's answer; the body is text when it is UTF-8,
@@ -495,5 +503,6 @@ func jobView(i *queue.Info) JobView {
 		}
 		v.Response = rv
 	}
+	v.CallbackURL, v.Callback = i.CallbackURL, callbackView(i.Callback)
 	return v
 }

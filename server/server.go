@@ -71,6 +71,9 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Now is the clock for job timestamps; nil is time.Now.
 	Now func() time.Time
+	// CallbackHosts is callbacks.allowed_hosts: the hosts a job's
+	// callback_url may name (none: every callback_url is refused).
+	CallbackHosts []string
 }
 
 // Server is the HTTP API. Build it with New; Handler serves it.
@@ -208,6 +211,7 @@ func (s *Server) routes(page http.Handler) {
 	handle("GET /v1/jobs", s.authed(s.handleList))
 	handle("DELETE /v1/jobs/{id}", s.authed(s.handleCancel))
 	handle("POST /v1/jobs/{id}/retry", s.authed(s.handleRetry))
+	handle("POST /v1/jobs/{id}/callback/retry", s.authed(s.handleCallbackRetry))
 	handle("GET /v1/upstreams", s.authed(s.handleUpstreams))
 	handle("GET /v1/upstreams/{name}", s.authed(s.handleUpstream))
 	handle("GET /v1/upstreams/{name}/history", s.authed(s.handleHistory))

@@ -118,7 +118,13 @@ type Upstream struct {
 	// Override is set while an operator's limits replace the configured
 	// ones (Limits then shows the operator's, source operator).
 	Override *Override `json:"override,omitempty"`
+	// CallbacksFailed counts the jobs whose callback's retries ran out in
+	// the last CallbacksFailedWindow and that were not retried since.
+	CallbacksFailed int64 `json:"callbacks_failed"`
 }
+
+// CallbacksFailedWindow is how far back Upstream.CallbacksFailed looks.
+const CallbacksFailedWindow = 24 * time.Hour
 
 // TopPartitions is how many partitions Upstream.Partitions.Top lists.
 const TopPartitions = 10
@@ -247,6 +253,9 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	}
 	u.Override = override
 	u.Limits, u.StatedLimits = showLimits(b.Config().Limits, b.Config().Guard, st.Limits)
+	if u.CallbacksFailed, err = jobstore.For(r.prefix, name).CallbacksFailedSince(ctx, r.rdb, st.Now.Add(-CallbacksFailedWindow)); err != nil {
+		return Upstream{}, err
+	}
 	var active int64
 	for _, c := range counts {
 		u.Backlog.Total += c.Backlog()

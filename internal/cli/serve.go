@@ -91,13 +91,14 @@ func buildAPI(rdb redis.UniversalClient, cfg *config.Config, keys []config.APIKe
 		return nil, err
 	}
 	sc := server.Config{
-		Admission:    admissionLimit(cfg.API.Admission),
-		OnRedisError: cfg.API.Admission.OnRedisError,
-		MaxBodyBytes: cfg.API.MaxBodyBytes,
-		Prefix:       cfg.Redis.Prefix,
-		Logger:       log,
-		Metrics:      m,
-		Registry:     reg,
+		Admission:     admissionLimit(cfg.API.Admission),
+		OnRedisError:  cfg.API.Admission.OnRedisError,
+		MaxBodyBytes:  cfg.API.MaxBodyBytes,
+		Prefix:        cfg.Redis.Prefix,
+		Logger:        log,
+		Metrics:       m,
+		Registry:      reg,
+		CallbackHosts: cfg.Callbacks.AllowedHosts,
 	}
 	for _, k := range keys {
 		sc.Keys = append(sc.Keys, server.Key{Name: k.Name, Tenant: k.Tenant, Admin: k.Admin, Secret: k.Secret})
@@ -148,6 +149,10 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 	}
 	keys, err := cfg.ResolveKeys(f.LookupEnv)
 	if err != nil {
+		return err
+	}
+	// Only workers sign, but a secret missing is told at every start.
+	if _, err := cfg.ResolveCallbackSecrets(f.LookupEnv); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)

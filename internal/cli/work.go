@@ -21,6 +21,7 @@ import (
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/metrics"
+	"github.com/shaperhq/shaper/queue"
 )
 
 type workOptions struct {
@@ -77,6 +78,10 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 	if err != nil {
 		return err
 	}
+	secrets, err := cfg.ResolveCallbackSecrets(f.LookupEnv)
+	if err != nil {
+		return err
+	}
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -88,6 +93,15 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 
 	reg, m := newRegistry()
 	d, err := dispatcher.New(rdb, workerConfig(cfg, chosen, log, m))
+	if err != nil {
+		return err
+	}
+	cq, err := queue.New(rdb, queue.Config{Upstreams: cfg.AllUpstreams(), Prefix: cfg.Redis.Prefix})
+	if err != nil {
+		return err
+	}
+	defer cq.Close()
+	cd, err := newDeliverer(rdb, cq, cfg, secrets, m, log)
 	if err != nil {
 		return err
 	}
@@ -119,7 +133,7 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 		return err
 	}
 	log.Info("worker starting", "upstreams", len(chosen), "version", Version)
-	err = d.Run(ctx)
+	err = runDeliverer(ctx, cd, d.Run)
 	log.Info("worker stopped")
 	return err
 }

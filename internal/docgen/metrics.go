@@ -35,6 +35,7 @@ func metricsPage() ([]byte, error) {
 	m.APIRequests.WithLabelValues("POST /v1/jobs", "202")
 	m.APIRequestDuration.WithLabelValues("POST /v1/jobs")
 	m.InitScheduleRuns()
+	m.CallbackDeliveries.WithLabelValues("delivered")
 	// A metric added to Metrics without a series above would be left out
 	// of the page silently: refuse instead.
 	mv := reflect.ValueOf(m).Elem()

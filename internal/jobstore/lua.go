@@ -65,7 +65,7 @@ var (
 	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("flow.lua"), lua("enqueue.lua"))
 	takeScript    = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("flow.lua"), lua("forward.lua"), lua("take.lua"))
 	requeueScript = script.New(lua("flow.lua"), lua("requeue.lua"))
-	cancelScript  = script.New(lua("cancel.lua"))
+	cancelScript  = script.New(lua("callback.lua"), lua("cancel.lua"))
 	runNowScript  = script.New(lua("flow.lua"), lua("run_now.lua"))
 	reviveScript  = script.New(lua("flow.lua"), lua("revive.lua"))
 	jobHoldScript = script.New(lua("job_hold.lua"))
@@ -76,7 +76,7 @@ var (
 // the recovery's list of expired ones), of retention (delete expired) and of
 // idempotency records (recall).
 var (
-	finishScript        = script.New(lua("remember.lua"), lua("trim.lua"), lua("finish.lua"))
+	finishScript        = script.New(lua("remember.lua"), lua("trim.lua"), lua("callback.lua"), lua("finish.lua"))
 	drainAddScript      = script.New(lua("drain_add.lua"))
 	extendScript        = script.New(lua("extend.lua"))
 	expiredScript       = script.New(lua("expired.lua"))
@@ -86,3 +86,11 @@ var (
 
 // pageScript reads a page of an index for a listing (ReadIndex).
 var pageScript = script.New(lua("page.lua"))
+
+// The scripts of callback deliveries (callback.go): claim the due ones
+// under a lease, record an attempt's outcome, queue a failed one again.
+var (
+	callbackClaimScript = script.New(lua("callback_claim.lua"))
+	callbackDoneScript  = script.New(lua("callback_done.lua"))
+	callbackRetryScript = script.New(lua("callback_retry.lua"))
+)

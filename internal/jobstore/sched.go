@@ -108,6 +108,9 @@ type Entry struct {
 	// the job having finished and been dropped stores nothing (see
 	// Enqueued.Final). "" checks none.
 	Remember string
+	// Callback: the job has a callback_url, whose delivery the script
+	// that makes the job final records (see CallbacksDueKey).
+	Callback bool
 }
 
 // Enqueued is what an enqueue did.
@@ -232,7 +235,7 @@ func (s Space) enqueueInvocation(e Entry, blockKey, now string) ([]string, []any
 		keys = append(keys, blockKey, s.PausedKey())
 	}
 	return keys, []any{now, e.Msg, e.Lane, e.FairKey, e.Partition, EncodeCosts(e.Costs), at,
-		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, e.Remember}
+		s.our, s.groupPrefix(), s.taskPrefix(), s.wake, s.Upstream, e.Remember, e.callbackArg(s)}
 }
 
 // enqueue runs the enqueue script; now is as for enqueueInvocation.

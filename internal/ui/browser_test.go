@@ -368,6 +368,9 @@ func TestPageInChromium(t *testing.T) {
 	if got := b.text(`[data-upstream="mail"] [data-field="limit"]`); got != "10/s" {
 		t.Errorf("limit: got %q, want 10/s", got)
 	}
+	if got := b.text(`[data-upstream="mail"] [data-field="callbacks_failed"]`); got != "0" {
+		t.Errorf("failing callbacks: got %q, want 0", got)
+	}
 	rows := b.eval(`Array.from(document.querySelectorAll('[data-upstream="mail"] [data-field="lanes"] tbody tr')).map(tr => tr.innerText.replace(/\s+/g, " "))`)
 	if fmt.Sprint(rows) != "[bulk 1 0 0 0 1 0 0 default 2 0 0 0 2 0 0]" {
 		t.Errorf("lanes table: got %v, want bulk with 1 queued and default with 2", rows)

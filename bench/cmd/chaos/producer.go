@@ -26,7 +26,10 @@ type producer struct {
 	// Each index is written by one goroutine; read it after run returns.
 	ids      []string
 	accepted atomic.Int64
-	resent   atomic.Int64 // items sent again after a failure
+	// hookURL, with -callbacks, is every job's callback_url but for its
+	// index at the end.
+	hookURL string
+	resent  atomic.Int64 // items sent again after a failure
 
 	mu      sync.Mutex
 	refused map[string]int // last answer of jobs never accepted, e.g. "503" or "request: EOF"
@@ -62,11 +65,16 @@ func (p *producer) run(ctx context.Context) {
 	wg.Wait()
 }
 
-// jobBody is one job: a small POST whose idempotency key is its index.
-func jobBody(i int) string {
+// jobBody is one job: a small POST whose idempotency key is its index,
+// with a callback_url of hookURL and its index unless hookURL is "".
+func jobBody(i int, hookURL string) string {
 	n := strconv.Itoa(i)
+	cb := ""
+	if hookURL != "" {
+		cb = `,"callback_url":"` + hookURL + n + `"`
+	}
 	return `{"upstream":"` + upstreamName + `","method":"POST","path":"/v1/things/` + n +
-		`","headers":{"Content-Type":"application/json"},"body":"{\"n\":` + n + `}","idempotency_key":"` + keyPrefix + n + `"}`
+		`","headers":{"Content-Type":"application/json"},"body":"{\"n\":` + n + `}","idempotency_key":"` + keyPrefix + n + `"` + cb + `}`
 }
 
 type batchAnswer struct {
@@ -102,7 +110,7 @@ func (p *producer) send(ctx context.Context, lo, hi int) {
 			if k > 0 {
 				body.WriteByte(',')
 			}
-			body.WriteString(jobBody(i))
+			body.WriteString(jobBody(i, p.hookURL))
 		}
 		body.WriteString(`]}`)
 		ans, err := p.post(ctx, body.Bytes())

@@ -117,19 +117,21 @@ type result struct {
 	LastDeliveryAt   time.Duration   `json:"last_delivery_at_ns"`
 	// Stragglers are jobs first delivered after the queue held no waiting
 	// job any more: those a killed worker held until asynq gave them back.
-	Stragglers        int           `json:"stragglers"`
-	StragglerDrain    time.Duration `json:"last_kill_to_last_delivery_ns"`
-	AfterLastKill     int           `json:"delivered_after_last_kill"`
-	DeadlinePassed    bool          `json:"deadline_passed"`
-	Interrupted       bool          `json:"interrupted"`
-	Events            []event       `json:"events"`
-	Machine           string        `json:"machine"`
-	LoadBefore        string        `json:"load_before"`
-	LoadAfter         string        `json:"load_after"`
-	Command           string        `json:"command"`
-	Date              string        `json:"date"`
-	AsynqLease        time.Duration `json:"asynq_lease_ns"`
-	AsynqRecoverEvery time.Duration `json:"asynq_recoverer_interval_ns"`
+	// Callbacks, with -callbacks, is what became of the jobs' callbacks.
+	Callbacks         *callbackResult `json:"callbacks,omitempty"`
+	Stragglers        int             `json:"stragglers"`
+	StragglerDrain    time.Duration   `json:"last_kill_to_last_delivery_ns"`
+	AfterLastKill     int             `json:"delivered_after_last_kill"`
+	DeadlinePassed    bool            `json:"deadline_passed"`
+	Interrupted       bool            `json:"interrupted"`
+	Events            []event         `json:"events"`
+	Machine           string          `json:"machine"`
+	LoadBefore        string          `json:"load_before"`
+	LoadAfter         string          `json:"load_after"`
+	Command           string          `json:"command"`
+	Date              string          `json:"date"`
+	AsynqLease        time.Duration   `json:"asynq_lease_ns"`
+	AsynqRecoverEvery time.Duration   `json:"asynq_recoverer_interval_ns"`
 }
 
 // overWindow is a stretch of time in which windows of the upstream's
@@ -386,6 +388,7 @@ func writeTable(w io.Writer, r *result) {
 		fmt.Fprintf(w, "| queue at the end | succeeded %d, dead %d, pending %d, active %d, retry %d, scheduled %d |\n",
 			f.Succeeded, f.Dead, f.Pending, f.Active, f.Retry, f.Scheduled)
 	}
+	writeCallbacks(w, r.Callbacks)
 	fmt.Fprintf(w, "| requests at the upstream | %d (by status: %s) |\n", r.Requests, byStatus(r.ByStatus))
 	over := ""
 	if r.WorstWindow > r.Rate {

@@ -41,6 +41,8 @@ type options struct {
 	fsync        string
 	json         bool
 	jsonFile     string
+	callbacks    bool
+	callbackWait time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -62,6 +64,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.fsync, "appendfsync", "everysec", "Redis's AOF fsync policy: always, everysec or no")
 	fs.BoolVar(&o.json, "json", false, "print the result as JSON instead of markdown")
 	fs.StringVar(&o.jsonFile, "json-file", "", "also write the result as JSON to this file")
+	fs.BoolVar(&o.callbacks, "callbacks", false, "give every job a callback_url on a receiver in this process, and count the callbacks lost and sent twice")
+	fs.DurationVar(&o.callbackWait, "callback-wait", 2*time.Minute, "with -callbacks: how long to wait for the callbacks once the queue is empty")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -111,6 +115,17 @@ upstreams:
 `, redisAddr, upstreamName, upstreamURL, o.rate, 10*o.jobs+1000)
 }
 
+// callbacksConfig is the callbacks block of a -callbacks run: the sink's
+// host allowed, paced at twice the jobs' rate so that callbacks keep up.
+func callbacksConfig(host string, o options) string {
+	return fmt.Sprintf(`callbacks:
+  allowed_hosts: ["%s"]
+  secret_env: SHAPER_WEBHOOK_SECRET
+  limits: [{rate: %d, per: 1s}]
+  retry: {max_attempts: 30, min_backoff: 100ms, max_backoff: 2s}
+`, host, 2*o.rate)
+}
+
 // event is something the run did or saw, at a time since the workers
 // started.
 type event struct {
@@ -131,6 +146,10 @@ type chaos struct {
 
 	aof  *aofSampler // nil unless -redis-lose
 	prod *producer
+	// hooks receives the callbacks, nil without -callbacks; env is the
+	// environment every shaper process gets.
+	hooks *hookSink
+	env   []string
 
 	mu      sync.Mutex
 	events  []event
@@ -154,7 +173,7 @@ func (c *chaos) noteLocked(format string, args ...any) {
 
 func (c *chaos) startWorker() (*fleet.Proc, error) {
 	c.started++
-	return c.shaper.Start(fmt.Sprintf("worker-%d", c.started), nil, "work", "--config", c.cfg, "--log-level", "warn")
+	return c.shaper.Start(fmt.Sprintf("worker-%d", c.started), c.env, "work", "--config", c.cfg, "--log-level", "warn")
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result, error) {
@@ -183,8 +202,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 		return nil, err
 	}
 	defer c.up.close()
+	cfgText := config(srv.Addr, c.up.url, o)
+	if o.callbacks {
+		if c.hooks, err = startHookSink(o.jobs, c.t0); err != nil {
+			return nil, err
+		}
+		defer c.hooks.close()
+		cfgText += callbacksConfig(c.hooks.host(), o)
+		c.env = []string{"SHAPER_WEBHOOK_SECRET=" + webhookSecret()}
+	}
 	c.cfg = filepath.Join(dir, "shaper.yaml")
-	if err := os.WriteFile(c.cfg, []byte(config(srv.Addr, c.up.url, o)), 0o600); err != nil {
+	if err := os.WriteFile(c.cfg, []byte(cfgText), 0o600); err != nil {
 		return nil, err
 	}
 
@@ -205,7 +233,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 		return nil, err
 	}
 	apiAddr := "127.0.0.1:" + strconv.Itoa(port)
-	serve, err := bin.Start("serve", []string{"SHAPER_KEY_BENCH=" + apiKey},
+	serve, err := bin.Start("serve", append([]string{"SHAPER_KEY_BENCH=" + apiKey}, c.env...),
 		"serve", "--config", c.cfg, "--listen", apiAddr, "--log-level", "warn")
 	if err != nil {
 		return nil, err
@@ -246,6 +274,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 
 	prod := &producer{o: o, client: client, url: "http://" + apiAddr + "/v1/jobs/batch", ids: make([]string, o.jobs),
 		refused: map[string]int{}}
+	if c.hooks != nil {
+		prod.hookURL = c.hooks.url + "/hook/"
+	}
 	c.prod = prod
 	enqueued := make(chan struct{})
 	pctx, cancelProducers := context.WithCancel(ctx)
@@ -262,6 +293,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 		return nil, err
 	}
 
+	// Callbacks are delivered by the workers after their jobs: wait for
+	// them before the workers go.
+	var cbs *callbackResult
+	if c.hooks != nil && !res.Interrupted {
+		cbs = c.waitCallbacks(ctx, o.callbackWait)
+	}
 	// Stop what is left gracefully so that its answers are counted, then
 	// judge.
 	c.mu.Lock()
@@ -275,6 +312,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*result,
 	jctx, cancelJudge := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancelJudge()
 	c.judge(jctx, res, prod)
+	res.Callbacks = cbs
 	res.Machine = machine.Describe(srv.Version)
 	res.LoadBefore, res.LoadAfter = loadBefore, machine.Load()
 	res.Command = strings.TrimSpace("cd bench && go run ./cmd/chaos " + strings.Join(args, " "))

@@ -14,7 +14,8 @@
 -- ARGV[3] -> id
 -- ARGV[4] -> the channel that announces jobs made final ("" = none)
 --
--- Returns the state the job was in ("" if there is no such job).
+-- Returns the state the job was in ("" if there is no such job). A job with
+-- a callback has its delivery recorded (callback.lua, needed before it).
 local f = redis.call('HMGET', KEYS[1], 'state', 'group', 'sl', 'sp', 'sd')
 local state = f[1]
 if not state then return '' end
@@ -40,6 +41,7 @@ end
 local now = shaper_now(ARGV[1])
 redis.call('ZADD', KEYS[6], math.floor(now / 1000000), ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'archived')
+callback_due(KEYS[1], ARGV[3])
 redis.call('HDEL', KEYS[1], 'group')
 local lane = f[3] or ''
 local n = redis.call('HINCRBY', KEYS[2], from .. lane, -1)

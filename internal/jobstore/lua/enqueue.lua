@@ -23,6 +23,9 @@
 -- ARGV[13] -> for an idempotency key's job, the upstream's records of
 --    dropped ones (Remembered.Key; its buckets are built from it,
 --    in the same slot); "" = none
+-- ARGV[14] -> for a job with a callback, the upstream's callback due set,
+--    kept in the task's cb field for the script that makes it final
+--    (callback.lua); "" or absent = none
 -- KEYS[9], KEYS[10] -> optional, to learn whether a job stored ready is held
 --    back: the leaky block hash and asynq's paused key
 --
@@ -55,6 +58,9 @@ local id = string.sub(KEYS[1], #T + 1)
 local seq = redis.call('HINCRBY', K_V, 'seq', 1)
 redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'sl', lane, 'sf', fk, 'sq', seq)
 set_optional(KEYS[1], pk, ARGV[6])
+if ARGV[14] and ARGV[14] ~= '' then
+  redis.call('HSET', KEYS[1], 'cb', ARGV[14])
+end
 if pk ~= '' then
   redis.call('ZINCRBY', KEYS[6], 1, pk)
 end

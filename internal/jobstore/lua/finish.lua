@@ -50,7 +50,10 @@
 --
 -- Returns one integer per item: 1 finished, 0 not active.
 --
--- Needs remember.lua and trim.lua before it (see lua.go).
+-- A job with a callback that ends succeeded (kept) or dead has its
+-- delivery recorded here too (callback.lua).
+--
+-- Needs remember.lua, trim.lua and callback.lua before it (see lua.go).
 local active, lease, completed, retry, archived = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local counts, pbacklog = KEYS[10], KEYS[11]
 local now, stats_expire = ARGV[1], ARGV[2]
@@ -159,6 +162,7 @@ for b = 19, #ARGV, 12 do
         kept[#kept + 1] = id
         redis.call('HSET', task, 'msg', msg, 'state', 'completed')
         count('succeeded:' .. lane, 1)
+        callback_due(task, id)
       end
     elseif outcome == 'r' then
       redis.call('ZADD', retry, score, id)
@@ -182,6 +186,7 @@ for b = 19, #ARGV, 12 do
       archiving = true
       redis.call('HSET', task, 'msg', msg, 'state', 'archived')
       redis.call('HDEL', task, 'sd')
+      callback_due(task, id)
       count('dead:' .. lane, 1)
       leave_backlog(partition)
       processed = processed + 1

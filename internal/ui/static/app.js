@@ -312,6 +312,7 @@
       fact("retrying", "Retrying");
       fact("dead", "Dead");
       fact("succeeded", "Succeeded");
+      fact("callbacks_failed", "Failing callbacks, last 24 h");
       this.root.appendChild(dl);
 
       // Paused or blocked, with the admin's buttons.
@@ -404,6 +405,7 @@
       f.retrying.textContent = count(u.retrying || 0);
       f.dead.textContent = count(u.dead || 0);
       f.succeeded.textContent = count(u.succeeded || 0);
+      f.callbacks_failed.textContent = count(u.callbacks_failed || 0);
 
       this.updatePause(u, now);
       this.drawChart(now);

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/config"
+	"github.com/shaperhq/shaper/internal/callback"
+	"github.com/shaperhq/shaper/metrics"
+	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/server"
+)
+
+// newDeliverer is the callback deliverer of a worker replica, nil when no
+// callback can exist (callbacks.allowed_hosts is empty): then a replica
+// looks at no due set at all. It delivers the callbacks of every
+// configured upstream's jobs, whichever upstreams the replica drains; q
+// reads them and stays the caller's.
+func newDeliverer(rdb redis.UniversalClient, q *queue.Queue, cfg *config.Config, secrets config.CallbackSecrets, m *metrics.Metrics, log *slog.Logger) (*callback.Deliverer, error) {
+	cb := cfg.Callbacks
+	if len(cb.AllowedHosts) == 0 {
+		return nil, nil
+	}
+	return callback.New(rdb, callback.Config{
+		Queue:        q,
+		Upstreams:    cfg.UpstreamNames(),
+		Prefix:       cfg.Redis.Prefix,
+		AllowedHosts: cb.AllowedHosts,
+		Secret:       secrets.For,
+		Limits:       cb.CallbackLimits(),
+		MaxAttempts:  cb.Retry.MaxAttempts,
+		MinBackoff:   time.Duration(cb.Retry.MinBackoff),
+		MaxBackoff:   time.Duration(cb.Retry.MaxBackoff),
+		View: func(i *queue.Info) ([]byte, error) {
+			return json.Marshal(server.ViewJob(i))
+		},
+		Metrics: m,
+		Logger:  log.With("component", "callbacks"),
+	})
+}
+
+// runDeliverer runs cd (when not nil) beside run, both on ctx: when either
+// returns, the other is stopped, and both are waited for.
+func runDeliverer(ctx context.Context, cd *callback.Deliverer, run func(context.Context) error) error {
+	if cd == nil {
+		return run(ctx)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cd.Run(ctx)
+		cancel()
+	}()
+	err := run(ctx)
+	cancel()
+	<-done
+	return err
+}
