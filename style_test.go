@@ -16,7 +16,7 @@ import (
 // switch instead.
 func TestNoPackageVars(t *testing.T) {
 	allowed := map[string]bool{"errors.New": true, "regexp.MustCompile": true, "script.New": true, "redis.NewScript": true}
-	for _, dir := range []string{".", "queue", "dispatcher", "server", "status", "config"} {
+	for _, dir := range []string{".", "queue", "dispatcher", "server", "status", "config", "schedule"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 func newScheduleRuns() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shaper_schedule_runs_total",
-		Help: "Schedule ticks by result: enqueued (a job made), existing (the tick's job had been made already, by a replica that stopped before moving the schedule on), refused (the job was refused, e.g. a full backlog; the schedule goes on), skipped (missed while no replica ran, per catch_up), error (Redis failed; the tick stays due).",
+		Help: "Schedule ticks by result: enqueued (a job made), existing (the tick's job had been made already: by another replica running the same tick, or by one that stopped before moving the schedule on), refused (the job was refused, e.g. a full backlog; the schedule goes on), skipped (missed while no replica ran, per catch_up), error (Redis failed; the tick stays due).",
 	}, []string{"result"})
 }
 

@@ -23,13 +23,16 @@ import "github.com/shaperhq/shaper/internal/script"
 //	ARGV[1] -> most schedules to return
 //	ARGV[2] -> now in µs, or "" for Redis TIME
 //
-// Returns {now µs, member, tick, definition, member, tick, definition, …},
-// the earliest ticks first; a definition is "" if it has gone.
+// Returns {now µs, the first tick after now ("" for none), member, tick,
+// definition, member, tick, definition, …}, the earliest ticks first; a
+// definition is "" if it has gone. The first tick after now tells the
+// runner how long it may sleep.
 var dueScript = script.New(`
 local now = shaper_now(ARGV[2])
 local secs = shaper_idiv(now, 1000000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', secs, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
-local out = {shaper_int(now)}
+local after = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. shaper_int(secs), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local out = {shaper_int(now), after[2] or ''}
 for i = 1, #due, 2 do
   out[#out + 1] = due[i]
   out[#out + 1] = due[i + 1]

@@ -3,6 +3,7 @@ package schedule
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/shaperhq/shaper/metrics"
@@ -30,15 +31,18 @@ type Run struct {
 
 // RunnerConfig configures a Runner; zero values are documented defaults.
 type RunnerConfig struct {
-	// Interval is how often the runner asks for due schedules; default
-	// 250ms, so a tick runs within about that of its time.
+	// Interval is the longest the runner waits between two looks at the
+	// calendar; default 1s. It sleeps until the next tick when that comes
+	// sooner, so ticks run on time; the bound is how late it sees a
+	// schedule made elsewhere with a nearer tick, and what an idle
+	// replica costs Redis: one call per Interval.
 	Interval time.Duration
 	Logger   *slog.Logger
 	Metrics  *metrics.Metrics
 }
 
 // DefaultInterval is a Runner's default Interval.
-const DefaultInterval = 250 * time.Millisecond
+const DefaultInterval = time.Second
 
 // Runner runs due schedules. Every replica runs one; see the package doc
 // for why that needs no leader.
@@ -64,19 +68,24 @@ func NewRunner(st *Store, jobs Jobs, cfg RunnerConfig) *Runner {
 	return &Runner{st: st, jobs: jobs, interval: cfg.Interval, log: cfg.Logger, m: m}
 }
 
-// Run runs passes every Interval until ctx ends; it returns nil then.
+// Run runs passes until ctx ends, each when the next tick comes or after
+// Interval, whichever is sooner; it returns nil then.
 func (r *Runner) Run(ctx context.Context) error {
-	t := time.NewTicker(r.interval)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		r.Pass(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
+		t.Reset(r.Pass(ctx))
 	}
 }
+
+// wakeJitter spreads the replicas that wake for one tick, so that the
+// first has usually run it before the others look.
+const wakeJitter = 50 * time.Millisecond
 
 // dueBatch is how many due schedules one call lists; a pass calls again
 // while calls come back full, up to maxBatches.
@@ -85,29 +94,41 @@ const (
 	maxBatches = 20
 )
 
-// Pass runs every due tick once: one call to Redis when nothing is due.
-// Run calls it every Interval; a replica's Pass and another's may overlap.
-func (r *Runner) Pass(ctx context.Context) {
+// Pass runs every due tick once, one call to Redis when nothing is due,
+// and says how long to wait before the next pass: until the next tick (and
+// a little), at most Interval. Run calls it; a Runner's Pass must not run
+// twice at once (another replica's may).
+func (r *Runner) Pass(ctx context.Context) time.Duration {
+	wait := r.interval
 	for range maxBatches {
-		now, ds, err := r.st.due(ctx, dueBatch)
+		now, after, ds, err := r.st.due(ctx, dueBatch)
 		if err != nil {
 			r.failed(ctx, err)
-			return
+			return r.interval
 		}
+		soonest := after
 		for _, d := range ds {
-			if err := r.handle(ctx, now, d); err != nil {
+			next, err := r.handle(ctx, now, d)
+			if err != nil {
 				r.failed(ctx, err)
-				return
+				return r.interval
+			}
+			if !next.IsZero() && (soonest.IsZero() || next.Before(soonest)) {
+				soonest = next
 			}
 		}
 		if r.failing {
 			r.failing = false
 			r.log.Info("schedules: redis answers again")
 		}
+		if !soonest.IsZero() {
+			wait = min(wait, soonest.Sub(now)+rand.N(wakeJitter))
+		}
 		if len(ds) < dueBatch {
-			return
+			return max(wait, time.Millisecond)
 		}
 	}
+	return time.Millisecond
 }
 
 func (r *Runner) failed(ctx context.Context, err error) {
@@ -125,31 +146,32 @@ func (r *Runner) failed(ctx context.Context, err error) {
 // schedule a few seconds late runs each of them).
 const maxTicks = 64
 
-// handle runs schedule d's due ticks up to now. Any step that finds the
+// handle runs schedule d's due ticks up to now and returns the tick it
+// moved the schedule to (zero when it did not). Any step that finds the
 // schedule moved (another replica ran it) ends it; an error leaves the
 // tick due.
-func (r *Runner) handle(ctx context.Context, now time.Time, d due) error {
+func (r *Runner) handle(ctx context.Context, now time.Time, d due) (time.Time, error) {
 	if d.sch == nil {
 		// Its definition went with a delete between the two reads.
 		_, err := r.st.advance(ctx, d.member, d.tick, time.Time{}, nil)
-		return err
+		return time.Time{}, err
 	}
 	sp, err := d.sch.Spec()
 	if err != nil {
 		r.log.Error("schedules: stored schedule does not parse; left out of the calendar", "schedule", d.sch.Name, "tenant", d.sch.Tenant, "err", err)
 		_, err := r.st.advance(ctx, d.member, d.tick, time.Time{}, nil)
-		return err
+		return time.Time{}, err
 	}
 	tick := d.tick
 	for range maxTicks {
 		if tick.IsZero() || tick.After(now) {
-			return nil
+			return tick, nil
 		}
 		s := plan(sp, d.sch.CatchUp, tick, now)
 		if !s.run {
 			ok, err := r.st.advance(ctx, d.member, tick, s.to, nil)
 			if err != nil || !ok {
-				return err
+				return time.Time{}, err
 			}
 			r.m.ScheduleRuns.WithLabelValues("skipped").Add(float64(s.skipped))
 			tick = s.to
@@ -158,21 +180,21 @@ func (r *Runner) handle(ctx context.Context, now time.Time, d due) error {
 		run, err := r.jobs.Enqueue(ctx, d.sch, d.sch.Key(tick))
 		if err != nil {
 			r.m.ScheduleRuns.WithLabelValues("error").Inc()
-			return err
+			return time.Time{}, err
 		}
 		st := State{LastRunAt: tick, LastJobID: run.JobID, LastError: run.Refused}
 		if run.Refused != "" {
 			// Keep the last accepted run's job.
 			prev, err := r.st.state(ctx, d.member)
 			if err != nil {
-				return err
+				return time.Time{}, err
 			}
 			st.LastJobID = prev.LastJobID
 		}
 		next := sp.Next(tick)
 		ok, err := r.st.advance(ctx, d.member, tick, next, &st)
 		if err != nil || !ok {
-			return err
+			return time.Time{}, err
 		}
 		result := "enqueued"
 		switch {
@@ -186,5 +208,5 @@ func (r *Runner) handle(ctx context.Context, now time.Time, d due) error {
 		r.m.ScheduleRuns.WithLabelValues(result).Inc()
 		tick = next
 	}
-	return nil
+	return tick, nil
 }

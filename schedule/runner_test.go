@@ -303,3 +303,23 @@ func (c counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 		return next(ctx, cmds)
 	}
 }
+
+// A runner sleeps until the next tick, never longer than its Interval.
+func TestPassSaysWhenToLookAgain(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0).UTC()
+	r := newRig(t, start)
+	rn := NewRunner(r.st, newLedger(), RunnerConfig{Interval: 5 * time.Second})
+	ctx := context.Background()
+	if got := rn.Pass(ctx); got != 5*time.Second {
+		t.Errorf("no schedules: got %v, want the interval 5s", got)
+	}
+	r.create(t, Schedule{Name: "soon", Cron: "@every 3s"})
+	r.clk.add(500 * time.Millisecond)
+	if got := rn.Pass(ctx); got < 2500*time.Millisecond || got >= 2500*time.Millisecond+wakeJitter {
+		t.Errorf("a tick in 2.5s: got %v, want 2.5s and a jitter under %v", got, wakeJitter)
+	}
+	r.clk.add(2500 * time.Millisecond) // the tick: run it, then wait for the next
+	if got := rn.Pass(ctx); got < 3*time.Second || got >= 3*time.Second+wakeJitter {
+		t.Errorf("after running a tick: got %v, want 3s to the next", got)
+	}
+}

@@ -297,26 +297,35 @@ type due struct {
 	sch    *Schedule // nil if its definition has gone or cannot be read
 }
 
-// due reads Redis's clock and up to limit due schedules, in one call.
-func (s *Store) due(ctx context.Context, limit int) (time.Time, []due, error) {
+// due reads Redis's clock, up to limit due schedules and the first tick
+// after now (zero when none), in one call.
+func (s *Store) due(ctx context.Context, limit int) (time.Time, time.Time, []due, error) {
 	v, err := script.Run(ctx, s.rdb, "schedule due", dueScript, []string{s.k.cal, s.k.def}, limit, s.nowArg())
 	if err != nil {
-		return time.Time{}, nil, err
+		return time.Time{}, time.Time{}, nil, err
 	}
 	arr, ok := v.([]any)
-	if !ok || len(arr)%3 != 1 {
-		return time.Time{}, nil, fmt.Errorf("schedule due: reply %v", v)
+	if !ok || len(arr)%3 != 2 {
+		return time.Time{}, time.Time{}, nil, fmt.Errorf("schedule due: reply %v", v)
 	}
 	us, err := strconv.ParseInt(fmt.Sprint(arr[0]), 10, 64)
 	if err != nil {
-		return time.Time{}, nil, fmt.Errorf("schedule due: now %v", arr[0])
+		return time.Time{}, time.Time{}, nil, fmt.Errorf("schedule due: now %v", arr[0])
+	}
+	var after time.Time
+	if s, _ := arr[1].(string); s != "" {
+		secs, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return time.Time{}, time.Time{}, nil, fmt.Errorf("schedule due: next tick %v", arr[1])
+		}
+		after = time.Unix(int64(secs), 0).UTC()
 	}
 	var out []due
-	for i := 1; i < len(arr); i += 3 {
+	for i := 2; i < len(arr); i += 3 {
 		m, _ := arr[i].(string)
 		secs, err := strconv.ParseFloat(fmt.Sprint(arr[i+1]), 64)
 		if err != nil {
-			return time.Time{}, nil, fmt.Errorf("schedule due: tick %v", arr[i+1])
+			return time.Time{}, time.Time{}, nil, fmt.Errorf("schedule due: tick %v", arr[i+1])
 		}
 		d := due{member: m, tick: time.Unix(int64(secs), 0).UTC()}
 		if raw, _ := arr[i+2].(string); raw != "" {
@@ -327,7 +336,7 @@ func (s *Store) due(ctx context.Context, limit int) (time.Time, []due, error) {
 		}
 		out = append(out, d)
 	}
-	return time.UnixMicro(us).UTC(), out, nil
+	return time.UnixMicro(us).UTC(), after, out, nil
 }
 
 // advance moves member from tick to next (zero: out of the calendar) if it

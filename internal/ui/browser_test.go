@@ -326,6 +326,16 @@ func TestPageInChromium(t *testing.T) {
 		}
 	}
 
+	// A schedule, for the schedules table.
+	sreq, _ := http.NewRequest("POST", hs.URL+"/v1/schedules", strings.NewReader(`{"name":"nightly","cron":"30 2 * * *","timezone":"Europe/Berlin","job":{"upstream":"mail","path":"/digest"}}`))
+	sreq.Header.Set("Authorization", "Bearer view-secret")
+	sreq.Header.Set("Content-Type", "application/json")
+	if res, err := client.Do(sreq); err != nil || res.StatusCode != http.StatusCreated {
+		t.Fatalf("create schedule: %v %v", res, err)
+	} else {
+		res.Body.Close()
+	}
+
 	// Ten minutes of drain at 4/s, ending two minutes ago: the history the
 	// chart must open with.
 	rec := jobstore.NewRecorder(rdb, "")
@@ -389,6 +399,7 @@ func TestPageInChromium(t *testing.T) {
 	}
 
 	// The dead jobs, listed as data (never as markup), and one retried.
+	b.waitFor("the schedule listed", `!!document.querySelector('[data-schedule="nightly"]') && !document.getElementById("schedules").hidden && document.querySelector('[data-schedule="nightly"]').innerText.includes("30 2 * * * (Europe/Berlin)")`, 10*time.Second)
 	b.waitFor("two dead jobs listed", `document.querySelectorAll('[data-field="dead_jobs"] tbody tr').length === 2`, 10*time.Second)
 	if got := b.eval(`document.querySelectorAll('[data-field="dead_jobs"] b').length`); got != 0.0 {
 		t.Errorf("a last_error became markup: got %v <b> elements, want 0", got)

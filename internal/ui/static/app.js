@@ -220,6 +220,7 @@
       }
       const now = Date.now();
       render(upstreams, now, histories);
+      await readSchedules(gen);
       setConnection(upstreams.length ? "Live: read every " + POLL_MS / 1000 + " s." : "Live: no upstreams are configured.");
       $("updated").textContent = "Last read " + clock(now) + ".";
     } catch (err) {
@@ -252,6 +253,41 @@
       }
     }));
     return out;
+  }
+
+  // readSchedules shows the key's tenant's schedules: next and last run,
+  // the last job, and why the last run was refused. A server without
+  // schedules (404) or a failed read leaves the section as it was.
+  async function readSchedules(gen) {
+    let data;
+    try {
+      data = await api("GET", "v1/schedules");
+    } catch (err) {
+      return;
+    }
+    if (gen !== page.generation) {
+      return;
+    }
+    const list = (data && data.schedules) || [];
+    const rows = list.map((s) => {
+      let state = s.paused ? "paused" : "active";
+      if (!s.paused && s.last_error) {
+        state = "refused: " + s.last_error;
+      }
+      if (s.source === "config") {
+        state += " (config)";
+      }
+      return el("tr", { "data-schedule": s.name }, [
+        el("td", {}, [s.name]),
+        el("td", {}, [s.cron + " (" + (s.timezone || "UTC") + ")"]),
+        el("td", { class: s.last_error ? "error" : "" }, [state]),
+        el("td", {}, [s.next_run_at ? dateTime(s.next_run_at) : "–"]),
+        el("td", {}, [s.last_run_at ? dateTime(s.last_run_at) : "–"]),
+        el("td", {}, [s.last_job_id || "–"]),
+      ]);
+    });
+    $("schedule-rows").replaceChildren(...rows);
+    $("schedules").hidden = list.length === 0;
   }
 
   function render(upstreams, now, histories) {
