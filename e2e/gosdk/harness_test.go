@@ -54,11 +54,14 @@ type world struct {
 	vendor *fakeupstream.Vendor
 	// base is the serve's URL: the proxy is at base + "/proxy/NAME".
 	base string
+	// stripe is the URL of the stripe upstream's own proxy listener.
+	stripe string
 }
 
 // start runs a Redis, the fake upstream (limited to rate per second per
 // secret when rate > 0) and one `shaper serve` proxying upstreams openai
-// and stripe to it at rate per second.
+// and stripe to it at rate per second, stripe also on a listener of its
+// own.
 func start(t *testing.T, rate int, vendor fakeupstream.VendorOptions) *world {
 	t.Helper()
 	rs := redistest.New(t)
@@ -73,6 +76,7 @@ func start(t *testing.T, rate int, vendor fakeupstream.VendorOptions) *world {
 	if limit == 0 {
 		limit = 1000
 	}
+	stripeListen := freeAddr(t)
 	cfg := filepath.Join(t.TempDir(), "shaper.yaml")
 	yaml := fmt.Sprintf(`
 redis: {url: "%[1]s"}
@@ -88,14 +92,15 @@ upstreams:
     base_url: "%[2]s"
     limits: [{rate: %[3]d, per: 1s}]
     headers: {Authorization: "Bearer %[5]s"}
-    proxy: {enabled: true}
-`, rs.URL(), hs.URL, limit, openAISecret, stripeSecret)
+    proxy: {enabled: true, listen: "%[6]s"}
+`, rs.URL(), hs.URL, limit, openAISecret, stripeSecret, stripeListen)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
 	startServe(t, cfg, addr)
 	w.base = "http://" + addr
+	w.stripe = "http://" + stripeListen
 	return w
 }
 
