@@ -109,8 +109,13 @@ func openAIEnv(base string, extra ...string) []string {
 
 // sdkConfig is a config with an openai and a stripe upstream at the fake,
 // both proxied, limited to rate per second (the fake limits each secret
-// separately), stripe with its own listener at stripeListen.
+// separately), stripe with its own listener at stripeListen unless that is
+// empty (replicas on one host cannot share it).
 func sdkConfig(rate int, stripeListen string) string {
+	listen := ""
+	if stripeListen != "" {
+		listen = fmt.Sprintf(", listen: %q", stripeListen)
+	}
 	return fmt.Sprintf(`
 redis: {url: "{{REDIS}}"}
 api:
@@ -126,8 +131,8 @@ upstreams:
     base_url: "{{UPSTREAM}}"
     limits: [{rate: %[1]d, per: 1s}]
     headers: {Authorization: "Bearer %[3]s"}
-    proxy: {enabled: true, max_wait: 30s, listen: "%[4]s"}
-`, rate, openAISecret, stripeSecret, stripeListen)
+    proxy: {enabled: true, max_wait: 30s%[4]s}
+`, rate, openAISecret, stripeSecret, listen)
 }
 
 // checkUpstreamSaw fails t unless every request at the vendor's endpoints
@@ -219,7 +224,7 @@ func TestSDKCallsAndJobsShareTheLimit(t *testing.T) {
 	const L = 10
 	const jobs, calls, streamed = 40, 12, 4
 	e, v := newVendorEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: L, Per: time.Second, Style: fakeupstream.StyleOpenAI})
-	e.writeConfig(sdkConfig(L, freeAddr(t)))
+	e.writeConfig(sdkConfig(L, ""))
 	bases := []string{e.startServe("E2E_SDK_KEY=" + sdkShaperKey), e.startServe("E2E_SDK_KEY=" + sdkShaperKey)}
 	ids := e.enqueue(jobs, func(i int) *queue.Job {
 		return &queue.Job{Upstream: "openai", Tenant: "app", Method: "POST", Path: "/v1/jobs/" + strconv.Itoa(i)}
@@ -310,7 +315,7 @@ func TestProxyWaitShorterThanItsSlotIs429(t *testing.T) {
 	}
 	t.Parallel()
 	e, _ := newVendorEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 1, Per: time.Second, Style: fakeupstream.StyleOpenAI})
-	e.writeConfig(sdkConfig(1, freeAddr(t)))
+	e.writeConfig(sdkConfig(1, ""))
 	base := e.startServe("E2E_SDK_KEY=" + sdkShaperKey)
 	const n = 12
 	const wait = 3 * time.Second
@@ -371,7 +376,7 @@ func TestProxyCallerWhoHangsUpIsNeverSent(t *testing.T) {
 	}
 	t.Parallel()
 	e, _ := newVendorEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 1, Per: time.Second, Style: fakeupstream.StyleOpenAI})
-	e.writeConfig(sdkConfig(1, freeAddr(t)))
+	e.writeConfig(sdkConfig(1, ""))
 	base := e.startServe("E2E_SDK_KEY=" + sdkShaperKey)
 
 	if a := callProxy(context.Background(), base, "10"); a.status != 200 {
