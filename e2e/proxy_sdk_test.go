@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -400,5 +402,50 @@ func TestProxyCallerWhoHangsUpIsNeverSent(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	if rep := e.fake.Report(); rep.Total != 2 {
 		t.Errorf("upstream saw %v; want the 2 calls answered, never the one that hung up", rep)
+	}
+}
+
+// TestDevProxyCurlWorksAsPrinted: `shaper dev` prints a curl line for the
+// proxy, and it works as printed: the demo upstream's own answer comes
+// back.
+func TestDevProxyCurlWorksAsPrinted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs shaper dev: multi-process, runs in make test")
+	}
+	t.Parallel()
+	addr := freeAddr(t)
+	cmd := exec.Command(shaperBin, "dev", "--listen", addr, "--log-level", "warn")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	}()
+	sc := bufio.NewScanner(stdout)
+	curl := ""
+	for curl == "" && sc.Scan() {
+		if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "curl ") && strings.Contains(line, "/proxy/demo/") {
+			curl = line
+		}
+	}
+	go io.Copy(io.Discard, stdout)
+	if curl == "" {
+		t.Fatalf("the banner has no curl line for the proxy; stderr:\n%s", stderr.String())
+	}
+	out, err := exec.Command("sh", "-c", curl).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the printed curl line failed: %v\n%s", err, out)
+	}
+	// The demo upstream echoes the request it received.
+	var echo struct{ Object, Method, Path string }
+	if err := json.Unmarshal(out, &echo); err != nil || echo.Object != "echo" || echo.Method != "POST" || !strings.HasPrefix(echo.Path, "/v1/") {
+		t.Fatalf("curl printed %s, want the demo upstream's echo of a POST under /v1/", out)
 	}
 }
