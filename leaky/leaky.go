@@ -241,6 +241,8 @@ func (r Reason) String() string {
 		return "blocked"
 	case ReasonConcurrency:
 		return "concurrency"
+	case ReasonPartition:
+		return "partition"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -266,6 +268,7 @@ type Reservation struct {
 	sendAt   time.Time // local time certainly not before the slot
 	earliest time.Time // local time certainly not after the slot
 	tats     []int64   // prev, next per limit, for Cancel
+	also     []partTAT // a partition's limits booked beside (ReserveIn)
 	bucket   *Bucket
 }
 
@@ -456,6 +459,10 @@ func (b *Bucket) Cancel(ctx context.Context, r *Reservation) (int, error) {
 	args := []any{script.NowArg(b.p.now), r.Lease, r.Now.Add(r.Delay).UnixMicro()}
 	for i, l := range b.cfg.Limits {
 		args = append(args, r.tats[2*i], r.tats[2*i+1], l.Per.Microseconds())
+	}
+	for _, p := range r.also {
+		keys = append(keys, p.key)
+		args = append(args, p.prev, p.next, p.per.Microseconds())
 	}
 	v, err := script.Run(ctx, b.p.rdb, "leaky.cancel", cancelScript, keys, args...)
 	if err != nil {

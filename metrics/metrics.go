@@ -31,6 +31,8 @@ type Metrics struct {
 	BuildInfo          *prometheus.GaugeVec     // version, revision, goversion
 	APIRequests        *prometheus.CounterVec   // route, code
 	APIRequestDuration *prometheus.HistogramVec // route
+	ProxyCalls         *prometheus.CounterVec   // upstream, code
+	ProxyWait          *prometheus.HistogramVec // upstream
 }
 
 // New creates the metrics and registers them on reg.
@@ -114,6 +116,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
 		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
 		m.RedisErrors, m.RequestDuration)
+	m.newProxy(reg)
 	return m
 }
 

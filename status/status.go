@@ -168,7 +168,7 @@ func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string, opts ..
 	r := &Reader{rdb: rdb, q: q, prefix: prefix, sources: map[string]shaper.Upstream{}, buckets: map[string]*leaky.Bucket{}}
 	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix, Now: o.now})
 	for _, u := range q.Upstreams() {
-		b, err := pacer.Bucket(jobstore.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
+		b, err := jobstore.Bucket(pacer, u, 0, 0)
 		if err != nil {
 			return nil, fmt.Errorf("status of %s: %w", u.Name, err)
 		}

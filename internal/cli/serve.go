@@ -178,7 +178,7 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 		return fmt.Errorf("listen on %s: %w", listen, err)
 	}
 	log.Info("API listening", "addr", ln.Addr().String(), "keys", len(keys), "upstreams", len(cfg.Upstreams), "version", Version)
-	return serveUntilDone(ctx, ln, parts.server.Handler(), time.Duration(cfg.API.ShutdownTimeout), log)
+	return runAPI(ctx, parts.server, cfg, ln, time.Duration(cfg.API.ShutdownTimeout), log)
 }
 
 // serveUntilDone serves h on ln until ctx ends, then shuts down gracefully.

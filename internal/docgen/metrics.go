@@ -34,6 +34,8 @@ func metricsPage() ([]byte, error) {
 	m.UpstreamLimitRate.WithLabelValues("example", "requests/1s", "configured")
 	m.APIRequests.WithLabelValues("POST /v1/jobs", "202")
 	m.APIRequestDuration.WithLabelValues("POST /v1/jobs")
+	m.InitProxy("example")
+	m.ProxyCalls.WithLabelValues("example", "200")
 	// A metric added to Metrics without a series above would be left out
 	// of the page silently: refuse instead.
 	mv := reflect.ValueOf(m).Elem()
