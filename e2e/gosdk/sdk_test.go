@@ -40,7 +40,7 @@ func chatParams() openai.ChatCompletionNewParams {
 // chunk by chunk as the upstream sends it.
 func TestOpenAIGoChatCompletions(t *testing.T) {
 	t.Parallel()
-	const delay = 150 * time.Millisecond
+	const delay = 250 * time.Millisecond
 	w := start(t, 0, fakeupstream.VendorOptions{Chunks: 5, ChunkDelay: delay})
 	client := openAIClient(w, "openai")
 	ctx := context.Background()
@@ -75,8 +75,9 @@ func TestOpenAIGoChatCompletions(t *testing.T) {
 		t.Fatalf("streamed %q in %d chunks, want %q in 5", text, len(at), want)
 	}
 	// Relayed as they come, the first and last chunk arrive 4·delay apart;
-	// held to the end, together.
-	if spread := at[len(at)-1].Sub(at[0]); spread < 3*delay {
+	// held to the end, together. Half of that leaves room for a busy host
+	// starving shaper for a while.
+	if spread := at[len(at)-1].Sub(at[0]); spread < 2*delay {
 		t.Errorf("chunks arrived within %v of each other; the upstream sent them %v apart", spread, delay)
 	}
 	if r := w.fake.Report(); r.Keys[openAISecret].Succeeded != 2 || r.Total != 2 {

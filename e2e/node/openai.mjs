@@ -51,7 +51,7 @@ async function call(i) {
   } catch (err) {
     if (!(err instanceof OpenAI.APIError)) throw err;
     return {
-      i, ok: false, status: err.status ?? 0, error: err.constructor.name,
+      i, ok: false, status: err.status ?? 0, error: err.constructor.name, message: err.message,
       retry_after: header(err.headers, "retry-after"),
       retry_after_ms: header(err.headers, "retry-after-ms"),
       ms: ms(),
