@@ -418,6 +418,9 @@ func TestProxyCallerWhoHangsUpIsNeverSent(t *testing.T) {
 	if a := callProxy(ctx, base, "10"); a.err == nil {
 		t.Fatalf("the call that hangs up after 200 ms was answered %d first; its slot should be a second after the first call's", a.status)
 	}
+	// Give shaper a moment to see the hang-up (the slot is still 600 ms
+	// off): a call booked before it did would rightly queue behind it.
+	time.Sleep(400 * time.Millisecond)
 	next := callProxy(context.Background(), base, "10")
 	if next.status != 200 {
 		t.Fatalf("next call: %+v, want 200", next)
