@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -160,7 +161,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		var err error
 		switch s {
 		case "latency":
-			err = latencySection(ctx, out, o, client, direct, shaperT)
+			err = latencySection(ctx, out, o, client, direct, shaperT, rs)
 		case "throughput":
 			err = throughputSection(ctx, out, o, client, targets)
 		}
@@ -382,8 +383,9 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 
 func ms(d float64) string { return fmt.Sprintf("%.3f ms", d/float64(time.Millisecond)) }
 
-func latencySection(ctx context.Context, out io.Writer, o options, client *http.Client, direct, proxied target) error {
+func latencySection(ctx context.Context, out io.Writer, o options, client *http.Client, direct, proxied target, rs *redisproc.Server) error {
 	var dp50, dp99, pp50, pp99, add50, add99 []float64
+	var perCall map[string]float64
 	for round := range o.rounds {
 		order := []target{direct, proxied}
 		if round%2 == 1 {
@@ -391,9 +393,18 @@ func latencySection(ctx context.Context, out io.Writer, o options, client *http.
 		}
 		got := map[string][]time.Duration{}
 		for _, t := range order {
+			before, _ := commandCalls(rs)
 			ls, err := latencies(ctx, client, t, o.latencyCalls)
 			if err != nil {
 				return err
+			}
+			if after, err := commandCalls(rs); err == nil && t.name == proxied.name && perCall == nil {
+				perCall = map[string]float64{}
+				for cmd, n := range after {
+					if d := n - before[cmd]; d > 0 && cmd != "info" {
+						perCall[cmd] = float64(d) / float64(o.latencyCalls)
+					}
+				}
 			}
 			slices.Sort(ls)
 			got[t.name] = ls
@@ -417,8 +428,35 @@ func latencySection(ctx context.Context, out io.Writer, o options, client *http.
 		fmt.Fprintf(out, "| %s | %s | %s | %s (%s – %s) |\n", row.name, ms(stats.Median(row.d)), ms(stats.Median(row.p)),
 			ms(stats.Median(row.addition)), ms(slices.Min(row.addition)), ms(slices.Max(row.addition)))
 	}
-	fmt.Fprintln(out)
+	var total float64
+	var each []string
+	for _, cmd := range slices.Sorted(maps.Keys(perCall)) {
+		total += perCall[cmd]
+		each = append(each, fmt.Sprintf("%s %.2f", cmd, perCall[cmd]))
+	}
+	fmt.Fprintf(out, "\nRedis commands per proxied call (first round, from INFO commandstats; a script's own commands included): %.2f (%s).\n\n", total, strings.Join(each, ", "))
 	return nil
+}
+
+// commandCalls is INFO commandstats: calls by command name.
+func commandCalls(rs *redisproc.Server) (map[string]int64, error) {
+	info, err := rs.Info("commandstats")
+	if err != nil {
+		return nil, err
+	}
+	calls := map[string]int64{}
+	for k, v := range info {
+		cmd, ok := strings.CutPrefix(k, "cmdstat_")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Split(v, ",") {
+			if n, ok := strings.CutPrefix(f, "calls="); ok {
+				calls[cmd], _ = strconv.ParseInt(n, 10, 64)
+			}
+		}
+	}
+	return calls, nil
 }
 
 // throughput runs o.concurrency callers against t for o.duration and
