@@ -401,7 +401,9 @@ func latencySection(ctx context.Context, out io.Writer, o options, client *http.
 			if after, err := commandCalls(rs); err == nil && t.name == proxied.name && perCall == nil {
 				perCall = map[string]float64{}
 				for cmd, n := range after {
-					if d := n - before[cmd]; d > 0 && cmd != "info" {
+					// Less than one in a hundred calls is the serve's own
+					// background (connections, heartbeats), not the call's.
+					if d := n - before[cmd]; d*100 >= int64(o.latencyCalls) && cmd != "info" {
 						perCall[cmd] = float64(d) / float64(o.latencyCalls)
 					}
 				}
