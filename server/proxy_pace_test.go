@@ -259,3 +259,24 @@ func TestProxyCosts(t *testing.T) {
 		t.Errorf("upstream got %d requests, want 2", n)
 	}
 }
+
+// TestProxySettles: a small JSON answer settles the call's estimated cost
+// by the upstream's settle, giving unused units back to the limit.
+func TestProxySettles(t *testing.T) {
+	f := newProxyFixture(t, func(u *shaper.Upstream) {
+		u.Limits = []leaky.Limit{leaky.PerSecond(1000), {Rate: 1000, Per: 10 * time.Second, Cost: "tokens", Burst: 1000}}
+		u.Proxy.Cost = map[string]shaper.Settle{"tokens": {JSON: "/max_tokens"}}
+		u.Settle = map[string]shaper.Settle{"tokens": {JSON: "/usage/total_tokens"}}
+	})
+	f.up.answer = func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"usage": {"total_tokens": 100}}`))
+	}
+	if resp, body := f.call("POST", "/proxy/api/v1/chat", `{"max_tokens": 900}`); resp.StatusCode != 200 || body != `{"usage": {"total_tokens": 100}}` {
+		t.Fatalf("900 estimated: got %d %s, want 200 and the body", resp.StatusCode, body)
+	}
+	// Settled to 100: 900 are free again, where the estimate left 100.
+	if resp, body := f.call("POST", "/proxy/api/v1/chat", `{"max_tokens": 800}`, "Shaper-Max-Wait", "0"); resp.StatusCode != 200 {
+		t.Fatalf("800 after settling: got %d %s, want 200", resp.StatusCode, body)
+	}
+}
