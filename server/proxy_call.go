@@ -158,6 +158,11 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 			if errors.Is(err, errSlotGone) {
 				continue
 			}
+			// Without the URL, whose query may hold a secret.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
 			s.log.Warn("proxied call failed", "upstream", e.up.Name, "err", err)
 			queueTime()
 			writeProblem(w, problem{Type: problemUnavailable, Title: "Upstream unreachable", Status: http.StatusBadGateway,
@@ -182,7 +187,9 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 			}
 		}
 		queueTime()
+		stop := s.holdLease(bg, e, res)
 		s.relay(w, e, c, resp)
+		stop()
 		e.bucket.Release(bg, res)
 		return strconv.Itoa(resp.StatusCode)
 	}
@@ -337,6 +344,34 @@ func (s *Server) settleCall(e *proxyEntry, c callSpec, h http.Header, body []byt
 			s.m.RedisErrors.WithLabelValues("pacing").Inc()
 		}
 	}
+}
+
+// holdLease extends a concurrency lease while its answer streams, which
+// may outlast the lease's lifetime (the upstream's timeout); the returned
+// stop ends it and waits for it.
+func (s *Server) holdLease(ctx context.Context, e *proxyEntry, res *leaky.Reservation) (stop func()) {
+	if res.Lease == "" {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	every := max(e.up.Timeout/2, time.Second)
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				ectx, c := context.WithTimeout(ctx, 2*time.Second)
+				e.bucket.ExtendLease(ectx, res.Lease, e.up.Timeout+10*time.Second)
+				c()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

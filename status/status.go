@@ -115,6 +115,10 @@ type Upstream struct {
 	// Partitions counts the partitions with jobs not yet finished, and
 	// Top shows the ones with the most (at most TopPartitions).
 	Partitions Partitions `json:"partitions"`
+	// ProxyWaiting counts the callers waiting now, across every replica,
+	// for their proxied call's send slot (a replica that died mid-wait
+	// counts its callers no longer than their wait).
+	ProxyWaiting int64 `json:"proxy_waiting"`
 }
 
 // TopPartitions is how many partitions Upstream.Partitions.Top lists.
@@ -235,6 +239,9 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	u := Upstream{
 		Name: name, Concurrency: src.Concurrency, DrainRate: rates, WaitingFor: map[string]int64{},
 		Backlog: Backlog{Lanes: counts}, Partitions: Partitions{WithBacklog: parts, Top: shown},
+	}
+	if u.ProxyWaiting, err = jobstore.For(r.prefix, name).CountWaiting(ctx, r.rdb, time.Now()); err != nil {
+		return Upstream{}, err
 	}
 	u.Limits, u.StatedLimits = showLimits(src.Limits, b.Config().Guard, st.Limits)
 	var active int64
