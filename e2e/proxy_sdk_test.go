@@ -397,41 +397,73 @@ func TestProxyWaitShorterThanItsSlotIs429(t *testing.T) {
 	}
 }
 
-// TestProxyCallerWhoHangsUpIsNeverSent: at one call a second, a call that
-// waits behind another and hangs up before its slot is never sent, and its
-// slot goes to the next call.
+// TestProxyCallerWhoHangsUpIsNeverSent: at one call per 2 s, a call that
+// waits behind another is shown waiting (proxy_waiting in GET
+// /v1/upstreams/{name}); when it hangs up before its slot it is never
+// sent, and its slot goes to the next call.
 func TestProxyCallerWhoHangsUpIsNeverSent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("shaper serve: multi-process, runs in make test")
 	}
 	t.Parallel()
-	e, _ := newVendorEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 1, Per: time.Second, Style: fakeupstream.StyleOpenAI})
-	e.writeConfig(sdkConfig(1, ""))
+	const every = 2 * time.Second
+	e, _ := newVendorEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: 1, Per: every, Style: fakeupstream.StyleOpenAI})
+	e.writeConfig(fmt.Sprintf(`
+redis: {url: "{{REDIS}}"}
+api:
+  keys: [{name: app, tenant: app, key_env: E2E_SDK_KEY}]
+upstreams:
+  openai:
+    base_url: "{{UPSTREAM}}"
+    limits: [{rate: 1, per: %v}]
+    headers: {Authorization: "Bearer %s"}
+    proxy: {enabled: true}
+`, every, openAISecret))
 	base := e.startServe("E2E_SDK_KEY=" + sdkShaperKey)
+	waiting := func() int64 {
+		req, _ := http.NewRequest("GET", base+"/v1/upstreams/openai", nil)
+		req.Header.Set("Authorization", "Bearer "+sdkShaperKey)
+		resp, err := e.api.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var u struct {
+			ProxyWaiting *int64 `json:"proxy_waiting"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&u); err != nil || u.ProxyWaiting == nil {
+			t.Fatalf("GET /v1/upstreams/openai: %d, %v; want a view with proxy_waiting", resp.StatusCode, err)
+		}
+		return *u.ProxyWaiting
+	}
 
 	if a := callProxy(context.Background(), base, "10"); a.status != 200 {
-		t.Fatalf("first call: %+v, want 200", a)
+		t.Fatalf("first call: %+v, want 200 (%s)", a, a.body)
 	}
 	first := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if a := callProxy(ctx, base, "10"); a.err == nil {
-		t.Fatalf("the call that hangs up after 200 ms was answered %d first; its slot should be a second after the first call's", a.status)
+	ctx, hangUp := context.WithCancel(context.Background())
+	defer hangUp()
+	hungUp := make(chan proxyCall, 1)
+	go func() { hungUp <- callProxy(ctx, base, "10") }()
+	waitUntil(t, every/2, "the second call to be shown waiting", func() bool { return waiting() == 1 })
+	hangUp()
+	if a := <-hungUp; a.err == nil {
+		t.Fatalf("the call that hung up was answered %d first; its slot is %v after the first call's", a.status, every)
 	}
-	// Give shaper a moment to see the hang-up (the slot is still 600 ms
-	// off): a call booked before it did would rightly queue behind it.
-	time.Sleep(400 * time.Millisecond)
+	// Once shaper has seen the hang-up, the caller is no longer waiting; a
+	// call booked before that would rightly queue behind it.
+	waitUntil(t, every/2, "shaper to see the hang-up", func() bool { return waiting() == 0 })
 	next := callProxy(context.Background(), base, "10")
 	if next.status != 200 {
-		t.Fatalf("next call: %+v, want 200", next)
+		t.Fatalf("next call: %+v, want 200 (%s)", next, next.body)
 	}
-	// Its slot is the one the hung-up call gave back, a second after the
+	// Its slot is the one the hung-up call gave back, one period after the
 	// first call, not the one after that.
-	if since := time.Since(first); since > 1900*time.Millisecond {
-		t.Errorf("next call answered %v after the first; want about 1 s, in the slot the hung-up call freed (2 s if it was not freed)", since)
+	if since := time.Since(first); since > every*7/4 {
+		t.Errorf("next call answered %v after the first; want about %v, in the slot the hung-up call freed (%v if it was not freed)", since, every, 2*every)
 	}
-	time.Sleep(3 * time.Second)
-	if rep := e.fake.Report(); rep.Total != 2 {
+	time.Sleep(2 * every)
+	if rep := e.fake.Report(); rep.Total != 2 || rep.Rejected != 0 {
 		t.Errorf("upstream saw %v; want the 2 calls answered, never the one that hung up", rep)
 	}
 }
