@@ -67,6 +67,9 @@ type proxyEntry struct {
 	client  *http.Client
 	spacing time.Duration
 	costs   map[string]bool
+	// adaptive is set when a limit is adaptive: a 429 to a call cuts it,
+	// as one to a job does.
+	adaptive bool
 }
 
 // newProxies prepares every proxied upstream.
@@ -113,6 +116,7 @@ func (s *Server) newProxies(ups []shaper.Upstream) error {
 			if l.Cost != "" {
 				e.costs[l.Cost] = true
 			}
+			e.adaptive = e.adaptive || l.Adaptive
 		}
 		e.spacing = pushback.Spacing(ls, b.Guard())
 		s.proxies[u.Name] = e

@@ -143,7 +143,9 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 				// Wait gave the slot back: nothing is sent.
 				return "canceled"
 			}
-			continue // too late or blocked: book again
+			// Too late or blocked: book again, without this slot's lease.
+			e.bucket.Release(bg, res)
+			continue
 		}
 		if !waitObserved {
 			s.m.ProxyWait.WithLabelValues(e.up.Name).Observe(time.Since(start).Seconds())
@@ -237,6 +239,11 @@ func (s *Server) refused(ctx context.Context, e *proxyEntry, resp *http.Response
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	rf := pushback.Read(resp.Header, ratelimit.Read(resp.Header, time.Now()))
+	if rf.Whole && e.adaptive {
+		if _, err := e.bucket.Feedback(bg, true); err != nil {
+			s.m.RedisErrors.WithLabelValues("pacing").Inc()
+		}
+	}
 	now := time.Now()
 	again := now.Add(rf.Wait)
 	switch {

@@ -202,6 +202,15 @@ func TestProxySharesTheLimit(t *testing.T) {
 	if resp, body := f.call("GET", "/proxy/api/v1/x", "", "Shaper-Max-Wait", "1"); resp.StatusCode != 429 {
 		t.Fatalf("a call after a slot taken elsewhere: got %d %s, want 429", resp.StatusCode, body)
 	}
+	// A pause placed elsewhere (an operator's, or a job's 429) that lasts
+	// past the wait refuses a call at once too.
+	if _, err := other.Block(context.Background(), time.Minute, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if resp, body := f.call("GET", "/proxy/api/v1/x", "", "Shaper-Max-Wait", "5"); resp.StatusCode != 429 || time.Since(start) > time.Second {
+		t.Fatalf("a call while paused for a minute: got %d %s after %v, want 429 at once", resp.StatusCode, body, time.Since(start))
+	}
 	if n := len(f.up.requests()); n != 0 {
 		t.Errorf("upstream got %d requests, want none", n)
 	}

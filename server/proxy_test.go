@@ -78,7 +78,7 @@ func newProxyFixture(t *testing.T, tune func(*shaper.Upstream)) *proxyFixture {
 	return newProxyFixtureOn(t, rdb, &recorder{}, tune)
 }
 
-func newProxyFixtureOn(t *testing.T, rdb redis.UniversalClient, rec *recorder, tune func(*shaper.Upstream)) *proxyFixture {
+func newProxyFixtureOn(t *testing.T, rdb redis.UniversalClient, rec *recorder, tune func(*shaper.Upstream), tuneAPI ...func(*Config)) *proxyFixture {
 	t.Helper()
 	ups := httptest.NewServer(rec)
 	t.Cleanup(ups.Close)
@@ -99,14 +99,18 @@ func newProxyFixtureOn(t *testing.T, rdb redis.UniversalClient, rec *recorder, t
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	s, err := New(rdb, q, st, Config{
+	cfg := Config{
 		Keys:         []Key{{Name: "billing", Tenant: "billing", Secret: "billing-secret"}},
 		Admission:    tokenbucket.Limit{Capacity: 1000, Refill: 1000, Per: time.Second},
 		MaxBodyBytes: 4096,
 		Logger:       quiet(),
 		Metrics:      metrics.New(reg),
 		Registry:     reg,
-	})
+	}
+	for _, tune := range tuneAPI {
+		tune(&cfg)
+	}
+	s, err := New(rdb, q, st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,5 +289,52 @@ func TestProxyStreams(t *testing.T) {
 	// The first part came long before the last was sent.
 	if len(arrivals) < parts || arrivals[0] > gap {
 		t.Errorf("got the parts at %v, want %d reads, the first within %v", arrivals, parts, gap)
+	}
+}
+
+// TestProxyAdmission: a call pays its key's admission as an enqueue does;
+// refused, it is shaper's 429 with the rate-limit headers, naming
+// admission, and nothing is sent.
+func TestProxyAdmission(t *testing.T) {
+	rdb := srv.Client(t)
+	rdb.FlushAll(context.Background())
+	f := newProxyFixtureOn(t, rdb, &recorder{}, nil, func(c *Config) {
+		c.Admission = tokenbucket.Limit{Capacity: 1, Refill: 1, Per: time.Hour}
+	})
+	if resp, body := f.call("GET", "/proxy/api/v1/x", ""); resp.StatusCode != 200 || resp.Header.Get("RateLimit") == "" {
+		t.Fatalf("first call: got %d %s (RateLimit %q), want 200 with the admission headers", resp.StatusCode, body, resp.Header.Get("RateLimit"))
+	}
+	resp, body := f.call("GET", "/proxy/api/v1/x", "")
+	if resp.StatusCode != 429 || !strings.Contains(body, "admission") || resp.Header.Get("RateLimit-Policy") == "" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("second call: got %d %s, want shaper's 429 naming admission, with RateLimit-Policy and Retry-After", resp.StatusCode, body)
+	}
+	if n := len(f.up.requests()); n != 1 {
+		t.Errorf("upstream got %d requests, want 1", n)
+	}
+}
+
+// TestProxyListener: ProxyHandler serves the upstream at the root of a
+// listener of its own (proxy.listen), for SDKs that set host and port.
+func TestProxyListener(t *testing.T) {
+	f := newProxyFixture(t, nil)
+	hs := httptest.NewServer(f.s.ProxyHandler("api"))
+	defer hs.Close()
+	req, _ := http.NewRequest("POST", hs.URL+"/v1/customers?expand[]=x", strings.NewReader("email=a%40b.c"))
+	req.Header.Set("Authorization", "Bearer billing-secret")
+	req.Header.Set("Stripe-Version", "2024-06-20")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("got %d, want 200", resp.StatusCode)
+	}
+	got := f.up.requests()
+	if len(got) != 1 || got[0].uri != "/base/v1/customers?expand[]=x" || got[0].body != "email=a%40b.c" || got[0].header.Get("Authorization") != "Bearer upstream-secret" {
+		t.Errorf("upstream got %+v, want POST /base/v1/customers?expand[]=x with the form and the upstream's key", got)
+	}
+	if f.s.ProxyHandler("handled") != nil || f.s.ProxyHandler("nope") != nil {
+		t.Errorf("got a proxy handler for an upstream that is not proxied")
 	}
 }

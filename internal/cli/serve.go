@@ -46,7 +46,9 @@ finish (up to api.shutdown_timeout).
 
 Endpoints: POST /v1/jobs, POST /v1/jobs/batch, GET|DELETE /v1/jobs/{id},
 GET /v1/upstreams[/{name}], POST /v1/upstreams/{name}/pause|resume (admin),
-GET /metrics, /healthz, /readyz.`,
+GET /metrics, /healthz, /readyz; and the proxy, ANY /proxy/{upstream}/{rest}
+(each call paced with the upstream's jobs and answered with the upstream's
+answer), also at the root of upstreams.NAME.proxy.listen.`,
 		Example: `  SHAPER_KEY_BILLING=s3cret shaper serve --config shaper.yaml
   shaper serve --config shaper.yaml --listen 127.0.0.1:9000`,
 		Args: cobra.NoArgs,
