@@ -113,6 +113,8 @@ type Upstream struct {
 	// estimate and settled to that amount once the answer arrives. Each key
 	// is a cost some limit or partition limit counts.
 	Settle map[string]Settle
+	// Proxy is how calls reach the upstream through shaper's proxy.
+	Proxy Proxy
 }
 
 // Fairness is how an upstream's send slots are shared when it is the
@@ -305,6 +307,9 @@ func (u Upstream) WithDefaults() Upstream {
 	}
 	if u.Fairness.By == "" {
 		u.Fairness.By = FairByTenant
+	}
+	if u.BaseURL != "" {
+		u.Proxy.MaxWait = orDuration(u.Proxy.MaxWait, DefaultProxyMaxWait)
 	}
 	return u
 }

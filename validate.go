@@ -177,6 +177,7 @@ func (u Upstream) Problems() *Problems {
 	ps.fairness(u.Fairness)
 	ps.headers(u)
 	ps.settle(u)
+	ps.proxy(u)
 
 	if len(u.Lanes) > 0 {
 		if _, ok := u.Lanes[DefaultLane]; !ok {

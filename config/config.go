@@ -280,6 +280,9 @@ type Upstream struct {
 	// negative or non-numeric value leaves the estimate. Default none: the
 	// estimate stands.
 	Settle map[string]Settle `yaml:"settle"`
+	// Proxy is how calls reach the upstream through shaper's proxy (see
+	// Proxy). Default: on, waiting up to 30s.
+	Proxy *Proxy `yaml:"proxy"`
 }
 
 // Settle is where an answer gives the amount of a cost a job used;
@@ -557,6 +560,7 @@ func (u *Upstream) Shaper() shaper.Upstream {
 		PartitionOverrides:   u.leakyOverrides(),
 		Fairness:             shaper.Fairness{By: u.Fairness.By, Weights: u.Fairness.Weights},
 		Settle:               u.shaperSettle(),
+		Proxy:                u.shaperProxy(),
 	}
 }
 

@@ -388,6 +388,7 @@ func (k checker) upstream(p, name string, u *Upstream, tenants map[string]bool) 
 			}
 		}
 	}
+	k.proxy(p, name, u)
 	sp := p + ".settle"
 	if u.Settle != nil && len(u.Settle) == 0 && k.set(sp) {
 		k.add(sp, "an empty mapping (leave settle out, or name a cost: {tokens: {json: /usage/total_tokens}})")

@@ -3,9 +3,9 @@ package dispatcher
 import (
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/shaperhq/shaper/internal/pushback"
 	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -80,32 +80,10 @@ func classify(status int, h http.Header, rd ratelimit.Reading, spacing time.Dura
 		}
 		return v
 	case status == http.StatusTooManyRequests:
-		wait := rd.RetryAfter
-		q, whole := rd.Exhausted()
-		if wait <= 0 && whole {
-			wait = q.Reset
-		}
-		v := verdict{kind: kindPushback, wait: wait, reason: "429 from upstream"}
-		reason := strings.ToLower(strings.TrimSpace(h.Get("Stripe-Rate-Limited-Reason")))
-		if reason != "" {
-			v.reason += " (" + reason + ")"
-		}
-		// Stripe's endpoint-* and resource-specific limits, and a quota
-		// the IETF draft marks as one partition's (pk), concern one
-		// endpoint, object or user; the rest of the upstream may go on.
-		if strings.HasPrefix(reason, "endpoint-") || reason == "resource-specific" {
-			return v
-		}
-		if p, ok := rd.ExhaustedPartition(); ok && !whole {
-			v.wait = max(v.wait, p.Reset)
-			v.reason += " (" + p.Name + ", one partition's quota)"
-			return v
-		}
-		v.refused = true
-		if wait > 0 {
-			v.block, v.blockReason = wait, queue.BlockRefused
-		} else {
-			v.bare = true
+		r := pushback.Read(h, rd)
+		v := verdict{kind: kindPushback, wait: r.Wait, reason: r.Reason, refused: r.Whole, bare: r.Bare}
+		if r.Whole && !r.Bare {
+			v.block, v.blockReason = r.Wait, queue.BlockRefused
 		}
 		return v
 	case status == http.StatusRequestTimeout, status == http.StatusTooEarly, status >= 500:

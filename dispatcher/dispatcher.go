@@ -166,12 +166,8 @@ func orDefault(d, def time.Duration) time.Duration {
 
 func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstream, error) {
 	uc = uc.WithDefaults()
-	bucket, err := pacer.Bucket(jobstore.QueueName(uc.Name), leaky.BucketConfig{
-		Limits: uc.Limits, Guard: uc.Guard, Concurrency: uc.Concurrency,
-		// A lease lives through the wait for its slot and the request.
-		LeaseTTL: uc.Timeout + d.cfg.Horizon + 10*time.Second,
-		MaxWait:  d.cfg.Horizon,
-	})
+	// A lease lives through the wait for its slot and the request.
+	bucket, err := jobstore.Bucket(pacer, uc, uc.Timeout+d.cfg.Horizon+10*time.Second, d.cfg.Horizon)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shaperhq/shaper/internal/pushback"
 	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
@@ -20,17 +21,6 @@ import (
 // (leaky.Bucket.Learn), pushback cuts adaptive limits, costs are settled
 // from the answer, and a bare 429 pauses the upstream by a pushback that
 // grows while they repeat.
-
-// Pushback lengths for a 429 that gives no time: an isolated one costs
-// bareBase of sending (2.5% of a second); a refusal of a request sent
-// within bareProbe of the upstream's send intervals (at least twice
-// bareBase: 50 ms, five sends at 100/s) after the last such pause ended
-// doubles it, up to the upstream's pushback_default (see
-// leaky.Bucket.Pushback).
-const (
-	bareBase  = 25 * time.Millisecond
-	bareProbe = 3
-)
 
 // relearn is how often a replica refreshes stated limits that did not
 // change, keeping them alive in Redis (they lapse after an hour unstated).
@@ -67,17 +57,8 @@ func configuredLimits(u *upstream) []leaky.LimitState {
 // rates they are paced at, space sends: a quota that frees its next unit
 // sooner than this needs no pause.
 func (u *upstream) setSpacing(ls []leaky.LimitState) {
-	guard := u.bucket.Guard()
-	var out int64
-	for _, l := range ls {
-		if l.Limit.Cost != "" || l.Rate <= 0 {
-			continue
-		}
-		iv := l.Limit.Params(guard).Interval
-		out = max(out, int64(float64(iv)*float64(l.Limit.Rate)/l.Rate))
-	}
-	if out > 0 {
-		u.spacingUs.Store(out)
+	if out := pushback.Spacing(ls, u.bucket.Guard()); out > 0 {
+		u.spacingUs.Store(out.Microseconds())
 	}
 }
 
@@ -126,7 +107,7 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 	}
 	switch {
 	case v.bare:
-		until, dur, paused, err := u.bucket.Pushback(bg, bareBase, max(bareBase, u.cfg.PushbackDefault), bareProbe*u.spacing(), queue.BlockRefused, v.sentAt)
+		until, dur, paused, err := pushback.Pause(bg, u.bucket, u.cfg.PushbackDefault, u.spacing(), v.sentAt)
 		switch {
 		case err != nil:
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()

@@ -230,6 +230,8 @@ func (r Reason) String() string {
 		return "blocked"
 	case ReasonConcurrency:
 		return "concurrency"
+	case ReasonPartition:
+		return "partition"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -256,6 +258,7 @@ type Reservation struct {
 	earliest time.Time // local time certainly not after the slot
 	tats     []int64   // prev, next per limit, for Cancel
 	set      *limitSet // the limits it was booked under, for Cancel
+	also     []partTAT // a partition's limits booked beside (ReserveIn)
 	bucket   *Bucket
 }
 
@@ -472,6 +475,10 @@ func (b *Bucket) Cancel(ctx context.Context, r *Reservation) (int, error) {
 	args := []any{script.NowArg(b.p.now), r.Lease, r.Now.Add(r.Delay).UnixMicro()}
 	for i, l := range s.limits {
 		args = append(args, r.tats[2*i], r.tats[2*i+1], l.Per.Microseconds())
+	}
+	for _, p := range r.also {
+		keys = append(keys, p.key)
+		args = append(args, p.prev, p.next, p.per.Microseconds())
 	}
 	v, err := script.Run(ctx, b.p.rdb, "leaky.cancel", cancelScript, keys, args...)
 	if err != nil {

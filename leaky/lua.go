@@ -275,3 +275,68 @@ for i = 3, #KEYS - 1 do
 end
 return out
 `)
+
+// partitionReserveScript books one send slot on a bucket and on one
+// partition's limits beside it (the partition TATs the job store's take
+// books, see PartitionTAT), for a caller that waits for its slot itself
+// (a proxied call). A partition that cannot send now books nothing and
+// answers when it can: booking the bucket at the partition's later slot
+// would leave the bucket idle until then, as the take avoids too.
+//
+//	KEYS -> the bucket's BookingKeys
+//	ARGV[1] -> now override in µs ("" = Redis TIME)
+//	ARGV[2] -> max wait µs
+//	ARGV[3] -> lease id ("" = none)
+//	ARGV[4..] -> the bucket's BookingArgs, then the partition's limits as
+//	  PartitionArgs, then the partition, then c, c × (cost name, amount)
+//
+// Returns {ok, wait, reason, limit (always 0), now, prev_1, next_1, ...,
+// prev_n, next_n, then prev and next of each partition limit} like
+// reserveScript (reason 4: the partition's limits refused the slot).
+var partitionReserveScript = script.New(gcra.LuaFunctions, BookingLua(), `
+local now = shaper_now(ARGV[1])
+local max_wait = tonumber(ARGV[2])
+local lease = ARGV[3]
+local b, a = leaky_open(KEYS, 1, ARGV, 4, now)
+local n = tonumber(ARGV[8])
+local plim
+plim, a = leaky_limits(ARGV, a)
+local pk = ARGV[a]
+plim = leaky_partition_override(b, pk) or plim
+local costs = {}
+local nc = tonumber(ARGV[a + 1])
+for i = 1, nc do
+  costs[ARGV[a + 2 * i]] = tonumber(ARGV[a + 1 + 2 * i])
+end
+local part = leaky_partition(b, pk, plim, now)
+local pslot = leaky_partition_earliest(part, costs, now)
+if pslot > now then
+  return {0, pslot - now, 4, 0, now}
+end
+local slot, why = leaky_earliest(b, costs, now)
+if slot - now > max_wait then
+  return {0, slot - now - max_wait, why, 0, now}
+end
+if lease ~= '' then
+  local lw = leaky_lease_wait(b, lease, now)
+  if lw then
+    return {0, lw, 3, 0, now}
+  end
+end
+local out = {1, slot - now, why, 0, now}
+local prev, pprev = {}, {}
+for i = 1, n do prev[i] = b.lim[i].tat end
+for j = 1, #plim do pprev[j] = part.tat[j] end
+leaky_book(b, slot, costs, lease)
+leaky_partition_book(part, slot, costs, now)
+leaky_commit(b, now)
+for i = 1, n do
+  out[#out + 1] = prev[i]
+  out[#out + 1] = b.lim[i].tat
+end
+for j = 1, #plim do
+  out[#out + 1] = pprev[j]
+  out[#out + 1] = part.tat[j]
+end
+return out
+`)

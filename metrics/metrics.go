@@ -33,6 +33,8 @@ type Metrics struct {
 	APIRequestDuration *prometheus.HistogramVec // route
 	ScheduleRuns       *prometheus.CounterVec   // result
 	CallbackDeliveries *prometheus.CounterVec   // outcome
+	ProxyCalls         *prometheus.CounterVec   // upstream, code
+	ProxyWait          *prometheus.HistogramVec // upstream
 }
 
 // New creates the metrics and registers them on reg.
@@ -123,6 +125,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.AdmissionDecisions, m.AdmissionFailOpen, m.JobsEnqueued, m.JobsRejected, m.Dispatches,
 		m.UpstreamResponses, m.PacingWait, m.LateSlots, m.InFlight, m.UpstreamPaused, m.UpstreamBlocks,
 		m.RedisErrors, m.RequestDuration)
+	m.newProxy(reg)
 	return m
 }
 

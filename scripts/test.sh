@@ -4,7 +4,8 @@
 # page's browser test), python3 and node (the producer examples) from
 # Debian's packages when missing, then runs every package's tests with the
 # race detector, vets the bench module, and vets and tests the module that
-# checks the Kubernetes manifests.
+# checks the Kubernetes manifests and the one that drives the proxy with the
+# vendors' Go SDKs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,4 +61,9 @@ fi
 # dependencies stay out of shaper's go.mod.
 if [ -f deploy/kubernetes/check/go.mod ]; then
   (cd deploy/kubernetes/check && go vet ./... && go test -count=1 ./...)
+fi
+# The vendors' Go SDKs (openai-go, stripe-go) through the proxy: a module of
+# their own, so that they stay out of shaper's go.mod.
+if [ -f e2e/gosdk/go.mod ]; then
+  (cd e2e/gosdk && go vet ./... && go test -count=1 ./...)
 fi

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,7 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/api"
 	"github.com/shaperhq/shaper/httplimit"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/ui"
 	"github.com/shaperhq/shaper/internal/wire"
 	"github.com/shaperhq/shaper/leaky"
@@ -74,6 +76,12 @@ type Config struct {
 	// CallbackHosts is callbacks.allowed_hosts: the hosts a job's
 	// callback_url may name (none: every callback_url is refused).
 	CallbackHosts []string
+	// ProxyTransport sends proxied calls; nil is a transport per upstream
+	// whose response header timeout is the upstream's timeout.
+	ProxyTransport http.RoundTripper
+	// PacerNow replaces Redis's clock for the proxy's pacing, as
+	// leaky.Config.Now does: for tests only.
+	PacerNow func() time.Time
 }
 
 // Server is the HTTP API. Build it with New; Handler serves it.
@@ -100,6 +108,13 @@ type Server struct {
 	patterns []string
 	// schedules keeps the tenants' schedules (schedules.go).
 	schedules *schedule.Store
+	// handler serves mux, and the proxy's paths before the mux cleans them.
+	handler http.Handler
+	// The proxy (proxy.go): its upstreams, their pacer and the drain
+	// counts of its sends.
+	proxies map[string]*proxyEntry
+	pacer   *leaky.Pacer
+	drain   *jobstore.Recorder
 }
 
 // storeProbeEvery is how often, while Redis is failing, one enqueue is let
@@ -160,6 +175,9 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 		s.m.InitEnqueue(u.Name, u.LaneNames())
 	}
 	s.m.InitAPI()
+	if err := s.newProxies(q.Upstreams()); err != nil {
+		return nil, err
+	}
 	tb, err := tokenbucket.New(rdb, cfg.Admission, tokenbucket.Config{Prefix: cfg.Prefix})
 	if err != nil {
 		return nil, fmt.Errorf("server: admission: %w", err)
@@ -197,7 +215,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 }
 
 // Handler serves the API.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 func (s *Server) routes(page http.Handler) {
 	mux := http.NewServeMux()
@@ -226,6 +244,12 @@ func (s *Server) routes(page http.Handler) {
 	handle("DELETE /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handleResetPartitionLimits)))
 	s.scheduleRoutes(handle)
 	handle("GET /v1/openapi.json", http.HandlerFunc(s.handleOpenAPI))
+	// The proxy relays any method; these are the ones documented.
+	proxied := s.measured(proxyRoute, s.authed(s.handleProxy))
+	for _, m := range proxyMethods() {
+		s.patterns = append(s.patterns, m+" "+proxyRoute)
+		mux.Handle(m+" /proxy/{upstream}/{rest...}", proxied)
+	}
 	handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) }))
 	handle("GET /readyz", http.HandlerFunc(s.handleReady))
 	// The status page is public: its files hold no data, and the page
@@ -240,6 +264,16 @@ func (s *Server) routes(page http.Handler) {
 			Detail: fmt.Sprintf("no route for %s %s; see docs/http-api.md or GET /v1/openapi.json", r.Method, r.URL.Path)})
 	})))
 	s.mux = mux
+	// A proxied path reaches the proxy as the caller wrote it: the mux
+	// would redirect one with "." or ".." segments, which the proxy
+	// refuses instead (queue.Target).
+	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, proxyPrefix) {
+			proxied.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // measured counts a route's requests by status code and times them,

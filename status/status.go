@@ -121,6 +121,10 @@ type Upstream struct {
 	// CallbacksFailed counts the jobs whose callback's retries ran out in
 	// the last CallbacksFailedWindow and that were not retried since.
 	CallbacksFailed int64 `json:"callbacks_failed"`
+	// ProxyWaiting counts the callers waiting now, across every replica,
+	// for their proxied call's send slot (a replica that died mid-wait
+	// counts its callers no longer than their wait).
+	ProxyWaiting int64 `json:"proxy_waiting"`
 }
 
 // CallbacksFailedWindow is how far back Upstream.CallbacksFailed looks.
@@ -179,7 +183,7 @@ func NewReader(rdb redis.UniversalClient, q *queue.Queue, prefix string, opts ..
 	pacer := leaky.New(rdb, leaky.Config{Prefix: prefix, Now: o.now})
 	r.pacer = pacer
 	for _, u := range q.Upstreams() {
-		b, err := pacer.Bucket(jobstore.QueueName(u.Name), leaky.BucketConfig{Limits: u.Limits, Guard: u.Guard, Concurrency: u.Concurrency})
+		b, err := jobstore.Bucket(pacer, u, 0, 0)
 		if err != nil {
 			return nil, fmt.Errorf("status of %s: %w", u.Name, err)
 		}
@@ -254,6 +258,9 @@ func (r *Reader) Upstream(ctx context.Context, name string) (Upstream, error) {
 	u.Override = override
 	u.Limits, u.StatedLimits = showLimits(b.Config().Limits, b.Config().Guard, st.Limits)
 	if u.CallbacksFailed, err = jobstore.For(r.prefix, name).CallbacksFailedSince(ctx, r.rdb, st.Now.Add(-CallbacksFailedWindow)); err != nil {
+		return Upstream{}, err
+	}
+	if u.ProxyWaiting, err = jobstore.For(r.prefix, name).CountWaiting(ctx, r.rdb, st.Now); err != nil {
 		return Upstream{}, err
 	}
 	var active int64

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -154,7 +153,9 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	}
 	printDevBanner(f, ln.Addr(), key, storeName, demoURL, opts.demoRate)
 
-	err = runAPIAndWorkers(ctx, d, ln, parts, time.Duration(cfg.API.ShutdownTimeout), log)
+	err = runAPIAndWorkers(ctx, d, func(ctx context.Context) error {
+		return runAPI(ctx, parts, cfg, ln, time.Duration(cfg.API.ShutdownTimeout), log)
+	})
 	fmt.Fprintf(f.ErrOut, "\ndemo upstream: %s\n", fake.Report())
 	return err
 }
@@ -255,12 +256,12 @@ func devConfigFor(f *Factory, key, redisURL, listen, demoURL string, rate int64)
 
 // runAPIAndWorkers runs the workers and serves the API on ln until ctx ends
 // or either stops, then stops the other and waits for it.
-func runAPIAndWorkers(ctx context.Context, d *dispatcher.Dispatcher, ln net.Listener, api *apiParts, grace time.Duration, log *slog.Logger) error {
+func runAPIAndWorkers(ctx context.Context, d *dispatcher.Dispatcher, serve func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 2)
 	go func() { errs <- d.Run(ctx) }()
-	go func() { errs <- serveUntilDone(ctx, ln, api, grace, log) }()
+	go func() { errs <- serve(ctx) }()
 	first := <-errs
 	cancel()
 	second := <-errs
@@ -293,5 +294,9 @@ Watch the upstream drain:
 
   curl -s %s/v1/upstreams/demo -H 'Authorization: Bearer %s'
 
-`, base, key, base, url.PathEscape(key), store, demoURL, rate, base, key, base, key, base, key)
+Or call it through the proxy, paced with the jobs, and get its answer:
+
+  curl -s -X POST %s/proxy/demo/v1/hello -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{"hello": "world"}'
+
+`, base, key, base, url.PathEscape(key), store, demoURL, rate, base, key, base, key, base, key, base, key)
 }

@@ -47,7 +47,9 @@ finish (up to api.shutdown_timeout).
 
 Endpoints: POST /v1/jobs, POST /v1/jobs/batch, GET|DELETE /v1/jobs/{id},
 GET /v1/upstreams[/{name}], POST /v1/upstreams/{name}/pause|resume (admin),
-GET /metrics, /healthz, /readyz.`,
+GET /metrics, /healthz, /readyz; and the proxy, ANY /proxy/{upstream}/{rest}
+(each call paced with the upstream's jobs and answered with the upstream's
+answer), also at the root of upstreams.NAME.proxy.listen.`,
 		Example: `  SHAPER_KEY_BILLING=s3cret shaper serve --config shaper.yaml
   shaper serve --config shaper.yaml --listen 127.0.0.1:9000`,
 		Args: cobra.NoArgs,
@@ -193,7 +195,7 @@ func serveRun(ctx context.Context, f *Factory, opts *serveOptions) error {
 		return err
 	}
 	log.Info("API listening", "addr", ln.Addr().String(), "keys", len(keys), "upstreams", len(cfg.Upstreams), "version", Version)
-	return serveUntilDone(ctx, ln, parts, time.Duration(cfg.API.ShutdownTimeout), log)
+	return runAPI(ctx, parts, cfg, ln, time.Duration(cfg.API.ShutdownTimeout), log)
 }
 
 // apiHTTPServer is the HTTP server of the API. It has no WriteTimeout: a
@@ -209,11 +211,14 @@ func apiHTTPServer(h http.Handler) *http.Server {
 	}
 }
 
-// serveUntilDone serves the API on ln until ctx ends, then shuts down
-// gracefully; long polls answer at once when the shutdown starts.
-func serveUntilDone(ctx context.Context, ln net.Listener, api *apiParts, grace time.Duration, log *slog.Logger) error {
-	hs := apiHTTPServer(api.server.Handler())
-	hs.RegisterOnShutdown(api.q.EndWaits)
+// serveUntilDone serves h on ln until ctx ends, then shuts down
+// gracefully; onShutdown (nil: nothing) runs when the shutdown starts, so
+// that long polls answer at once.
+func serveUntilDone(ctx context.Context, ln net.Listener, h http.Handler, onShutdown func(), grace time.Duration, log *slog.Logger) error {
+	hs := apiHTTPServer(h)
+	if onShutdown != nil {
+		hs.RegisterOnShutdown(onShutdown)
+	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	select {

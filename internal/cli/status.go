@@ -278,6 +278,9 @@ func printStatus(w io.Writer, all []status.Upstream, now time.Time) {
 		if line := partitionsLine(u.Partitions); line != "" {
 			fmt.Fprintf(w, "%s: %s\n", u.Name, line)
 		}
+		if u.ProxyWaiting > 0 {
+			fmt.Fprintf(w, "%s: proxied calls waiting for their slot: %d\n", u.Name, u.ProxyWaiting)
+		}
 	}
 }
 

@@ -36,6 +36,8 @@ func metricsPage() ([]byte, error) {
 	m.APIRequestDuration.WithLabelValues("POST /v1/jobs")
 	m.InitScheduleRuns()
 	m.CallbackDeliveries.WithLabelValues("delivered")
+	m.InitProxy("example")
+	m.ProxyCalls.WithLabelValues("example", "200")
 	// A metric added to Metrics without a series above would be left out
 	// of the page silently: refuse instead.
 	mv := reflect.ValueOf(m).Elem()

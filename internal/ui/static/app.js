@@ -346,6 +346,7 @@
       fact("time_to_drain_at_limit", "Time to drain at the limit");
       fact("in_flight", "In flight");
       fact("retrying", "Retrying");
+      fact("proxy_waiting", "Proxied calls waiting");
       fact("dead", "Dead");
       fact("succeeded", "Succeeded");
       fact("callbacks_failed", "Failing callbacks, last 24 h");
@@ -439,6 +440,7 @@
       f.time_to_drain_at_limit.textContent = duration(u.time_to_drain_at_limit_seconds || 0);
       f.in_flight.textContent = count(u.in_flight || 0);
       f.retrying.textContent = count(u.retrying || 0);
+      f.proxy_waiting.textContent = count(u.proxy_waiting || 0);
       f.dead.textContent = count(u.dead || 0);
       f.succeeded.textContent = count(u.succeeded || 0);
       f.callbacks_failed.textContent = count(u.callbacks_failed || 0);

@@ -1,0 +1,400 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"mime"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/httplimit"
+	"github.com/shaperhq/shaper/internal/pushback"
+	"github.com/shaperhq/shaper/internal/ratelimit"
+	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/queue"
+)
+
+func targetOf(base *url.URL, path string) (*url.URL, error) { return queue.Target(base, path) }
+
+func sortedStrings(s []string) []string { slices.Sort(s); return s }
+
+func writeRateHeaders(w http.ResponseWriter, s *Server, res shaper.Result) {
+	httplimit.WriteHeaders(w.Header(), s.policy, res)
+}
+
+// proxy runs one call: checks it, pays its admission, waits for its slot,
+// sends it and relays the answer.
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, e *proxyEntry, path string) {
+	name := e.up.Name
+	code := "canceled"
+	defer func() { s.m.ProxyCalls.WithLabelValues(name, code).Inc() }()
+	c, p := s.readCall(r, e, path)
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		code = "413"
+		s.tooLarge(w)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			code = "413"
+			s.tooLarge(w)
+		}
+		return
+	}
+	c.method, c.header, c.hasBody = r.Method, outboundHeaders(r.Header, e.up.Headers), len(body) > 0 || r.ContentLength != 0
+	if len(r.Header.Values(headerCost)) == 0 {
+		for cost, rule := range e.up.Proxy.Cost {
+			if n, ok := rule.Amount(r.Header, body); ok {
+				c.costs[cost] = n
+			}
+		}
+	}
+	if len(p.list) == 0 {
+		checkCalledCosts(p, e, c)
+	}
+	if len(p.list) > 0 {
+		code = "400"
+		writeProblem(w, problem{Type: problemInvalid, Title: "Invalid call", Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("the call cannot be proxied to %s: %s", name, p.list[0].Message), Errors: p.list})
+		return
+	}
+	if ok, refused := s.admitCall(w, r); !ok {
+		code = refused
+		return
+	}
+	code = s.call(w, r, e, c, body)
+}
+
+func (s *Server) tooLarge(w http.ResponseWriter) {
+	writeProblem(w, problem{Type: problemTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+		Detail: fmt.Sprintf("a proxied call's body may be at most %d bytes (api.max_body_bytes)", s.cfg.MaxBodyBytes)})
+}
+
+// call waits for the call's slot and sends it, again after a 429 while
+// the wait allows; it answers the caller and returns the code for the
+// metric.
+func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c callSpec, body []byte) string {
+	ctx := r.Context()
+	start := time.Now()
+	deadline := start.Add(c.maxWait)
+	id := newWaiterID()
+	bg := context.WithoutCancel(ctx)
+	// The fleet sees the call waiting; this also finds Redis gone before
+	// anything else does.
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	err := e.space.Waiting(wctx, s.rdb, id, deadline, e.up.Proxy.MaxWait)
+	cancel()
+	if err != nil {
+		return s.pacingDown(w, r, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(bg, time.Second)
+		e.space.DoneWaiting(dctx, s.rdb, id)
+		cancel()
+	}()
+	limits := e.up.PartitionLimitsFor(c.partition)
+	queueTime := func() {
+		w.Header().Set(headerQueueTime, strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64))
+	}
+	waitObserved := false
+	for {
+		remaining := time.Until(deadline)
+		res, err := e.bucket.ReserveIn(ctx, c.costs, c.partition, limits, leaky.MaxWait(max(remaining, 0)))
+		if err != nil {
+			if ctx.Err() != nil {
+				return "canceled"
+			}
+			return s.pacingDown(w, r, err)
+		}
+		if !res.OK {
+			pause := res.RetryAfter
+			switch res.Reason {
+			case leaky.ReasonConcurrency:
+				pause = min(pause, 10*time.Millisecond)
+			case leaky.ReasonPartition:
+			default:
+				// Beyond the wait: the slot after it is RetryAfter away.
+				queueTime()
+				s.answerSlotRefused(w, e, res.RetryAfter, res.Reason.String())
+				return "429"
+			}
+			if time.Until(deadline) < pause {
+				queueTime()
+				s.answerSlotRefused(w, e, pause, res.Reason.String())
+				return "429"
+			}
+			if sleepCtx(ctx, pause) != nil {
+				return "canceled"
+			}
+			continue
+		}
+		if err := res.Wait(ctx); err != nil {
+			if ctx.Err() != nil {
+				// Wait gave the slot back: nothing is sent.
+				return "canceled"
+			}
+			// Too late or blocked: book again, without this slot's lease.
+			e.bucket.Release(bg, res)
+			continue
+		}
+		if !waitObserved {
+			s.m.ProxyWait.WithLabelValues(e.up.Name).Observe(time.Since(start).Seconds())
+			waitObserved = true
+		}
+		resp, err := s.send(ctx, e, c, body, res)
+		if err != nil {
+			e.bucket.Release(bg, res)
+			if ctx.Err() != nil {
+				return "canceled"
+			}
+			if errors.Is(err, errSlotGone) {
+				continue
+			}
+			// Without the URL, whose query may hold a secret.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			s.log.Warn("proxied call failed", "upstream", e.up.Name, "err", err)
+			queueTime()
+			writeProblem(w, problem{Type: problemUnavailable, Title: "Upstream unreachable", Status: http.StatusBadGateway,
+				Detail: fmt.Sprintf("upstream %s did not answer: %v", e.up.Name, err)})
+			return "502"
+		}
+		if resp.StatusCode == http.StatusTooManyRequests {
+			again := s.refused(ctx, e, resp, res)
+			if !again.IsZero() && again.Before(deadline) {
+				resp.Body.Close()
+				e.bucket.Release(bg, res)
+				if sleepCtx(ctx, time.Until(again)) != nil {
+					return "canceled"
+				}
+				continue
+			}
+		} else if next := ratelimit.Read(resp.Header, time.Now()).NextUnit(); next > e.spacing {
+			// A success that says nothing is left of a quota: hold the
+			// fleet until its next unit, as for jobs.
+			if _, err := e.bucket.Block(bg, next, queue.BlockQuota); err == nil {
+				s.m.UpstreamBlocks.WithLabelValues(e.up.Name, queue.BlockQuota).Inc()
+			}
+		}
+		queueTime()
+		stop := s.holdLease(bg, e, res)
+		s.relay(w, e, c, resp)
+		stop()
+		e.bucket.Release(bg, res)
+		return strconv.Itoa(resp.StatusCode)
+	}
+}
+
+// pacingDown answers a call whose slot could not be booked because Redis
+// failed: 503 at once, nothing sent.
+func (s *Server) pacingDown(w http.ResponseWriter, r *http.Request, err error) string {
+	if r.Context().Err() != nil {
+		return "canceled"
+	}
+	s.m.RedisErrors.WithLabelValues("pacing").Inc()
+	s.log.Error("cannot book a proxied call's slot", "path", proxyRoute, "err", err)
+	writeProblem(w, storeUnavailable("shaper could not reach Redis to book the call's send slot; nothing was sent: retry shortly"))
+	return "503"
+}
+
+// send sends the call on its slot. It sends nothing, answering
+// errSlotGone, when the slot slipped past its guard first.
+func (s *Server) send(ctx context.Context, e *proxyEntry, c callSpec, body []byte, res *leaky.Reservation) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, c.method, c.target.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header = c.header
+	req.ContentLength = int64(len(body))
+	if len(body) == 0 && !c.hasBody {
+		req.Body = http.NoBody
+	}
+	if res.TooLate() {
+		return nil, errSlotGone
+	}
+	s.drain.Sent(e.up.Name, time.Now())
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// refused acts on a 429 to a call as the dispatcher does for a job's: a
+// refusal of the whole upstream pauses the fleet. It returns when the
+// call may be sent again (zero: not known).
+func (s *Server) refused(ctx context.Context, e *proxyEntry, resp *http.Response, res *leaky.Reservation) time.Time {
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	rf := pushback.Read(resp.Header, ratelimit.Read(resp.Header, time.Now()))
+	if rf.Whole && e.adaptive {
+		if _, err := e.bucket.Feedback(bg, true); err != nil {
+			s.m.RedisErrors.WithLabelValues("pacing").Inc()
+		}
+	}
+	now := time.Now()
+	again := now.Add(rf.Wait)
+	switch {
+	case rf.Bare:
+		until, dur, placed, err := pushback.Pause(bg, e.bucket, e.up.PushbackDefault, e.spacing, res.Now.Add(res.Delay))
+		if err != nil {
+			s.m.RedisErrors.WithLabelValues("pacing").Inc()
+			return time.Time{}
+		}
+		if placed {
+			s.m.UpstreamBlocks.WithLabelValues(e.up.Name, queue.BlockRefused).Inc()
+			s.log.Warn("upstream answered a proxied call 429 without a time; paused fleet-wide", "upstream", e.up.Name, "for", dur)
+		}
+		again = now.Add(max(dur, time.Until(until)))
+	case rf.Whole:
+		until, err := e.bucket.Block(bg, rf.Wait, queue.BlockRefused)
+		if err != nil {
+			s.m.RedisErrors.WithLabelValues("pacing").Inc()
+			return time.Time{}
+		}
+		s.m.UpstreamBlocks.WithLabelValues(e.up.Name, queue.BlockRefused).Inc()
+		s.log.Warn("upstream pushed back a proxied call; blocked fleet-wide", "upstream", e.up.Name, "for", rf.Wait)
+		again = now.Add(max(rf.Wait, time.Until(until)))
+	default:
+		// One endpoint's or partition's quota: only this call waits.
+		again = now.Add(max(rf.Wait, pushback.BareBase))
+	}
+	return again
+}
+
+// relay streams the upstream's answer to the caller: status and headers
+// (without hop-by-hop ones), then the body, flushed after each read so
+// that server-sent events arrive as they are sent. Memory stays flat
+// whatever the size, except that a small JSON answer (up to 64 KiB, with
+// a Content-Length) is read whole first when a cost is settled from its
+// body.
+func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *http.Response) {
+	defer resp.Body.Close()
+	var whole []byte
+	if len(e.up.Settle) > 0 {
+		if settlesFromBody(e.up.Settle) && resp.ContentLength >= 0 && resp.ContentLength <= proxySettleMaxBytes && isJSON(resp.Header) {
+			b, err := io.ReadAll(io.LimitReader(resp.Body, proxySettleMaxBytes+1))
+			if err == nil {
+				whole = b
+			}
+		}
+		s.settleCall(e, c, resp.Header, whole)
+	}
+	h := w.Header()
+	drop := hopHeaders(resp.Header)
+	for k, vs := range resp.Header {
+		if !drop[http.CanonicalHeaderKey(k)] {
+			h[k] = vs
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if whole != nil {
+		w.Write(whole)
+		return
+	}
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func settlesFromBody(rules map[string]shaper.Settle) bool {
+	for _, r := range rules {
+		if r.JSON != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func isJSON(h http.Header) bool {
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	return err == nil && (mt == "application/json" || len(mt) > 5 && mt[len(mt)-5:] == "+json")
+}
+
+// settleCall replaces the call's estimated costs by what the answer says
+// it used, as for a job; a JSON rule is read only from a body read whole.
+func (s *Server) settleCall(e *proxyEntry, c callSpec, h http.Header, body []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for cost, rule := range e.up.Settle {
+		if rule.JSON != "" && body == nil {
+			continue
+		}
+		actual, ok := rule.Amount(h, body)
+		if !ok || actual == c.costs[cost] {
+			continue
+		}
+		if err := e.bucket.Settle(ctx, cost, c.costs[cost], actual, c.partition, e.up.PartitionLimitsFor(c.partition)); err != nil {
+			s.m.RedisErrors.WithLabelValues("pacing").Inc()
+		}
+	}
+}
+
+// holdLease extends a concurrency lease while its answer streams, which
+// may outlast the lease's lifetime (the upstream's timeout); the returned
+// stop ends it and waits for it.
+func (s *Server) holdLease(ctx context.Context, e *proxyEntry, res *leaky.Reservation) (stop func()) {
+	if res.Lease == "" {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	every := max(e.up.Timeout/2, time.Second)
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				ectx, c := context.WithTimeout(ctx, 2*time.Second)
+				e.bucket.ExtendLease(ectx, res.Lease, e.up.Timeout+10*time.Second)
+				c()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func newWaiterID() string {
+	return strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatUint(rand.Uint64(), 36)
+}
