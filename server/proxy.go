@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dunglas/httpsfv"
@@ -70,6 +71,10 @@ type proxyEntry struct {
 	// adaptive is set when a limit is adaptive: a 429 to a call cuts it,
 	// as one to a job does.
 	adaptive bool
+
+	mu        sync.Mutex
+	stated    []leaky.Limit // what the upstream last stated to this replica
+	learnedAt time.Time
 }
 
 // newProxies prepares every proxied upstream.
