@@ -346,7 +346,8 @@ func (s *Server) answerSlotRefused(w http.ResponseWriter, e *proxyEntry, after t
 }
 
 // admitCall charges a call's admission token as an enqueue's; refused, it
-// answers shaper's own 429, which names admission, not the upstream.
+// answers shaper's own 429 with admission's rate-limit headers, which
+// names admission, not the upstream.
 func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string) {
 	k := caller(r)
 	res, err := s.admission.Allow(r.Context(), k.Name, 1)
@@ -354,8 +355,10 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string
 		s.internalError(w, r, "admission", err)
 		return false, "503"
 	}
-	writeRateHeaders(w, s, res)
+	// Only a refusal carries admission's rate-limit headers: on an answer
+	// relayed from the upstream they would pass for the upstream's.
 	if !res.Allowed {
+		writeRateHeaders(w, s, res)
 		s.m.AdmissionDecisions.WithLabelValues("denied").Inc()
 		secs := max(1, int64(math.Ceil(res.RetryAfter.Seconds())))
 		writeProblem(w, problem{Type: wire.TypeRateLimited, Title: "Admission limit exceeded", Status: http.StatusTooManyRequests,
