@@ -15,7 +15,7 @@ type Proxy struct {
 	// Disabled turns the proxy off for this upstream: its calls answer 404.
 	Disabled bool
 	// MaxWait is the longest a call waits for its slot (a caller may ask
-	// for less, or more, with Shaper-Max-Wait). Default DefaultProxyMaxWait.
+	// for less with Shaper-Max-Wait, never more). Default DefaultProxyMaxWait.
 	MaxWait time.Duration
 	// Listen, when set, also serves the upstream at the root of a
 	// listener of its own (host:port), for SDKs that change only host and

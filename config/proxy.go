@@ -16,8 +16,8 @@ type Proxy struct {
 	// answers its calls 404.
 	Enabled *bool `yaml:"enabled"`
 	// MaxWait is the longest a call waits for its send slot before it is
-	// answered 429 (with Retry-After) and not sent; a caller may ask for
-	// another with the Shaper-Max-Wait header (seconds). At most 1h.
+	// answered 429 (with Retry-After) and not sent; a caller may ask for less
+	// with the Shaper-Max-Wait header (seconds), never more. At most 1h.
 	// Default 30s.
 	MaxWait Duration `yaml:"max_wait"`
 	// Listen also serves the upstream at the root of a listener of its own

@@ -1,7 +1,6 @@
 package dispatcher
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper/internal/pushback"
-	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -21,10 +19,6 @@ import (
 // (leaky.Bucket.Learn), pushback cuts adaptive limits, costs are settled
 // from the answer, and a bare 429 pauses the upstream by a pushback that
 // grows while they repeat.
-
-// relearn is how often a replica refreshes stated limits that did not
-// change, keeping them alive in Redis (they lapse after an hour unstated).
-const relearn = 5 * time.Minute
 
 // heard is what a replica remembers of an upstream's word.
 type heard struct {
@@ -67,25 +61,6 @@ func (u *upstream) spacing() time.Duration {
 	return time.Duration(u.spacingUs.Load()) * time.Microsecond
 }
 
-// statedLimits turns the policies an answer states into limits on requests.
-func statedLimits(rd *ratelimit.Reading) []leaky.Limit {
-	if rd == nil {
-		return nil
-	}
-	var out []leaky.Limit
-	for _, p := range rd.RequestPolicies() {
-		l := leaky.Limit{Rate: p.Quota, Per: p.Window}
-		if l.Validate() == nil {
-			out = append(out, l)
-		}
-	}
-	// In one order, so that an answer stating the same compares equal.
-	slices.SortFunc(out, func(a, b leaky.Limit) int {
-		return cmp.Or(cmp.Compare(a.Per, b.Per), cmp.Compare(a.Rate, b.Rate))
-	})
-	return out
-}
-
 // heed acts on an answer's word for the whole fleet: it learns stated
 // limits, feeds pushback to adaptive limits, pauses the upstream, and
 // settles the job's costs. It returns the verdict with the wait a bare
@@ -94,7 +69,7 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if v.rd != nil {
-		d.learn(bg, u, statedLimits(v.rd))
+		d.learn(bg, u, pushback.Stated(v.rd))
 	}
 	if v.refused && u.adaptive {
 		if cuts, err := u.bucket.Feedback(bg, true); err != nil {
@@ -143,7 +118,7 @@ func (d *Dispatcher) learn(ctx context.Context, u *upstream, stated []leaky.Limi
 	}
 	u.heard.mu.Lock()
 	before := u.heard.stated
-	same := slices.Equal(stated, before) && time.Since(u.heard.learnedAt) < relearn
+	same := slices.Equal(stated, before) && time.Since(u.heard.learnedAt) < pushback.Relearn
 	u.heard.mu.Unlock()
 	if same {
 		return

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dunglas/httpsfv"
@@ -70,6 +71,10 @@ type proxyEntry struct {
 	// adaptive is set when a limit is adaptive: a 429 to a call cuts it,
 	// as one to a job does.
 	adaptive bool
+
+	mu        sync.Mutex
+	stated    []leaky.Limit // what the upstream last stated to this replica
+	learnedAt time.Time
 }
 
 // newProxies prepares every proxied upstream.
@@ -341,7 +346,8 @@ func (s *Server) answerSlotRefused(w http.ResponseWriter, e *proxyEntry, after t
 }
 
 // admitCall charges a call's admission token as an enqueue's; refused, it
-// answers shaper's own 429, which names admission, not the upstream.
+// answers shaper's own 429 with admission's rate-limit headers, which
+// names admission, not the upstream.
 func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string) {
 	k := caller(r)
 	res, err := s.admission.Allow(r.Context(), k.Name, 1)
@@ -349,8 +355,10 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string
 		s.internalError(w, r, "admission", err)
 		return false, "503"
 	}
-	writeRateHeaders(w, s, res)
+	// Only a refusal carries admission's rate-limit headers: on an answer
+	// relayed from the upstream they would pass for the upstream's.
 	if !res.Allowed {
+		writeRateHeaders(w, s, res)
 		s.m.AdmissionDecisions.WithLabelValues("denied").Inc()
 		secs := max(1, int64(math.Ceil(res.RetryAfter.Seconds())))
 		writeProblem(w, problem{Type: wire.TypeRateLimited, Title: "Admission limit exceeded", Status: http.StatusTooManyRequests,

@@ -171,8 +171,10 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 				Detail: fmt.Sprintf("upstream %s did not answer: %v", e.up.Name, err)})
 			return "502"
 		}
+		rd := ratelimit.Read(resp.Header, time.Now())
+		s.learn(bg, e, pushback.Stated(&rd))
 		if resp.StatusCode == http.StatusTooManyRequests {
-			again := s.refused(ctx, e, resp, res)
+			again := s.refused(ctx, e, resp, rd, res)
 			if !again.IsZero() && again.Before(deadline) {
 				resp.Body.Close()
 				e.bucket.Release(bg, res)
@@ -181,7 +183,7 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 				}
 				continue
 			}
-		} else if next := ratelimit.Read(resp.Header, time.Now()).NextUnit(); next > e.spacing {
+		} else if next := rd.NextUnit(); next > e.spacing {
 			// A success that says nothing is left of a quota: hold the
 			// fleet until its next unit, as for jobs.
 			if _, err := e.bucket.Block(bg, next, queue.BlockQuota); err == nil {
@@ -235,10 +237,10 @@ func (s *Server) send(ctx context.Context, e *proxyEntry, c callSpec, body []byt
 // refused acts on a 429 to a call as the dispatcher does for a job's: a
 // refusal of the whole upstream pauses the fleet. It returns when the
 // call may be sent again (zero: not known).
-func (s *Server) refused(ctx context.Context, e *proxyEntry, resp *http.Response, res *leaky.Reservation) time.Time {
+func (s *Server) refused(ctx context.Context, e *proxyEntry, resp *http.Response, rd ratelimit.Reading, res *leaky.Reservation) time.Time {
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	rf := pushback.Read(resp.Header, ratelimit.Read(resp.Header, time.Now()))
+	rf := pushback.Read(resp.Header, rd)
 	if rf.Whole && e.adaptive {
 		if _, err := e.bucket.Feedback(bg, true); err != nil {
 			s.m.RedisErrors.WithLabelValues("pacing").Inc()
@@ -272,6 +274,30 @@ func (s *Server) refused(ctx context.Context, e *proxyEntry, resp *http.Response
 		again = now.Add(max(rf.Wait, pushback.BareBase))
 	}
 	return again
+}
+
+// learn records the limits an answer states for the fleet (the bucket
+// obeys them on top of the configured ones), when they changed or are
+// due a refresh, as the dispatcher does for jobs' answers.
+func (s *Server) learn(ctx context.Context, e *proxyEntry, stated []leaky.Limit) {
+	if len(stated) == 0 {
+		return
+	}
+	e.mu.Lock()
+	same := slices.Equal(stated, e.stated) && time.Since(e.learnedAt) < pushback.Relearn
+	e.mu.Unlock()
+	if same {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := e.bucket.Learn(lctx, stated); err != nil {
+		s.m.RedisErrors.WithLabelValues("pacing").Inc()
+		return
+	}
+	e.mu.Lock()
+	e.stated, e.learnedAt = stated, time.Now()
+	e.mu.Unlock()
 }
 
 // relay streams the upstream's answer to the caller: status and headers

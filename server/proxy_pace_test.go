@@ -289,3 +289,29 @@ func TestProxySettles(t *testing.T) {
 		t.Fatalf("800 after settling: got %d %s, want 200", resp.StatusCode, body)
 	}
 }
+
+// TestProxyLearnsStatedLimits: a limit the upstream states in its answer
+// to a call becomes the fleet's, as one stated to a job does.
+func TestProxyLearnsStatedLimits(t *testing.T) {
+	f := newProxyFixture(t, nil)
+	f.up.answer = func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("RateLimit-Policy", `"default";q=50;w=1`)
+		w.Write([]byte(`{}`))
+	}
+	if resp, _ := f.call("GET", "/proxy/api/v1/x", ""); resp.StatusCode != 200 {
+		t.Fatalf("got %d, want 200", resp.StatusCode)
+	}
+	st, err := elsewhere(t, f.rdb, f.upstream()).State(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, l := range st.Limits {
+		if l.Source == leaky.SourceStated && l.Limit.Rate == 50 && l.Limit.Per == time.Second {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("got limits %+v, want the stated 50 per 1s among them", st.Limits)
+	}
+}

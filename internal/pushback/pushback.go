@@ -6,8 +6,10 @@
 package pushback
 
 import (
+	"cmp"
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,4 +92,27 @@ func Spacing(ls []leaky.LimitState, guard time.Duration) time.Duration {
 		out = max(out, int64(float64(iv)*float64(l.Limit.Rate)/l.Rate))
 	}
 	return time.Duration(out) * time.Microsecond
+}
+
+// Relearn is how often a replica refreshes stated limits that did not
+// change, keeping them alive in Redis (they lapse after an hour unstated).
+const Relearn = 5 * time.Minute
+
+// Stated turns the policies an answer states into limits on requests, in
+// one order, so that answers stating the same compare equal.
+func Stated(rd *ratelimit.Reading) []leaky.Limit {
+	if rd == nil {
+		return nil
+	}
+	var out []leaky.Limit
+	for _, p := range rd.RequestPolicies() {
+		l := leaky.Limit{Rate: p.Quota, Per: p.Window}
+		if l.Validate() == nil {
+			out = append(out, l)
+		}
+	}
+	slices.SortFunc(out, func(a, b leaky.Limit) int {
+		return cmp.Or(cmp.Compare(a.Per, b.Per), cmp.Compare(a.Rate, b.Rate))
+	})
+	return out
 }
