@@ -69,6 +69,10 @@ type fakeUpstream struct {
 	maxPending int
 	pausedTo   time.Time
 	reason     string
+	// limits an operator set (PUT .../limits), as the request gave them;
+	// partitions, by partition.
+	limits     []map[string]any
+	partitions map[string][]map[string]any
 }
 
 type fakeJob struct {
@@ -128,6 +132,10 @@ func newFake() *fake {
 	mux.HandleFunc("GET /v1/upstreams/{name}", f.getUpstream)
 	mux.HandleFunc("POST /v1/upstreams/{name}/pause", f.pause)
 	mux.HandleFunc("POST /v1/upstreams/{name}/resume", f.resume)
+	mux.HandleFunc("PUT /v1/upstreams/{name}/limits", f.putLimits)
+	mux.HandleFunc("DELETE /v1/upstreams/{name}/limits", f.resetLimits)
+	mux.HandleFunc("PUT /v1/upstreams/{name}/partitions/{partition}/limits", f.putPartitionLimits)
+	mux.HandleFunc("DELETE /v1/upstreams/{name}/partitions/{partition}/limits", f.resetPartitionLimits)
 	f.srv = httptest.NewServer(f.front(mux))
 	return f
 }
@@ -683,7 +691,107 @@ func (f *fake) status(name string) map[string]any {
 		st["paused_until"] = up.pausedTo.Format(time.RFC3339Nano)
 		st["pause_reason"] = up.reason
 	}
+	if up.limits != nil {
+		var shown []map[string]any
+		for _, l := range up.limits {
+			shown = append(shown, map[string]any{"rate": l["rate"], "per": l["per"], "burst": 0, "description": "set",
+				"sustained_per_second": l["rate"], "adaptive": false, "effective_rate": l["rate"], "source": "operator"})
+		}
+		st["override"] = map[string]any{"since": "2026-12-02T01:00:00Z", "configured_limits": st["limits"]}
+		st["limits"] = shown
+	}
 	return st
+}
+
+// readLimits reads a PUT .../limits body the way the server checks it, as
+// far as the client's tests need: a list, each with a rate of at least 1.
+func readLimits(w http.ResponseWriter, r *http.Request) ([]map[string]any, bool) {
+	var req struct {
+		Limits []map[string]any `json:"limits"`
+	}
+	if !readJSON(w, r, &req) {
+		return nil, false
+	}
+	for i, l := range req.Limits {
+		if rate, _ := l["rate"].(float64); rate < 1 {
+			writeProblem(w, http.StatusBadRequest, "Invalid limits", "a rate below 1; nothing was changed",
+				[]problemField{{fmt.Sprintf("limits[%d]", i), "rate must be at least 1"}})
+			return nil, false
+		}
+	}
+	if len(req.Limits) == 0 {
+		writeProblem(w, http.StatusBadRequest, "Invalid limits", "no limits", []problemField{{"limits", "at least one limit is required"}})
+		return nil, false
+	}
+	return req.Limits, true
+}
+
+func (f *fake) putLimits(w http.ResponseWriter, r *http.Request) {
+	ls, ok := readLimits(w, r)
+	if !ok {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	up := f.adminUpstream(w, r)
+	if up == nil {
+		return
+	}
+	up.limits = ls
+	writeJSON(w, http.StatusOK, f.status(r.PathValue("name")))
+}
+
+func (f *fake) resetLimits(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	up := f.adminUpstream(w, r)
+	if up == nil {
+		return
+	}
+	up.limits = nil
+	writeJSON(w, http.StatusOK, f.status(r.PathValue("name")))
+}
+
+func (f *fake) partitionLimits(up *fakeUpstream, name, partition string) map[string]any {
+	out := map[string]any{"upstream": name, "partition": partition, "limits": []any{}}
+	if ls, ok := up.partitions[partition]; ok {
+		var shown []map[string]any
+		for _, l := range ls {
+			shown = append(shown, map[string]any{"rate": l["rate"], "per": l["per"], "burst": 0, "description": "set",
+				"sustained_per_second": l["rate"], "adaptive": false, "effective_rate": l["rate"], "source": "operator"})
+		}
+		out["limits"], out["source"] = shown, "operator"
+	}
+	return out
+}
+
+func (f *fake) putPartitionLimits(w http.ResponseWriter, r *http.Request) {
+	ls, ok := readLimits(w, r)
+	if !ok {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	up := f.adminUpstream(w, r)
+	if up == nil {
+		return
+	}
+	if up.partitions == nil {
+		up.partitions = map[string][]map[string]any{}
+	}
+	up.partitions[r.PathValue("partition")] = ls
+	writeJSON(w, http.StatusOK, f.partitionLimits(up, r.PathValue("name"), r.PathValue("partition")))
+}
+
+func (f *fake) resetPartitionLimits(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	up := f.adminUpstream(w, r)
+	if up == nil {
+		return
+	}
+	delete(up.partitions, r.PathValue("partition"))
+	writeJSON(w, http.StatusOK, f.partitionLimits(up, r.PathValue("name"), r.PathValue("partition")))
 }
 
 func (f *fake) listUpstreams(w http.ResponseWriter, r *http.Request) {

@@ -104,10 +104,8 @@ type upstream struct {
 	sweepAt map[jobstore.Zset]time.Time
 
 	// spacing is how far apart the request limits space sends (see
-	// classify); adaptive is set when a limit is adaptive; heard is what
-	// the upstream last stated.
+	// classify); heard is what the upstream last stated.
 	spacingUs atomic.Int64
-	adaptive  bool
 	heard     heard
 }
 
@@ -176,9 +174,6 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[jobstore.Zset]time.Time{}}
 	u.setSpacing(configuredLimits(u))
 	d.setLimitGauges(u, configuredLimits(u))
-	for _, l := range uc.Limits {
-		u.adaptive = u.adaptive || l.Adaptive
-	}
 	u.taker, err = jobstore.NewTaker(d.rdb, u.space, jobstore.TakerConfig{Upstream: uc, Bucket: bucket,
 		Lookahead: d.cfg.Horizon, Lease: taskLease, ConcurrencyLease: uc.Timeout + d.cfg.Horizon + 10*time.Second})
 	if err != nil {

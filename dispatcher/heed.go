@@ -71,7 +71,7 @@ func (d *Dispatcher) heed(ctx context.Context, u *upstream, job *queue.Job, resp
 	if v.rd != nil {
 		d.learn(bg, u, pushback.Stated(v.rd))
 	}
-	if v.refused && u.adaptive {
+	if v.refused && u.isAdaptive() {
 		if cuts, err := u.bucket.Feedback(bg, true); err != nil {
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()
 			d.log.Error("could not lower an adaptive limit after pushback", "upstream", u.cfg.Name, "err", err)

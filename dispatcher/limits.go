@@ -40,3 +40,14 @@ func (d *Dispatcher) followLimits(ctx context.Context) {
 		sleep(ctx, time.Second)
 	}
 }
+
+// isAdaptive reports whether a limit the upstream paces at now is
+// adaptive: the configured ones, or an operator's in their place.
+func (u *upstream) isAdaptive() bool {
+	for _, l := range u.bucket.Config().Limits {
+		if l.Adaptive {
+			return true
+		}
+	}
+	return false
+}

@@ -383,7 +383,7 @@ func (d *Dispatcher) upkeep(ctx context.Context) {
 				// A busy upstream's limits that move by themselves (an
 				// adaptive one climbing, another replica's cut or learning)
 				// are shown as they are now.
-				if u.adaptive || u.heard.any() {
+				if u.isAdaptive() || u.heard.any() {
 					d.showLimits(rctx, u)
 				}
 			}()

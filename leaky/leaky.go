@@ -15,7 +15,10 @@
 // else with a long wait than sleep through it. Besides the limits a bucket can
 // be blocked fleet-wide until a time (an upstream said "retry after 30s", or
 // an operator paused it) and can cap how many sends are in flight at once
-// with leases that expire if their holder dies.
+// with leases that expire if their holder dies. An operator can replace a
+// bucket's limits, or give a partition its own, for every process at once
+// and strictly through the change (PutLimits, PutPartitionLimits, Follow;
+// see override.go).
 package leaky
 
 import (

@@ -24,8 +24,8 @@ import (
 // A bucket's limits are passed to its scripts from memory, so the take
 // reads nothing more per job: every process holds the override in force
 // and re-applies it (Follow) as soon as the change is announced over
-// pub/sub, and at least every ApplyWithin in case an announcement was
-// lost. A partition's override is different: there may be many (100,000
+// pub/sub, and within ApplyWithin in case an announcement was lost (a
+// fleet-wide count of changes, one GET a tick, says when to look). A partition's override is different: there may be many (100,000
 // fit in tens of megabytes), so the booking script looks the job's
 // partition up in one hash, field by field, and only on a bucket that has
 // any.
@@ -370,6 +370,9 @@ func (b *Bucket) change(ctx context.Context, next string) (Override, error) {
 			return Override{}, fmt.Errorf("change limits of %s: %w", b.name, err)
 		}
 		if out[0] == 1 {
+			if err := b.bumpChanges(ctx); err != nil {
+				return Override{}, err
+			}
 			return b.ReadOverride(ctx)
 		}
 	}
@@ -403,10 +406,13 @@ func samePhases(a, c []Phase) bool {
 }
 
 // Follow keeps buckets pacing at what operators set, until ctx ends: it
-// applies a change as soon as it is announced on LimitsChannel, and reads
-// every bucket's override at least every ApplyWithin besides (an
-// announcement lost in a reconnect, a draining phase that ended). changed,
-// if not nil, is called after a bucket's limits changed. Run it in a
+// applies a change as soon as it is announced on LimitsChannel, and
+// besides, every ApplyWithin/2, reads the fleet's count of changes (one
+// GET, whatever the number of buckets: an idle fleet pays next to nothing)
+// and re-reads the buckets' overrides when it moved, in case an
+// announcement was lost; and every fullReread it re-reads them all. A
+// phase that stops draining is dropped on the local clock. changed, if
+// not nil, is called after a bucket's limits changed. Run it in a
 // goroutine you own; it needs a client that can Subscribe. Errors reading
 // Redis are retried at the next tick; it returns nil when ctx ends.
 func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Bucket)) error {
@@ -417,29 +423,57 @@ func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Buc
 		return fmt.Errorf("leaky: client %T cannot subscribe to limit announcements", p.rdb)
 	}
 	byName := map[string]*Bucket{}
+	known := map[*Bucket]Override{}
 	for _, b := range buckets {
 		byName[b.name] = b
 	}
+	now := time.Now
+	if p.now != nil {
+		now = p.now
+	}
 	apply := func(b *Bucket) {
-		o, err := b.ReadOverride(ctx)
-		if err != nil {
-			return
-		}
-		// Redis's clock as the record knows it is no better than ours here:
-		// a drain ends on the local clock, late rather than early by the
-		// margin ApplyWithin leaves.
-		if ch, _, err := b.Apply(o, time.Now()); err == nil && ch && changed != nil {
+		// Drains end on this clock: late rather than early by the margin
+		// ApplyWithin leaves for a replica's clock against Redis's.
+		if ch, _, err := b.Apply(known[b], now()); err == nil && ch && changed != nil {
 			changed(b)
 		}
+	}
+	read := func(b *Bucket) bool {
+		o, err := b.ReadOverride(ctx)
+		if err != nil {
+			return false
+		}
+		known[b] = o
+		apply(b)
+		return true
 	}
 	ps := sub.Subscribe(ctx, p.limitsChannel())
 	defer ps.Close()
 	msgs := ps.Channel()
 	tick := time.NewTicker(ApplyWithin / 2)
 	defer tick.Stop()
-	for _, b := range buckets {
-		apply(b)
+	seen, full := "", time.Time{}
+	readAll := func() {
+		v, err := script.Run(ctx, p.rdb, "leaky.changes", changesScript, []string{p.changesKey()})
+		if err != nil {
+			return
+		}
+		cur := fmt.Sprint(v)
+		if cur == seen && time.Since(full) < fullReread {
+			for _, b := range buckets {
+				apply(b)
+			}
+			return
+		}
+		all := true
+		for _, b := range buckets {
+			all = read(b) && all
+		}
+		if all {
+			seen, full = cur, time.Now()
+		}
 	}
+	readAll()
 	for {
 		select {
 		case <-ctx.Done():
@@ -449,14 +483,44 @@ func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Buc
 				return nil
 			}
 			if b := byName[m.Payload]; b != nil {
-				apply(b)
+				read(b)
 			}
 		case <-tick.C:
-			for _, b := range buckets {
-				apply(b)
-			}
+			readAll()
 		}
 	}
+}
+
+// fullReread is how often Follow reads every override even though the
+// fleet's count of changes did not move (it is bumped after the change,
+// by a second command that could fail).
+const fullReread = 5 * time.Minute
+
+// changesKey counts the changes of limits of every bucket under the
+// prefix: Follow's cheap look. It has no TTL, as the records it counts;
+// it is one small integer.
+func (p *Pacer) changesKey() string { return p.prefix + ":leaky:limits:changes" }
+
+// changesScript reads or bumps the count of changes.
+//
+//	KEYS[1] -> the count (changesKey)
+//	ARGV[1] -> "1" to bump it, absent to read it
+//
+// Returns the count.
+var changesScript = script.New(`
+if ARGV[1] == '1' then
+  return redis.call('INCR', KEYS[1])
+end
+return tonumber(redis.call('GET', KEYS[1]) or '0')
+`)
+
+// bumpChanges tells every Follow that some override changed. It is a
+// command of its own, since the count lives outside the bucket's slot.
+func (b *Bucket) bumpChanges(ctx context.Context) error {
+	if _, err := script.Run(ctx, b.p.rdb, "leaky.changes", changesScript, []string{b.p.changesKey()}, "1"); err != nil {
+		return fmt.Errorf("announce the change of limits of %s: %w", b.name, err)
+	}
+	return nil
 }
 
 // partitionScript sets or clears one partition's own limits.
@@ -510,9 +574,13 @@ func (b *Bucket) ResetPartitionLimits(ctx context.Context, partition string) err
 }
 
 func (b *Bucket) setPartition(ctx context.Context, partition, v string) error {
-	if _, err := script.Run(ctx, b.p.rdb, "leaky.partition", partitionScript, []string{b.povKey(), b.opKey()},
-		partition, v, b.p.limitsChannel(), b.name); err != nil {
+	ch, err := script.Run(ctx, b.p.rdb, "leaky.partition", partitionScript, []string{b.povKey(), b.opKey()},
+		partition, v, b.p.limitsChannel(), b.name)
+	if err != nil {
 		return fmt.Errorf("limits of %s partition %s: %w", b.name, partition, err)
+	}
+	if ch == int64(1) {
+		return b.bumpChanges(ctx)
 	}
 	return nil
 }

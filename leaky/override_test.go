@@ -362,3 +362,62 @@ func TestPartitionOverrideRecord(t *testing.T) {
 		t.Errorf("after reset: got %d partitions, want 0", o.Partitions)
 	}
 }
+
+// TestFollowAppliesChanges: a process following the overrides paces at an
+// operator's change at once when it is announced, and within ApplyWithin
+// when the announcement was lost.
+func TestFollowAppliesChanges(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rdb := srv.Client(t)
+	name := uniqueName(t)
+	cfg := BucketConfig{Limits: []Limit{PerSecond(10)}}
+	setter, err := New(rdb, Config{}).Bucket(name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := New(rdb, Config{})
+	follower, err := p.Bucket(name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := make(chan struct{}, 10)
+	done := make(chan error, 1)
+	go func() { done <- p.Follow(ctx, []*Bucket{follower}, func(*Bucket) { changes <- struct{}{} }) }()
+	waitFor := func(what string, within time.Duration, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for !ok() {
+			select {
+			case <-changes:
+			case <-time.After(10 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v", what, within)
+			}
+		}
+	}
+	// Follow subscribes before it first reads; give it the time to.
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	if _, err := setter.PutLimits(ctx, []Limit{PerSecond(3)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("announced change", ApplyWithin/4, func() bool { return slices.Equal(follower.Config().Limits, []Limit{PerSecond(3)}) })
+	t.Logf("announced change applied in %v", time.Since(start).Round(time.Millisecond))
+	// A change whose announcement was lost: the record written as the
+	// script would, without PUBLISH, and the count bumped.
+	if err := rdb.HSet(ctx, setter.opKey(), "lim", encodeLimits([]Limit{PerSecond(7)}), "n", 2).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := setter.bumpChanges(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("unannounced change", ApplyWithin+200*time.Millisecond, func() bool {
+		return slices.Equal(follower.Config().Limits, []Limit{PerSecond(7)}) && follower.Config().Generation == 2
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
