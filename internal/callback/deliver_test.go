@@ -125,8 +125,9 @@ func (e *env) cancelled(callbackURL string) string {
 	return info.ID
 }
 
-// run starts a deliverer (stopped at cleanup) allowing allowed.
-func (e *env) run(allowed []string, maxAttempts int, resolver *net.Resolver) {
+// run starts a deliverer allowing allowed, and returns what stops it and
+// waits for it (also called at cleanup).
+func (e *env) run(allowed []string, maxAttempts int, resolver *net.Resolver) (stop func()) {
 	e.t.Helper()
 	d, err := callback.New(e.rdb, callback.Config{
 		Queue: e.q, Upstreams: []string{e.up}, Prefix: e.prefix, AllowedHosts: allowed,
@@ -150,7 +151,9 @@ func (e *env) run(allowed []string, maxAttempts int, resolver *net.Resolver) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx) }()
-	e.t.Cleanup(func() { cancel(); <-done })
+	stop = func() { cancel(); <-done }
+	e.t.Cleanup(stop)
+	return stop
 }
 
 // dueLooks counts the scripts Redis has run so far, every client's.
@@ -199,8 +202,10 @@ func TestDeliversSignedFinalView(t *testing.T) {
 		return http.StatusNoContent, ""
 	})
 	id := e.cancelled(rc.hs.URL + "/hook?x=1")
-	e.run([]string{rc.host()}, 5, nil)
+	stop := e.run([]string{rc.host()}, 5, nil)
 	c := e.settled(id)
+	// Stopped, it has counted every attempt it recorded.
+	stop()
 	if c.State != "delivered" || c.Attempts != 3 {
 		t.Fatalf("callback: got %+v, want delivered after 3 attempts", c)
 	}
