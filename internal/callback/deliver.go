@@ -29,7 +29,7 @@ import (
 // Defaults of Config's zero values.
 const (
 	DefaultTimeout      = 10 * time.Second
-	DefaultPollInterval = time.Second
+	DefaultPollInterval = 30 * time.Second
 	DefaultParallel     = 16
 	// MaxResponseBytes is the most of a receiver's answer read (then
 	// dropped: nothing of it is stored).
@@ -64,8 +64,8 @@ type Config struct {
 	// another as long; default DefaultTimeout. A claim's lease is both
 	// and 5s: a delivery whose replica died is tried again after that.
 	Timeout time.Duration
-	// PollInterval is how often each upstream's due set is looked at while
-	// there is nothing to deliver; default DefaultPollInterval.
+	// PollInterval is the longest each upstream's due set goes unlooked-at
+	// (see Run); default DefaultPollInterval.
 	PollInterval time.Duration
 	// Parallel bounds the deliveries in flight; default DefaultParallel.
 	Parallel int
@@ -174,45 +174,87 @@ func checkDial(address string, allowed []string) error {
 
 // Run delivers until ctx ends, then waits for the deliveries in flight
 // (each bounded by Timeout) and returns nil.
+//
+// It looks at a due set when told a delivery became due there (the scripts
+// publish on the set's channel), when the earliest retry or lease it holds
+// comes due (each claim says when), and at least every PollInterval, which
+// covers a wake-up lost while its subscription reconnected: idle, a replica
+// sends each upstream's due set one script per PollInterval.
 func (d *Deliverer) Run(ctx context.Context) error {
-	sem := make(chan struct{}, d.cfg.Parallel)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	idle := d.cfg.PollInterval
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	channels := make([]string, len(d.cfg.Upstreams))
+	for i, up := range d.cfg.Upstreams {
+		channels[i] = jobstore.For(d.cfg.Prefix, up).CallbacksChannel()
+	}
+	sub := d.rdb.Subscribe(ctx, channels...)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer sub.Close()
+		msgs := sub.Channel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-msgs:
+				if !ok {
+					return
+				}
+				notify()
+			}
+		}
+	}()
+	sem := make(chan struct{}, d.cfg.Parallel)
 	for {
-		n := 0
+		next := d.cfg.PollInterval
 		for _, up := range d.cfg.Upstreams {
 			if ctx.Err() != nil {
 				return nil
 			}
-			claims, err := d.claim(ctx, up, cap(sem)-len(sem))
+			free := cap(sem) - len(sem)
+			if free == 0 {
+				// A finishing delivery wakes the loop.
+				next = d.cfg.PollInterval
+				break
+			}
+			claims, due, err := jobstore.For(d.cfg.Prefix, up).ClaimCallbacksNext(ctx, d.rdb, time.Time{}, d.lease(), free, d.cfg.MaxAttempts)
 			if err != nil {
 				if ctx.Err() == nil {
 					d.m.RedisErrors.WithLabelValues("callback").Inc()
 					d.log.Warn("claim callbacks", "upstream", up, "err", err)
 				}
+				next = min(next, time.Second)
 				continue
 			}
+			if due >= 0 {
+				next = min(next, due)
+			}
 			for _, c := range claims {
-				n++
 				sem <- struct{}{}
 				wg.Add(1)
 				go func() {
-					defer func() { <-sem; wg.Done() }()
+					defer func() { <-sem; notify(); wg.Done() }()
 					d.deliver(context.WithoutCancel(ctx), up, c)
 				}()
 			}
 		}
-		wait := idle
-		if n > 0 {
-			// More may be due at once: look again soon.
-			wait = 10 * time.Millisecond
-		}
-		t := time.NewTimer(wait)
+		t := time.NewTimer(max(next, time.Millisecond))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
+		case <-wake:
+			t.Stop()
 		case <-t.C:
 		}
 	}
@@ -225,13 +267,6 @@ func (d *Deliverer) lease() time.Duration { return d.cfg.Timeout + d.paceBound()
 
 // paceBound is the longest an attempt waits for its host's slot.
 func (d *Deliverer) paceBound() time.Duration { return d.cfg.Timeout }
-
-func (d *Deliverer) claim(ctx context.Context, upstream string, free int) ([]jobstore.CallbackClaim, error) {
-	if free <= 0 {
-		return nil, nil
-	}
-	return jobstore.For(d.cfg.Prefix, upstream).ClaimCallbacks(ctx, d.rdb, time.Time{}, d.lease(), free, d.cfg.MaxAttempts)
-}
 
 // deliver makes one attempt of claim c and records how it went.
 func (d *Deliverer) deliver(ctx context.Context, upstream string, c jobstore.CallbackClaim) {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/callback"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
@@ -87,6 +88,7 @@ type env struct {
 	prefix string
 	reg    *prometheus.Registry
 	m      *metrics.Metrics
+	poll   time.Duration // the deliverer's PollInterval
 }
 
 var envSeq atomic.Int64
@@ -104,7 +106,7 @@ func newEnv(t *testing.T) *env {
 	}
 	t.Cleanup(func() { q.Close() })
 	reg := prometheus.NewRegistry()
-	return &env{t: t, rdb: rdb, q: q, up: up, prefix: prefix, reg: reg, m: metrics.New(reg)}
+	return &env{t: t, rdb: rdb, q: q, up: up, prefix: prefix, reg: reg, m: metrics.New(reg), poll: 5 * time.Millisecond}
 }
 
 // cancelled enqueues a job with callback url and cancels it: the quickest
@@ -123,8 +125,9 @@ func (e *env) cancelled(callbackURL string) string {
 	return info.ID
 }
 
-// run starts a deliverer (stopped at cleanup) allowing allowed.
-func (e *env) run(allowed []string, maxAttempts int, resolver *net.Resolver) {
+// run starts a deliverer allowing allowed, and returns what stops it and
+// waits for it (also called at cleanup).
+func (e *env) run(allowed []string, maxAttempts int, resolver *net.Resolver) (stop func()) {
 	e.t.Helper()
 	d, err := callback.New(e.rdb, callback.Config{
 		Queue: e.q, Upstreams: []string{e.up}, Prefix: e.prefix, AllowedHosts: allowed,
@@ -138,7 +141,7 @@ func (e *env) run(allowed []string, maxAttempts int, resolver *net.Resolver) {
 		MaxAttempts: maxAttempts, MinBackoff: time.Millisecond, MaxBackoff: 4 * time.Millisecond,
 		View:         func(i *queue.Info) ([]byte, error) { return json.Marshal(i) },
 		Timeout:      2 * time.Second,
-		PollInterval: 5 * time.Millisecond,
+		PollInterval: e.poll,
 		Resolver:     resolver,
 		Metrics:      e.m,
 	})
@@ -148,7 +151,27 @@ func (e *env) run(allowed []string, maxAttempts int, resolver *net.Resolver) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx) }()
-	e.t.Cleanup(func() { cancel(); <-done })
+	stop = func() { cancel(); <-done }
+	e.t.Cleanup(stop)
+	return stop
+}
+
+// dueLooks counts the scripts Redis has run so far, every client's.
+func (e *env) dueLooks() int64 {
+	e.t.Helper()
+	info, err := e.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") {
+			f := strings.TrimPrefix(strings.SplitN(line, ":", 2)[1], "calls=")
+			c, _ := strconv.ParseInt(strings.SplitN(f, ",", 2)[0], 10, 64)
+			n += c
+		}
+	}
+	return n
 }
 
 // settled waits until job id's callback is delivered or failed.
@@ -179,8 +202,10 @@ func TestDeliversSignedFinalView(t *testing.T) {
 		return http.StatusNoContent, ""
 	})
 	id := e.cancelled(rc.hs.URL + "/hook?x=1")
-	e.run([]string{rc.host()}, 5, nil)
+	stop := e.run([]string{rc.host()}, 5, nil)
 	c := e.settled(id)
+	// Stopped, it has counted every attempt it recorded.
+	stop()
 	if c.State != "delivered" || c.Attempts != 3 {
 		t.Fatalf("callback: got %+v, want delivered after 3 attempts", c)
 	}
@@ -363,4 +388,39 @@ func fakeDNS(t *testing.T, ip net.IP) string {
 		}
 	}()
 	return pc.LocalAddr().String()
+}
+
+// Without polling: a delivery that becomes due after the deliverer started
+// is announced over pub/sub, and its retry is looked at when its backoff
+// ends, though the deliverer would poll only hourly.
+func TestWakesWithoutPolling(t *testing.T) {
+	e := newEnv(t)
+	e.poll = time.Hour
+	rc := newReceiver(t, func(n int) (int, string) {
+		if n == 1 {
+			return http.StatusServiceUnavailable, ""
+		}
+		return http.StatusOK, ""
+	})
+	before := e.dueLooks()
+	e.run([]string{rc.host()}, 5, nil)
+	// Once the deliverer listens, and has made its first look (an empty
+	// due set: the only script it calls while idle), the job becomes final.
+	ctx := context.Background()
+	channel := jobstore.For(e.prefix, e.up).CallbacksChannel()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.rdb.PubSubNumSub(ctx, channel).Val()[channel] != 1 || e.dueLooks() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the deliverer did not subscribe and look within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	id := e.cancelled(rc.hs.URL + "/hook")
+	if c := e.settled(id); c.State != "delivered" || c.Attempts != 2 {
+		t.Fatalf("callback: got %+v, want delivered on attempt 2", c)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("delivered after %v, want at once (the poll is hourly)", took)
+	}
 }

@@ -96,24 +96,42 @@ func nowArg(now time.Time) string {
 	return strconv.FormatInt(now.UnixMicro(), 10)
 }
 
+// CallbacksChannel is where the scripts publish the id of a delivery that
+// became due (a job made final, a retry): the due set's own name, as a
+// channel.
+func (s Space) CallbacksChannel() string { return s.CallbacksDueKey() }
+
 // ClaimCallbacks claims up to limit due deliveries of the upstream for
 // lease: until the lease ends no other caller claims them, and a claim
 // whose holder dies is due again once it does. Each claim spends an attempt
 // of maxAttempts; a delivery whose holder died on its last attempt fails.
 // A zero now is Redis's clock (tests pass their own).
 func (s Space) ClaimCallbacks(ctx context.Context, rdb redis.Scripter, now time.Time, lease time.Duration, limit, maxAttempts int) ([]CallbackClaim, error) {
+	c, _, err := s.ClaimCallbacksNext(ctx, rdb, now, lease, limit, maxAttempts)
+	return c, err
+}
+
+// ClaimCallbacksNext is ClaimCallbacks that also says how long until the
+// earliest delivery left is due (a retry's backoff, a lease ending), on
+// Redis's clock: 0 when one is due already, -1 when none is left.
+func (s Space) ClaimCallbacksNext(ctx context.Context, rdb redis.Scripter, now time.Time, lease time.Duration, limit, maxAttempts int) ([]CallbackClaim, time.Duration, error) {
 	if limit <= 0 || lease <= 0 || maxAttempts <= 0 {
-		return nil, fmt.Errorf("claim callbacks: limit %d, lease %v, max attempts %d: want each more than 0", limit, lease, maxAttempts)
+		return nil, 0, fmt.Errorf("claim callbacks: limit %d, lease %v, max attempts %d: want each more than 0", limit, lease, maxAttempts)
 	}
 	v, err := script.Run(ctx, rdb, "claim callbacks", callbackClaimScript, []string{s.CallbacksDueKey(), s.FailedCallbacksKey()},
 		nowArg(now), lease.Microseconds(), limit, s.taskPrefix(), maxAttempts)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	rows, ok := v.([]any)
-	if !ok || len(rows)%3 != 0 {
-		return nil, fmt.Errorf("script claim callbacks: reply %v, want triples", v)
+	if !ok || len(rows)%3 != 1 {
+		return nil, 0, fmt.Errorf("script claim callbacks: reply %v, want a wait and triples", v)
 	}
+	next := time.Duration(-1)
+	if us, _ := rows[0].(int64); us >= 0 {
+		next = time.Duration(us) * time.Microsecond
+	}
+	rows = rows[1:]
 	out := make([]CallbackClaim, 0, len(rows)/3)
 	for i := 0; i < len(rows); i += 3 {
 		id, _ := rows[i].(string)
@@ -127,7 +145,7 @@ func (s Space) ClaimCallbacks(ctx context.Context, rdb redis.Scripter, now time.
 		}
 		out = append(out, CallbackClaim{ID: id, Attempt: int(a), Seq: n})
 	}
-	return out, nil
+	return out, next, nil
 }
 
 // CallbackOutcome is what CallbackDone recorded.

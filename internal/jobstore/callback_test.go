@@ -134,8 +134,8 @@ func TestClaimLeasesAndFences(t *testing.T) {
 	if err != nil || len(c1) != 1 || c1[0].ID != "a" || c1[0].Attempt != 1 || c1[0].Seq != 1 {
 		t.Fatalf("claim: got %+v, %v; want a, attempt 1, seq 1", c1, err)
 	}
-	if again, _ := r.space.ClaimCallbacks(ctx, r.rdb, now.Add(59*time.Second), time.Minute, 10, most); len(again) != 0 {
-		t.Fatalf("claim within the lease: got %+v, want none", again)
+	if again, next, _ := r.space.ClaimCallbacksNext(ctx, r.rdb, now.Add(59*time.Second), time.Minute, 10, most); len(again) != 0 || next != time.Second {
+		t.Fatalf("claim within the lease: got %+v, next due in %v; want none, and the lease's end in 1s", again, next)
 	}
 	c2, err := r.space.ClaimCallbacks(ctx, r.rdb, now.Add(61*time.Second), time.Minute, 10, most)
 	if err != nil || len(c2) != 1 || c2[0].Attempt != 2 {
@@ -168,6 +168,9 @@ func TestClaimLeasesAndFences(t *testing.T) {
 	}
 	if len(r.due()) != 0 {
 		t.Fatalf("due after delivery: %v, want none", r.due())
+	}
+	if _, next, _ := r.space.ClaimCallbacksNext(ctx, r.rdb, now.Add(75*time.Second), time.Minute, 10, most); next != -1 {
+		t.Fatalf("next due with none left: got %v, want -1", next)
 	}
 	if _, err := r.space.RetryCallback(ctx, r.rdb, "a"); !errors.Is(err, jobstore.ErrNoCallbackToRetry) {
 		t.Fatalf("retry a delivered callback: got %v, want ErrNoCallbackToRetry", err)

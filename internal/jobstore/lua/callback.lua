@@ -5,7 +5,9 @@
 -- its delivery are one atomic step and a crash between them cannot lose
 -- it. The task's callback fields start over: cbs (state) pending, cba
 -- (attempts) 0, cbe (last error) gone, and cbn (which final state this is,
--- the webhook-id's suffix) one more. See callback_claim.lua for the rest.
+-- the webhook-id's suffix) one more. The id is published on the channel of
+-- the due set's own name, which deliverers subscribe to. See
+-- callback_claim.lua for the rest.
 local function callback_due(task, id)
   local due = redis.call('HGET', task, 'cb')
   if not due then return end
@@ -13,4 +15,5 @@ local function callback_due(task, id)
   redis.call('HSET', task, 'cbs', 'pending', 'cba', 0)
   redis.call('HDEL', task, 'cbe')
   redis.call('HINCRBY', task, 'cbn', 1)
+  redis.call('PUBLISH', due, id)
 end

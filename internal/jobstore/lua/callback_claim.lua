@@ -14,7 +14,10 @@
 -- ARGV[4] -> task key prefix
 -- ARGV[5] -> most attempts (callbacks.retry.max_attempts)
 --
--- Returns {id, attempt, cbn, ...} for the ids claimed. An id whose job is
+-- Returns {wait, id, attempt, cbn, ...}: wait is µs until the earliest id
+-- left in the set is due (a retry's backoff or a lease ending; 0 when one
+-- is due already, -1 when the set is empty), then a triple per id claimed.
+-- An id whose job is
 -- gone (deleted past its retention), or not final (sent again by a retry
 -- of the job: its next final state records a new delivery), leaves the set
 -- unclaimed. One whose claimer died on its last attempt fails, with
@@ -22,7 +25,7 @@
 local now = shaper_now(ARGV[1])
 local lease, limit, T, most = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', shaper_int(now), 'LIMIT', 0, limit)
-local out = {}
+local out = {-1}
 for _, id in ipairs(ids) do
   local task = T .. id
   local f = redis.call('HMGET', task, 'state', 'cbs', 'cba', 'cbn')
@@ -39,5 +42,9 @@ for _, id in ipairs(ids) do
     out[#out + 1] = attempt
     out[#out + 1] = f[4] or '1'
   end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] then
+  out[1] = math.max(tonumber(first[2]) - now, 0)
 end
 return out

@@ -1,5 +1,6 @@
 -- callback_retry.lua queues a failed callback delivery again, due now,
--- with its attempts counted from 0 (POST /v1/jobs/{id}/callback/retry).
+-- with its attempts counted from 0 (POST /v1/jobs/{id}/callback/retry),
+-- and publishes the id on the due set's channel (see callback.lua).
 --
 -- KEYS[1] -> the due set
 -- KEYS[2] -> the job's task hash
@@ -15,4 +16,5 @@ if f[2] ~= 'failed' then return f[2] end
 redis.call('ZADD', KEYS[1], shaper_int(shaper_now(ARGV[1])), ARGV[2])
 redis.call('HSET', KEYS[2], 'cbs', 'pending', 'cba', 0)
 redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('PUBLISH', KEYS[1], ARGV[2])
 return 'failed'
