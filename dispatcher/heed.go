@@ -203,7 +203,7 @@ func (d *Dispatcher) settle(ctx context.Context, u *upstream, job *queue.Job, re
 		if actual == estimate {
 			continue
 		}
-		if err := u.bucket.Settle(ctx, cost, estimate, actual, job.Partition, u.cfg.PartitionLimitsFor(job.Partition)); err != nil {
+		if err := u.bucket.Settle(ctx, cost, estimate, actual, job.Partition, u.partitionLimits(ctx, job.Partition)); err != nil {
 			d.m.RedisErrors.WithLabelValues("pacing").Inc()
 			d.log.Error("could not settle a job's cost", "upstream", u.cfg.Name, "job", job.ID, "cost", cost, "err", err)
 			continue

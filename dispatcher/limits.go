@@ -51,3 +51,15 @@ func (u *upstream) isAdaptive() bool {
 	}
 	return false
 }
+
+// partitionLimits is what a job's partition is held to beside the
+// upstream's limits, for settling its cost: an operator's override of the
+// partition when the upstream has any (one HGET), else the config's.
+func (u *upstream) partitionLimits(ctx context.Context, partition string) []leaky.Limit {
+	if partition != "" && u.bucket.HasPartitionOverrides() {
+		if ls, ok, err := u.bucket.ReadPartitionLimits(ctx, partition); err == nil && ok {
+			return ls
+		}
+	}
+	return u.cfg.PartitionLimitsFor(partition)
+}

@@ -585,6 +585,11 @@ func (b *Bucket) setPartition(ctx context.Context, partition, v string) error {
 	return nil
 }
 
+// HasPartitionOverrides reports whether, as this process last heard
+// (Apply, Follow), some partition of the bucket has limits an operator
+// set.
+func (b *Bucket) HasPartitionOverrides() bool { return b.cur().pov }
+
 // ReadPartitionLimits is the partition's own limits, if an operator set
 // them.
 func (b *Bucket) ReadPartitionLimits(ctx context.Context, partition string) ([]Limit, bool, error) {
