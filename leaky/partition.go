@@ -19,11 +19,14 @@ const ReasonPartition Reason = 4
 // books the bucket's earliest slot within the max wait, and the
 // partition's limits at the same slot, once the partition can send now.
 // A partition that cannot send yet books nothing and answers not OK with
-// ReasonPartition and the wait until it can. With no partition or no
-// limits it is Reserve. Cancel gives back the partition's share of the
+// ReasonPartition and the wait until it can. An operator's override of
+// the partition replaces limits. With no partition, or no limits and no
+// override, it is Reserve. Cancel gives back the partition's share of the
 // slot too.
 func (b *Bucket) ReserveIn(ctx context.Context, costs Costs, partition string, limits []Limit, opts ...ReserveOption) (*Reservation, error) {
-	if partition == "" || len(limits) == 0 {
+	if partition == "" || (len(limits) == 0 && !b.cur().pov) {
+		// No partition limits, and no operator's override of any
+		// partition (PutPartitionLimits) to look up.
 		return b.Reserve(ctx, costs, opts...)
 	}
 	o := reserveOpts{maxWait: b.cfg.MaxWait}

@@ -139,6 +139,26 @@ func (s *Server) Run(ctx context.Context) {
 		return
 	}
 	done := make(chan struct{})
+	// The proxy's buckets pace at the limits operators set, as the
+	// workers' do (PUT /v1/upstreams/{name}/limits), booking the same
+	// generation of TAT keys.
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		buckets := make([]*leaky.Bucket, 0, len(s.proxies))
+		for _, e := range s.proxies {
+			buckets = append(buckets, e.bucket)
+		}
+		for ctx.Err() == nil {
+			if err := s.pacer.Follow(ctx, buckets, nil); err != nil {
+				s.log.Warn("proxy cannot follow changes of limits", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
@@ -154,6 +174,7 @@ func (s *Server) Run(ctx context.Context) {
 	}()
 	s.drain.Run(ctx, time.Second)
 	<-done
+	<-followed
 }
 
 // ProxyHandler serves upstream name's proxy at the root of a listener

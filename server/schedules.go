@@ -216,8 +216,11 @@ func (s *Server) Enqueue(ctx context.Context, sch *schedule.Schedule, key string
 // NewScheduleJobs is the checker and maker of schedules' jobs for a
 // process that serves no API (`shaper work`): the same checks as the API
 // server's, against q's upstreams. Its API methods are not served.
-func NewScheduleJobs(q *queue.Queue, st *status.Reader, m *metrics.Metrics) (*Server, error) {
-	s := &Server{cfg: Config{Now: time.Now}, q: q, st: st, m: metrics.OrDiscard(m), ups: map[string]upstreamEntry{}}
+// callbackHosts is callbacks.allowed_hosts, which a job's callback_url is
+// checked against as the API checks it (else a worker would refuse a run
+// that a serve replica accepts).
+func NewScheduleJobs(q *queue.Queue, st *status.Reader, m *metrics.Metrics, callbackHosts []string) (*Server, error) {
+	s := &Server{cfg: Config{Now: time.Now, CallbackHosts: callbackHosts}, q: q, st: st, m: metrics.OrDiscard(m), ups: map[string]upstreamEntry{}}
 	if err := s.addUpstreams(q, st); err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func workerScheduleJobs(rdb redis.UniversalClient, cfg *config.Config, m *metric
 		q.Close()
 		return nil, nil, err
 	}
-	jobs, err := server.NewScheduleJobs(q, st, m)
+	jobs, err := server.NewScheduleJobs(q, st, m, cfg.Callbacks.AllowedHosts)
 	if err != nil {
 		q.Close()
 		return nil, nil, err

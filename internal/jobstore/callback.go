@@ -186,7 +186,7 @@ func (s Space) CallbackDone(ctx context.Context, rdb redis.Scripter, now time.Ti
 		ok, errMsg = "1", ""
 	}
 	v, err := script.Run(ctx, rdb, "callback done", callbackDoneScript, []string{s.CallbacksDueKey(), s.TaskKey(c.ID), s.FailedCallbacksKey()},
-		nowArg(now), c.ID, c.Attempt, ok, errMsg, max(retryIn, 0).Microseconds(), maxAttempts)
+		nowArg(now), c.ID, c.Attempt, ok, errMsg, max(retryIn, 0).Microseconds(), maxAttempts, max(c.Seq, 1))
 	if err != nil {
 		return CallbackStale, err
 	}

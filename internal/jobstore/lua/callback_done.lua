@@ -11,13 +11,16 @@
 -- ARGV[5] -> the attempt's error ("" when delivered)
 -- ARGV[6] -> µs until the next attempt, when one is left
 -- ARGV[7] -> most attempts
+-- ARGV[8] -> the job's final state claimed (cbn, as the claim read it):
+--    with ARGV[3] the fence, since a retried job's next final state
+--    counts its attempts from 1 again
 --
 -- Returns 0 when the claim is no longer this caller's (its lease ran out
 -- and it was claimed again, or the job moved on): nothing changed; else 1
 -- delivered, 2 due again, 3 failed for good.
 local now = shaper_now(ARGV[1])
-local f = redis.call('HMGET', KEYS[2], 'cbs', 'cba')
-if f[1] ~= 'pending' or f[2] ~= ARGV[3] or not redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+local f = redis.call('HMGET', KEYS[2], 'cbs', 'cba', 'cbn')
+if f[1] ~= 'pending' or f[2] ~= ARGV[3] or (f[3] or '1') ~= ARGV[8] or not redis.call('ZSCORE', KEYS[1], ARGV[2]) then
   return 0
 end
 if ARGV[4] == '1' then

@@ -107,7 +107,7 @@ local function costs_of(s)
   return t
 end
 
-local firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0)
+local firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0 or bucket.pov ~= '')
 
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
