@@ -315,3 +315,41 @@ func TestProxyLearnsStatedLimits(t *testing.T) {
 		t.Errorf("got limits %+v, want the stated 50 per 1s among them", st.Limits)
 	}
 }
+
+// TestProxyFollowsOperatorLimits: limits an operator sets (PUT
+// /v1/upstreams/{name}/limits, here from another process's bucket) pace
+// proxied calls within a second, as they pace the workers, and so does an
+// operator's override of a partition on an upstream with no configured
+// partition limits.
+func TestProxyFollowsOperatorLimits(t *testing.T) {
+	f := newProxyFixture(t, func(u *shaper.Upstream) { u.Limits = []leaky.Limit{{Rate: 1000, Per: time.Second}} })
+	other := elsewhere(t, f.rdb, f.upstream())
+	ctx := context.Background()
+	if err := other.PutPartitionLimits(ctx, "p1", []leaky.Limit{{Rate: 1, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.PutLimits(ctx, []leaky.Limit{{Rate: 1, Per: 10 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	// Every replica applies a change within leaky.ApplyWithin.
+	time.Sleep(leaky.ApplyWithin + 300*time.Millisecond)
+	codes := func(n int, hdr ...string) []int {
+		var out []int
+		for i := 0; i < n; i++ {
+			resp, _ := f.call("GET", "/proxy/api/v1/x", "", append([]string{"Shaper-Max-Wait", "1"}, hdr...)...)
+			out = append(out, resp.StatusCode)
+		}
+		return out
+	}
+	if got := codes(2, "Shaper-Partition", "p1"); got[0] != 200 || got[1] != 429 {
+		t.Errorf("two calls in partition p1 (overridden to 1 per 10s): got %v, want [200 429]", got)
+	}
+	// The upstream's operator limit (1 per 10s, the configured 1,000/s
+	// no longer) was used by p1's call.
+	if got := codes(1); got[0] != 429 {
+		t.Errorf("a call outside p1 (operator's limit 1 per 10s, used): got %v, want [429]", got)
+	}
+	if n := len(f.up.requests()); n != 1 {
+		t.Errorf("upstream got %d requests, want 1", n)
+	}
+}
