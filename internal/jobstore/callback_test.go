@@ -250,3 +250,61 @@ func TestClaimDropsGoneJobs(t *testing.T) {
 		t.Fatalf("due: %v, want none", r.due())
 	}
 }
+
+// A job whose callback is still to be delivered outlives its bounds: the
+// count bound (result_max_count) and the retention both pass over it, and
+// it goes at a later trim, once its callback was delivered. Without that,
+// a delivery due to a job dropped first would be lost.
+func TestPendingCallbacksOutliveTheirBounds(t *testing.T) {
+	r := cbRig(t)
+	ctx := context.Background()
+	r.addCallback("a", "b")
+	r.add(job{id: "c"}, job{id: "d"})
+	if got := r.takeIDs(10); len(got) != 4 {
+		t.Fatalf("took %v, want 4 jobs", got)
+	}
+	r.finishKept(jobstore.Succeeded, "a", "b", "c", "d")
+	exists := func(id string) bool { return r.rdb.Exists(ctx, r.space.TaskKey(id)).Val() == 1 }
+	// A bound of one: the oldest go, but not the two waiting for their
+	// callbacks.
+	n, err := jobstore.DeleteExpired(ctx, r.rdb, r.store, r.space.CountsKey(), jobstore.Completed, time.Unix(0, 0), 100, jobstore.Bounds{Completed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"a": true, "b": true} {
+		if exists(id) != want {
+			t.Errorf("after the count bound: %s exists %v, want %v", id, !want, want)
+		}
+	}
+	if n != 1 || exists("c") == exists("d") {
+		t.Errorf("after the count bound: deleted %d, c %v, d %v; want 1 of c and d deleted", n, exists("c"), exists("d"))
+	}
+	// Past their retention: still kept while pending.
+	if _, err := jobstore.DeleteExpired(ctx, r.rdb, r.store, r.space.CountsKey(), jobstore.Completed, time.Now().Add(2*time.Hour), 100); err != nil {
+		t.Fatal(err)
+	}
+	if !exists("a") || !exists("b") || exists("c") || exists("d") {
+		t.Errorf("past retention: a %v b %v c %v d %v, want only a and b", exists("a"), exists("b"), exists("c"), exists("d"))
+	}
+	if z := r.rdb.ZCard(ctx, r.store.Completed()).Val(); z != 2 {
+		t.Errorf("the completed set holds %d, want the 2 kept", z)
+	}
+	// a's callback is delivered: then it goes as any other.
+	claims, err := r.space.ClaimCallbacks(ctx, r.rdb, time.Time{}, time.Minute, 10, 12)
+	if err != nil || len(claims) != 2 {
+		t.Fatalf("claim: %v, %v; want 2", claims, err)
+	}
+	for _, c := range claims {
+		if c.ID == "a" {
+			if o, err := r.space.CallbackDone(ctx, r.rdb, time.Time{}, c, true, "", 0, 12); err != nil || o != jobstore.CallbackWasDelivered {
+				t.Fatalf("done: %v, %v", o, err)
+			}
+		}
+	}
+	if _, err := jobstore.DeleteExpired(ctx, r.rdb, r.store, r.space.CountsKey(), jobstore.Completed, time.Now().Add(2*time.Hour), 100); err != nil {
+		t.Fatal(err)
+	}
+	if exists("a") || !exists("b") {
+		t.Errorf("after a's delivery: a %v b %v, want only b", exists("a"), exists("b"))
+	}
+}

@@ -16,7 +16,8 @@
 --    lowest scores go too, within ARGV[2] in all
 -- ARGV[10..14] -> as the finish script's ARGV[13..17]
 --
--- Returns how many tasks it deleted.
+-- Returns how many tasks it deleted (a task whose callback is still to be
+-- delivered is kept, see forget in trim.lua).
 --
 -- Needs remember.lua and trim.lua before it (see lua.go).
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
@@ -26,15 +27,20 @@ if tonumber(ARGV[6]) > 0 then
 end
 local sides = side_prefixes(ARGV[8])
 local rem = remembering(ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14])
-local tomb = {}
+local tomb, kept = {}, 0
 for _, id in ipairs(ids) do
-  if not forget(id, KEYS[2], ARGV[4], ARGV[3], sides, rem) then
+  local r = forget(id, KEYS[2], ARGV[4], ARGV[3], sides, rem)
+  if not r then
     tomb[#tomb + 1] = id
   end
-  redis.call('ZREM', KEYS[1], id)
+  if r ~= 'kept' then
+    redis.call('ZREM', KEYS[1], id)
+  else
+    kept = kept + 1
+  end
 end
 entomb(gone, tomb, #ids)
 -- Then the count bound, within the same limit: an upstream that finishes
 -- nothing more still comes down to it.
 local trimmed = trim(KEYS[1], KEYS[2], ARGV[4], tonumber(ARGV[9]), tonumber(ARGV[2]) - #ids, ARGV[3], sides, gone, rem)
-return #ids + trimmed
+return #ids - kept + trimmed

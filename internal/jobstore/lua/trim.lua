@@ -9,7 +9,11 @@
 --     task's hash and side keys and counts it out of <state>:<lane> in the
 --     counter hash, by the lane in its sl field; a task whose ID is an
 --     idempotency key's gets a record (rem) instead of a tombstone, which
---     serves a read as well: then it returns true
+--     serves a read as well: then it returns true. A task whose callback
+--     is still to be delivered (cbs pending) is kept, whatever its bound:
+--     it returns "kept", and the caller leaves it in its set, so that the
+--     delivery, which reads the task, is never lost to a trim; it goes at
+--     a later trim, once delivered or failed for good
 --   entomb(gone, ids, budget) records deleted tasks in the tombstone set
 --     gone.key, a sorted set of task id -> when it went, so that reading
 --     one can tell "finished, no longer kept" from "never was". It is
@@ -33,7 +37,11 @@ end
 -- needs no tombstone.
 local function forget(id, counts, state, prefix, sides, rem)
   local task = prefix .. id
-  local lane = redis.call('HGET', task, 'sl')
+  local f = redis.call('HMGET', task, 'sl', 'cbs')
+  if f[2] == 'pending' then
+    return 'kept'
+  end
+  local lane = f[1]
   local remembered = false
   if rem and string.find(id, rem.pattern) then
     local letter = 's'
@@ -91,13 +99,24 @@ local function trim(set, counts, state, most, budget, prefix, sides, gone, rem)
     return 0
   end
   local ids = redis.call('ZRANGE', set, 0, math.min(excess, budget) - 1)
-  local tomb = {}
+  local tomb, kept = {}, {}
   for _, id in ipairs(ids) do
-    if not forget(id, counts, state, prefix, sides, rem) then
+    local r = forget(id, counts, state, prefix, sides, rem)
+    if r == 'kept' then
+      kept[#kept + 1] = id
+    elseif not r then
       tomb[#tomb + 1] = id
     end
   end
-  redis.call('ZREMRANGEBYRANK', set, 0, #ids - 1)
+  if #kept == 0 then
+    redis.call('ZREMRANGEBYRANK', set, 0, #ids - 1)
+  else
+    local keep = {}
+    for _, id in ipairs(kept) do keep[id] = true end
+    for _, id in ipairs(ids) do
+      if not keep[id] then redis.call('ZREM', set, id) end
+    end
+  end
   entomb(gone, tomb, budget + #ids)
-  return #ids
+  return #ids - #kept
 end
