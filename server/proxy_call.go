@@ -92,7 +92,7 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 	// The fleet sees the call waiting; this also finds Redis gone before
 	// anything else does.
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	err := e.space.Waiting(wctx, s.rdb, id, deadline, e.up.Proxy.MaxWait)
+	err := e.space.Waiting(wctx, s.rdb, id, c.maxWait, e.up.Proxy.MaxWait)
 	cancel()
 	if err != nil {
 		return s.pacingDown(w, r, err)

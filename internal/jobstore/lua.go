@@ -79,6 +79,7 @@ var (
 	finishScript        = script.New(lua("remember.lua"), lua("trim.lua"), lua("callback.lua"), lua("finish.lua"))
 	drainAddScript      = script.New(lua("drain_add.lua"))
 	extendScript        = script.New(lua("extend.lua"))
+	waitingScript       = script.New(lua("waiting.lua"))
 	expiredScript       = script.New(lua("expired.lua"))
 	deleteExpiredScript = script.New(lua("remember.lua"), lua("trim.lua"), lua("delete_expired.lua"))
 	recallScript        = script.New(lua("remember.lua"), lua("recall.lua"))
