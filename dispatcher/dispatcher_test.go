@@ -217,6 +217,9 @@ func TestClientErrorIsDeadAtOnce(t *testing.T) {
 // its 429s must pause the upstream, and every job still succeeds on its
 // first counted attempt.
 func TestPushbackSpendsNoAttempt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds at a real limit: runs in make test")
+	}
 	h := newHarness(t, fakeupstream.Config{Rate: 5, Per: time.Second, Style: fakeupstream.StylePlain}, shaper.Upstream{}, 1)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(10)}}}}, nil)
 	var ids []string

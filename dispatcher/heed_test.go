@@ -83,6 +83,9 @@ func TestBare429sPauseForLongerWhileRepeated(t *testing.T) {
 // (draft-10 RateLimit-Policy) caps shaper's configured 50/s, and the
 // gauge says so.
 func TestStatedLimitIsLearnedAndShown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds at a real limit: runs in make test")
+	}
 	h := newHarness(t, fakeupstream.Config{Rate: 5, Per: time.Second, Style: fakeupstream.StyleIETF}, shaper.Upstream{}, 5)
 	d := h.start(Config{Upstreams: []shaper.Upstream{{Name: "api", Limits: []leaky.Limit{leaky.PerSecond(50)}}}}, nil)
 	var ids []string

@@ -105,6 +105,9 @@ func TestPushbackTellsOneStory(t *testing.T) {
 // drained by no worker; its jobs read scheduled, waiting for the pause,
 // and the paused gauge says so. Lifted, they all go.
 func TestAsynqPauseHonoured(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds of a pause: runs in make test")
+	}
 	ctx := context.Background()
 	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{}, 2)
 	insp := asynq.NewInspectorFromRedisClient(h.rdb)

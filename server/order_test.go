@@ -23,6 +23,9 @@ import (
 // (Enqueuing a batch's items concurrently once let them take their FIFO
 // places in whatever order they reached Redis.)
 func TestJobsLeaveInTheOrderGiven(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three producers and a worker for seconds: runs in make test")
+	}
 	f := newFixture(t, generous, 0)
 	const producers, batch = 3, 40
 	// Each producer sends: a batch, a single, a batch, two singles.

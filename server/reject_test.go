@@ -29,6 +29,9 @@ func series(t *testing.T, reg *prometheus.Registry) int {
 // distinct upstreams leave the registry nearly as it was, since labels
 // carry configured names only.
 func TestRejectedRequestsAddNoSeries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds of requests: runs in make test")
+	}
 	// Admission is roomy, so every request below is judged, not refused 429.
 	f := newFixture(t, tokenbucket.Limit{Capacity: 100000, Refill: 100000, Per: time.Second}, 1000)
 	// Warm the registry with one of each kind of refusal, so the count

@@ -44,6 +44,9 @@ const answerBound = 500 * time.Millisecond
 // store-unavailable problem type, admission failing open and counted; once
 // Redis is back an enqueue succeeds within 2 s.
 func TestEnqueueWithoutRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("Redis stopped for seconds: runs in make test")
+	}
 	f, rs := downFixture(t, shaper.FailOpen)
 	if err := rs.Kill(); err != nil {
 		t.Fatal(err)
@@ -191,6 +194,9 @@ func TestBreakerOpensOnFailuresInARow(t *testing.T) {
 // still answered within the bound, and enqueues succeed again once Redis
 // answers.
 func TestEnqueueWithRedisHung(t *testing.T) {
+	if testing.Short() {
+		t.Skip("Redis stopped for seconds: runs in make test")
+	}
 	f, rs := downFixture(t, shaper.FailOpen)
 	admin := rs.Client(t)
 	const hang = 3 * time.Second

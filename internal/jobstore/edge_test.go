@@ -34,6 +34,9 @@ func onCalendar(r *rig, lane, fk string) bool {
 // enqueued meanwhile into another partition goes at once; one enqueued
 // into the parked partition waits for it.
 func TestLaneCalendarAndParkedPartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds of parked partitions: runs in make test")
+	}
 	u := fast("cal")
 	u.PartitionLimits = []leaky.Limit{{Rate: 1, Per: time.Second}}
 	r := newRig(t, srv().Client(t), u, 100*time.Millisecond)

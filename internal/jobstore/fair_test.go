@@ -56,6 +56,9 @@ func TestLanesWithinTenantShare(t *testing.T) {
 // waiting, within the round, but gets no burst for the time it was away,
 // and the tenants already there keep their share.
 func TestFairnessUnderChurn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds of churn: runs in make test")
+	}
 	batches := []int{1, 7}
 	if testing.Short() {
 		// The checker reads every job after each step; one batch size

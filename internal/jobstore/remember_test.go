@@ -147,6 +147,9 @@ func TestRememberCompact(t *testing.T) {
 // TestRememberWindow: records go once their window (and span) is over,
 // their buckets unlinked by the next record, and every key has a TTL.
 func TestRememberWindow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds of windows: runs in make test")
+	}
 	ctx := context.Background()
 	e := newEnv(t, "q")
 	b := Bounds{Completed: 1, Remember: remembering(e, 2*time.Second, time.Second)}
