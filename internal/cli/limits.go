@@ -15,7 +15,6 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/client"
 	"github.com/shaperhq/shaper/leaky"
-	"github.com/shaperhq/shaper/queue"
 	"github.com/shaperhq/shaper/status"
 )
 
@@ -152,27 +151,11 @@ func limitsRun(ctx context.Context, f *Factory, opts *limitsOptions, name string
 		}
 		return reportLimits(f, name, opts.partition, limits, set)
 	}
-	cfg, err := f.loadConfig(path)
+	st, done, err := f.upstreamStore(ctx, path, name)
 	if err != nil {
 		return err
 	}
-	if _, ok := cfg.Upstreams[name]; !ok {
-		return fmt.Errorf("no upstream %q in %s (have: %v)", name, path, cfg.UpstreamNames())
-	}
-	rdb, err := f.redisClient(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	q, err := queue.New(rdb, queueConfig(cfg))
-	if err != nil {
-		return err
-	}
-	defer q.Close()
-	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
-	if err != nil {
-		return err
-	}
+	defer done()
 	var ps []shaper.Problem
 	switch {
 	case set && opts.partition != "":

@@ -94,27 +94,11 @@ func pauseRun(ctx context.Context, f *Factory, opts *pauseOptions, name string, 
 		}
 		return reportPause(f, name, pause, opts.duration)
 	}
-	cfg, err := f.loadConfig(path)
+	st, done, err := f.upstreamStore(ctx, path, name)
 	if err != nil {
 		return err
 	}
-	if _, ok := cfg.Upstreams[name]; !ok {
-		return fmt.Errorf("no upstream %q in %s (have: %v)", name, path, cfg.UpstreamNames())
-	}
-	rdb, err := f.redisClient(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	q, err := queue.New(rdb, queueConfig(cfg))
-	if err != nil {
-		return err
-	}
-	defer q.Close()
-	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
-	if err != nil {
-		return err
-	}
+	defer done()
 	if pause {
 		_, err = st.Pause(ctx, name, opts.duration, "paused from the command line")
 	} else {
@@ -136,4 +120,33 @@ func reportPause(f *Factory, name string, pause bool, d time.Duration) error {
 		fmt.Fprintf(f.Out, "paused %s for %v\n", name, d)
 	}
 	return nil
+}
+
+// upstreamStore reaches upstream name's state in Redis as the config at
+// path names it, for the commands that change it without the API (pause,
+// resume, limits); done closes what it opened.
+func (f *Factory) upstreamStore(ctx context.Context, path, name string) (_ *status.Reader, done func(), _ error) {
+	cfg, err := f.loadConfig(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, ok := cfg.Upstreams[name]; !ok {
+		return nil, nil, fmt.Errorf("no upstream %q in %s (have: %v)", name, path, cfg.UpstreamNames())
+	}
+	rdb, err := f.redisClient(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	q, err := queue.New(rdb, queueConfig(cfg))
+	if err != nil {
+		rdb.Close()
+		return nil, nil, err
+	}
+	st, err := status.NewReader(rdb, q, cfg.Redis.Prefix)
+	if err != nil {
+		q.Close()
+		rdb.Close()
+		return nil, nil, err
+	}
+	return st, func() { q.Close(); rdb.Close() }, nil
 }
