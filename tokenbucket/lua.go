@@ -67,7 +67,8 @@ return after
 //	ARGV[2]   -> capacity
 //	ARGV[3]   -> now override in µs ("" = Redis TIME)
 //	ARGV[3+i] -> bucket i's requests: "c" for one of cost c, "-k" for k of
-//	             cost 1, else their costs in order, comma-separated
+//	             cost 1, else their costs in order, comma-separated; absent
+//	             for one request of cost 1 (so those buckets go last)
 //
 // Returns an array of one level per request, bucket by bucket and in order
 // within a bucket.
@@ -89,13 +90,15 @@ for i = 1, #KEYS do
   if level < 0 then level = 0 end
   local took = false
   local reqs = ARGV[3 + i]
-  local cost = tonumber(reqs)
-  local units, iter = 0, nil
-  if cost == nil then
-    iter = string.gmatch(reqs, '%d+')
-    cost = tonumber(iter())
-  elseif cost < 0 then
-    units, cost = -cost - 1, 1
+  local cost, units, iter = 1, 0, nil
+  if reqs then
+    cost = tonumber(reqs)
+    if cost == nil then
+      iter = string.gmatch(reqs, '%d+')
+      cost = tonumber(iter())
+    elseif cost < 0 then
+      units, cost = -cost - 1, 1
+    end
   end
   while cost do
     n = n + 1

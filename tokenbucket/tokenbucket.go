@@ -284,20 +284,35 @@ func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string)
 	invs = make([]script.Invocation, len(groups))
 	order = make([][]*script.Call[request, shaper.Result], len(groups))
 	for g, bs := range groups {
+		// A bucket with one request of cost 1 (most of them, over many
+		// keys) needs no ARGV entry if it comes after every bucket that
+		// has one.
+		plain := func(b int) bool { return first[b+1]-first[b] == 1 && sorted[first[b]].Req.cost == 1 }
+		slices.SortStableFunc(bs, func(a, b int) int {
+			switch pa, pb := plain(a), plain(b); {
+			case pa == pb:
+				return 0
+			case pb:
+				return -1
+			}
+			return 1
+		})
 		inv := script.Invocation{Keys: make([]string, len(bs)), Args: make([]any, 3, 3+len(bs))}
 		inv.Args[0], inv.Args[1], inv.Args[2] = l.shape[0], l.shape[1], now
+		n := 0
+		for _, b := range bs {
+			n += first[b+1] - first[b]
+		}
+		o := make([]*script.Call[request, shaper.Result], 0, n)
 		for j, b := range bs {
 			inv.Keys[j] = keys[b]
-			inv.Args = append(inv.Args, costs(sorted[first[b]:first[b+1]]))
+			if !plain(b) {
+				inv.Args = append(inv.Args, costs(sorted[first[b]:first[b+1]]))
+			}
+			o = append(o, sorted[first[b]:first[b+1]]...)
 		}
 		invs[g] = inv
-		if len(groups) == 1 {
-			order[g] = sorted // every bucket, in bucket order
-			continue
-		}
-		for _, b := range bs {
-			order[g] = append(order[g], sorted[first[b]:first[b+1]]...)
-		}
+		order[g] = o
 	}
 	return invs, order
 }
