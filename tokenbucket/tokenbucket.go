@@ -46,7 +46,8 @@ type Config struct {
 	// zero means 128, and 1 sends every decision on its own.
 	MaxBatch int
 	// MaxInFlight bounds how many round trips of shared decisions run at
-	// once; zero means 2.
+	// once; zero means 2. A caller alone in Allow sends its decision on its
+	// own, beside them.
 	MaxInFlight int
 }
 
