@@ -112,4 +112,5 @@ func BenchmarkManyCallers(b *testing.B) {
 	d := after.Since(before)
 	b.ReportMetric(float64(d.CPU.Microseconds())/float64(b.N), "redisµs/op")
 	b.ReportMetric(float64(d.Scripts())/float64(b.N), "scripts/op")
+	b.Log(d.PerJob(int64(b.N), 0.0001))
 }
