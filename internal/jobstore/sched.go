@@ -279,7 +279,7 @@ var ErrNotWaiting = errors.New("job is not waiting")
 // it on FinalChannel. It returns redis.Nil if there is no such job.
 func (s Space) Cancel(ctx context.Context, rdb redis.Scripter, id string) error {
 	keys := []string{s.TaskKey(id), s.CountsKey(), s.BacklogKey(), s.a.Scheduled(),
-		s.a.Retry(), s.a.Archived(), s.a.Groups()}
+		s.a.Retry(), s.a.Archived(), s.a.Groups(), s.CallbacksDueKey()}
 	v, err := script.Run(ctx, rdb, "jobstore.cancel", cancelScript, keys, "", s.groupPrefix(), id, FinalChannel(s.prefix))
 	if err != nil {
 		return err

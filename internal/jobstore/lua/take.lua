@@ -121,7 +121,7 @@ if redis.call('EXISTS', KEYS[10]) == 1 then
   out[2], out[3] = tonumber(ARGV[8]), 2
 end
 -- What the take changed, written once after the loop.
-local went, went_lane, lane_time, v1 = {}, {}, {}, nil
+local went, went_lane = {}, {}
 -- view: what the take knows of the first members of a sorted set it
 -- picks from (fairness keys, a key's lanes, a lane's partitions): read
 -- once, up to VIEW members, then kept in order by the take itself, whose
@@ -131,6 +131,14 @@ local went, went_lane, lane_time, v1 = {}, {}, {}, nil
 -- every tenant of a fair share) costs no read. list holds the first
 -- members in ZRANGE's order as the take has made it, {member, score}
 -- each; full: it holds all of them.
+--
+-- A set that held one member when the take read it, and still does,
+-- keeps that member's score as it is in Redis when the take moves it on
+-- within the virtual times (fairness keys, lanes: vt) or to a time not
+-- after now (partitions): its score orders it against nothing, and one
+-- that joins it comes in at that score (flow.lua's virtual time), or, for
+-- a partition, at a later now. So the common case, one key, one lane, no
+-- partitions, writes none of these sets.
 local VIEW = 16
 local views = {}
 -- before: a member of score sa and name ma comes before one of sb, mb in
@@ -145,18 +153,21 @@ local function before(sa, ma, sb, mb)
 end
 local function flush(key, v)
   local z = {}
+  local only = v.sole and #v.list == 1 and v.list[1][1]
   for m, sc in pairs(v.dirty) do
-    z[#z + 1] = sc
-    z[#z + 1] = m
+    if m ~= only or (not v.vt and sc > now) then
+      z[#z + 1] = sc
+      z[#z + 1] = m
+    end
   end
   if #z > 0 then redis.call('ZADD', key, 'XX', unpack(z)) end
   v.dirty = {}
 end
-local function view(key)
+local function view(key, vt)
   local v = views[key]
   if v and (#v.list > 0 or v.full) then return v end
   if not v then
-    v = {dirty = {}}
+    v = {dirty = {}, vt = vt}
     views[key] = v
   end
   flush(key, v)
@@ -164,6 +175,7 @@ local function view(key)
   v.list = {}
   for i = 1, #r, 2 do v.list[#v.list + 1] = {r[i], tonumber(r[i + 1])} end
   v.full = #v.list < VIEW
+  if v.sole == nil then v.sole = #v.list == 1 end
   return v
 end
 -- top: the first member and its score (nil: the set is empty).
@@ -213,18 +225,16 @@ end
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
-    local fv = view(K_F)
+    local fv = view(K_F, true)
     local fk, s1 = top(fv)
     if fk == nil then stop = true break end
     local lk = P .. 'l:' .. fk
-    local lv = view(lk)
+    local lv = view(lk, true)
     local lane, s2 = top(lv)
     -- Lanes and fairness keys retire lazily, when the take finds them
     -- empty.
     local function retire_key()
       drop_first(K_F, fv)
-      redis.call('HDEL', K_V, 'v:' .. fk)
-      lane_time[fk] = nil
     end
     if lane == nil then
       retire_key()
@@ -324,15 +334,14 @@ while not stop and taken < max_jobs and steps < 2000 do
     end
     -- To asynq's active state; the list, the leases and the counters are
     -- written once for the whole take, below.
-    redis.call('HSET', tk, 'state', 'active')
-    redis.call('HDEL', tk, 'group')
+    -- (Its group field goes empty, not away, in the same write: asynq
+    -- reads "" as no group.)
+    redis.call('HSET', tk, 'state', 'active', 'group', '')
     went[#went + 1] = id
     went_lane[lane] = (went_lane[lane] or 0) + 1
-    -- Fair share: the key and the lane each move on by 1/weight; the
-    -- virtual times are written once, below.
-    v1 = s1
+    -- Fair share: the key and the lane each move on by 1/weight (written
+    -- once, below).
     rescore(fv, s1 + 1 / (weights[fk] or 1))
-    lane_time[fk] = s2
     rescore(lv, s2 + 1 / (lweights[lane] or 1))
     out[#out + 1] = id
     out[#out + 1] = f[2]
@@ -362,12 +371,6 @@ if #went > 0 then
     count(KEYS[4], 'pending:' .. lane, -n)
     count(KEYS[4], 'active:' .. lane, n)
   end
-  local hv = {'v', v1}
-  for fk, t in pairs(lane_time) do
-    hv[#hv + 1] = 'v:' .. fk
-    hv[#hv + 1] = t
-  end
-  redis.call('HSET', K_V, unpack(hv))
 end
 
 leaky_commit(bucket, now)
