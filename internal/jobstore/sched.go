@@ -380,11 +380,18 @@ type Taker struct {
 	// built again when an operator's change of limits reaches the bucket
 	// (leaky.Bucket.BookingVersion).
 	args atomic.Pointer[takeArgs]
+	// leaseCheck is when (Unix ns) a take must next read the lease set
+	// even if it comes back full.
+	leaseCheck atomic.Int64
 }
+
+// leaseCheckEvery is how often a replica's takes look for lapsed leases
+// at least, when every take comes back full.
+const leaseCheckEvery = time.Second
 
 type takeArgs struct {
 	keys    []string
-	fixed   []any // ARGV after max jobs and lookahead
+	fixed   []any // ARGV after max jobs, lookahead and the lease check
 	version uint64
 }
 
@@ -520,8 +527,16 @@ func (t *Taker) take(ctx context.Context, n int, clock string) (Take, error) {
 	if err != nil {
 		return Take{}, err
 	}
-	args := make([]any, 0, 3+len(ta.fixed))
-	args = append(args, clock, n, t.lookUs)
+	// Leases are checked by every take that comes back short, and by one
+	// a second at least (a full one need not: its caller comes straight
+	// back); always under a test's clock.
+	check := "0"
+	if at := t.leaseCheck.Load(); clock != "" || time.Now().UnixNano() >= at {
+		check = "1"
+		t.leaseCheck.Store(time.Now().Add(leaseCheckEvery).UnixNano())
+	}
+	args := make([]any, 0, 4+len(ta.fixed))
+	args = append(args, clock, n, t.lookUs, check)
 	args = append(args, ta.fixed...)
 	issued := time.Now()
 	v, err := script.Run(ctx, t.rdb, "jobstore.take", takeScript, ta.keys, args...)

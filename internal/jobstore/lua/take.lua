@@ -28,18 +28,21 @@
 -- ARGV[1] -> now override
 -- ARGV[2] -> max jobs
 -- ARGV[3] -> lookahead µs
--- ARGV[4] -> asynq lease seconds
--- ARGV[5] -> our prefix
--- ARGV[6] -> asynq group prefix
--- ARGV[7] -> asynq task prefix
--- ARGV[8] -> wait µs to answer while the queue is paused through asynq
--- ARGV[9..] -> the bucket's (leaky.Bucket.BookingArgs), then the partition
+-- ARGV[4] -> "1": read the lease set whatever the take gives; "0": not
+--    when it gives max jobs (the caller comes back at once, and checks
+--    for lapsed leases at least once a second)
+-- ARGV[5] -> asynq lease seconds
+-- ARGV[6] -> our prefix
+-- ARGV[7] -> asynq group prefix
+-- ARGV[8] -> asynq task prefix
+-- ARGV[9] -> wait µs to answer while the queue is paused through asynq
+-- ARGV[10..] -> the bucket's (leaky.Bucket.BookingArgs), then the partition
 --    limits (leaky.Bucket.PartitionArgs), then o, o × (partition, its
 --    limits as PartitionArgs): overrides; then w, w × (fairness key,
 --    weight); then x, x × (lane, weight)
 --
 -- A queue paused through asynq (Inspector.PauseQueue) gives no job: the
--- take answers a block (reason 2) with a wait of ARGV[8], since asynq's
+-- take answers a block (reason 2) with a wait of ARGV[9], since asynq's
 -- unpause announces nothing.
 --
 -- Returns {now, wait, reason, next, expired, id_1, msg_1, slot_1, ...}:
@@ -49,12 +52,13 @@
 -- next (µs from now, -1 none) is when something else comes due (a
 -- scheduled job, a parked lane, a lease), 0 when the take stopped at its
 -- bound on parks or steps before examining every flow; expired is 1 when
--- some active job's lease has run out; slot_i is the µs from now until
--- job i's slot.
+-- some active job's lease has run out (a take that gives max jobs with
+-- ARGV[4] "0" answers 0, and leaves leases out of next); slot_i is the µs
+-- from now until job i's slot.
 --
 -- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua
 -- and forward.lua before it (see lua.go).
-local P, G, T = ARGV[5], ARGV[6], ARGV[7]
+local P, G, T = ARGV[6], ARGV[7], ARGV[8]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)
 local K_PK = P .. 'pk'
@@ -63,11 +67,12 @@ local now = shaper_now(ARGV[1])
 local max_jobs = tonumber(ARGV[2])
 local la = tonumber(ARGV[3])
 local horizon = now + la
-local lease_s = tonumber(ARGV[4])
+local lease_s = tonumber(ARGV[5])
 local now_s = now / 1000000
 
--- The upstream's bucket, its limits as paced now (leaky's library).
-local bucket, a = leaky_open(KEYS, 11, ARGV, 9, now)
+-- The upstream's bucket, its limits as paced now (leaky's library), and
+-- asynq's pause mark, read with the limits.
+local bucket, a, marks = leaky_open(KEYS, 11, ARGV, 10, now, {KEYS[10]})
 local plimits
 plimits, a = leaky_limits(ARGV, a)
 local overrides = {}
@@ -115,10 +120,10 @@ local stop = false
 -- more: the take stopped at its park or step bound with the ready
 -- structure not all examined; the caller must come back at once.
 local more = false
-if redis.call('EXISTS', KEYS[10]) == 1 then
+if marks[1] then
   -- Paused through asynq: nothing goes, leases are still recovered.
   stop = true
-  out[2], out[3] = tonumber(ARGV[8]), 2
+  out[2], out[3] = tonumber(ARGV[9]), 2
 end
 -- What the take changed, written once after the loop.
 local went, went_lane = {}, {}
@@ -389,7 +394,10 @@ end
 local cal = firsts.cal
 if cal == nil then cal = first_score(K_CAL) end
 if cal then sooner(math.max(0, cal - now)) end
-local lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+local lease = {}
+if ARGV[4] == '1' or taken < max_jobs then
+  lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+end
 if #lease > 0 then
   local exp = tonumber(lease[2]) * 1000000
   if exp <= now then out[5] = 1 else sooner(exp - now) end
