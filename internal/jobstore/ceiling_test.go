@@ -15,12 +15,15 @@ import (
 // Tests of what the take and finish leave out to save commands, and that
 // they leave out nothing that is needed.
 
-// A take that gives all it was asked for looks at the lease set at most
-// once a second (its caller comes straight back); one that comes back
-// short always does, so a lapsed lease is still found.
-func TestFullTakesCheckLeasesOnceASecond(t *testing.T) {
-	r := newRig(t, jobstore.RedisServer().Client(t), shaper.Upstream{Name: "leasecheck", BaseURL: "https://x.example",
+// A take that gives all it was asked for, after one that did, and within
+// the look's period of the last full look, leaves the due sets alone and
+// does not look at the leases (its caller comes straight back); one that
+// comes back short always looks, so a lapsed lease is still found and a
+// due job still moves.
+func TestFullTakesLookOncePerPeriod(t *testing.T) {
+	r := newRig(t, jobstore.RedisServer().Client(t), shaper.Upstream{Name: "look", BaseURL: "https://x.example",
 		Limits: []leaky.Limit{leaky.PerSecond(100000)}}, time.Second)
+	r.taker.SetLookEvery(time.Hour)
 	ctx := context.Background()
 	for _, id := range []string{"a", "b", "c", "d"} {
 		r.add(job{id: id})
@@ -30,21 +33,33 @@ func TestFullTakesCheckLeasesOnceASecond(t *testing.T) {
 		t.Fatal(err)
 	}
 	if tk := r.take(1); len(tk.Jobs) != 1 || !tk.Expired {
-		t.Fatalf("first full take: %d jobs, expired %v; want 1, true (the first take checks)", len(tk.Jobs), tk.Expired)
+		t.Fatalf("first take: %d jobs, expired %v; want 1, true (the first take looks)", len(tk.Jobs), tk.Expired)
 	}
+	// Due at once, but left for a later take.
+	r.add(job{id: "due", at: time.Now().Add(50 * time.Millisecond)})
+	time.Sleep(100 * time.Millisecond)
 	if tk := r.take(1); len(tk.Jobs) != 1 || tk.Expired {
-		t.Fatalf("second full take within the second: %d jobs, expired %v; want 1, false (not checked)", len(tk.Jobs), tk.Expired)
+		t.Fatalf("second take, full after a full one: %d jobs, expired %v; want 1, false (no look)", len(tk.Jobs), tk.Expired)
 	}
-	if tk := r.take(5); len(tk.Jobs) != 2 || !tk.Expired {
-		t.Fatalf("short take: %d jobs, expired %v; want 2, true", len(tk.Jobs), tk.Expired)
+	// Short, though it did not look: it reads what comes due, and the
+	// leases.
+	if tk := r.take(5); len(tk.Jobs) != 2 || !tk.Expired || tk.Next <= 0 || tk.Next > time.Millisecond {
+		t.Fatalf("short take: %d jobs, expired %v, next %v; want 2, true, the due job at once", len(tk.Jobs), tk.Expired, tk.Next)
 	}
-	if testing.Short() {
-		return
+	if n := r.rdb.ZCard(ctx, r.store.Scheduled()).Val(); n != 1 {
+		t.Fatalf("scheduled set holds %d jobs, want 1 (not moved by a take that did not look)", n)
+	}
+	if got := r.takeIDs(5); len(got) != 1 || got[0] != "due" {
+		t.Fatalf("take after a short one: %v, want [due] (it looks)", got)
 	}
 	r.add(job{id: "e"}, job{id: "f"})
-	time.Sleep(1100 * time.Millisecond)
+	if got := r.takeIDs(1); len(got) != 1 {
+		t.Fatalf("take: %v, want one job", got)
+	}
+	r.taker.SetLookEvery(0)
+	// Full after a full one, but the period is over: it looks.
 	if tk := r.take(1); len(tk.Jobs) != 1 || !tk.Expired {
-		t.Fatalf("full take a second later: %d jobs, expired %v; want 1, true", len(tk.Jobs), tk.Expired)
+		t.Fatalf("take after the period: %d jobs, expired %v; want 1, true", len(tk.Jobs), tk.Expired)
 	}
 }
 

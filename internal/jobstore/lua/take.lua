@@ -28,9 +28,11 @@
 -- ARGV[1] -> now override
 -- ARGV[2] -> max jobs
 -- ARGV[3] -> lookahead µs
--- ARGV[4] -> "1": read the lease set whatever the take gives; "0": not
---    when it gives max jobs (the caller comes back at once, and checks
---    for lapsed leases at least once a second)
+-- ARGV[4] -> "1": a full look; "0": the caller's last take gave all it
+--    asked for and it looked fully a moment ago (see Taker), so this take
+--    leaves the due sets alone (what came due moves at a later take), and,
+--    when it gives max jobs too, does not look at what else comes due
+--    (next -1) nor at the leases (expired 0): its caller comes back at once
 -- ARGV[5] -> asynq lease seconds
 -- ARGV[6] -> our prefix
 -- ARGV[7] -> asynq group prefix
@@ -112,7 +114,11 @@ local function costs_of(s)
   return t
 end
 
-local firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0 or bucket.pov ~= '')
+local look = ARGV[4] == '1'
+local firsts = {}
+if look then
+  firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0 or bucket.pov ~= '')
+end
 
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
@@ -385,22 +391,21 @@ local next = -1
 local function sooner(t)
   if t and (next < 0 or t < next) then next = t end
 end
--- (What forward_due read still stands unless something of it moved.)
-for z, name in pairs({[5] = 'scheduled', [6] = 'retry'}) do
-  local first = firsts[name]
-  if first == nil then first = first_score(KEYS[z]) end
-  if first then sooner(math.max(0, math.floor(first * 1000000) - now)) end
-end
-local cal = firsts.cal
-if cal == nil then cal = first_score(K_CAL) end
-if cal then sooner(math.max(0, cal - now)) end
-local lease = {}
-if ARGV[4] == '1' or taken < max_jobs then
-  lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
-end
-if #lease > 0 then
-  local exp = tonumber(lease[2]) * 1000000
-  if exp <= now then out[5] = 1 else sooner(exp - now) end
+if look or taken < max_jobs then
+  -- (What forward_due read still stands unless something of it moved.)
+  for z, name in pairs({[5] = 'scheduled', [6] = 'retry'}) do
+    local first = firsts[name]
+    if first == nil then first = first_score(KEYS[z]) end
+    if first then sooner(math.max(0, math.floor(first * 1000000) - now)) end
+  end
+  local cal = firsts.cal
+  if cal == nil then cal = first_score(K_CAL) end
+  if cal then sooner(math.max(0, cal - now)) end
+  local lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+  if #lease > 0 then
+    local exp = tonumber(lease[2]) * 1000000
+    if exp <= now then out[5] = 1 else sooner(exp - now) end
+  end
 end
 if more then sooner(0) end
 out[4] = next
