@@ -12,13 +12,18 @@
 --     stated limits' TATs: the rest of KEYS) and whose ARGV start at
 --     args[a] (concurrency, lease µs past the slot, the partition TAT
 --     prefix, the partitions' overrides hash or "" for none, n, n ×
---     (interval, capacity, per µs, cost name, dyn field)),
---     its limits as paced now; a2 is the ARGV index after the bucket's
+--     (interval, capacity, per µs, cost name, dyn field), the count of
+--     operators' changes the limits follow), its limits as paced now; a2
+--     is the ARGV index after the bucket's. Limits that follow an older
+--     count than the dyn hash's 'n' (an operator changed them since, see
+--     Bucket.PutLimits) are stale: leaky_earliest then answers reason 5
+--     and no slot, and the caller reads the limits again
 --   leaky_limits(args, a) -> limits, a2: a partition's limits at args[a]
 --     (k, k × (id, interval, capacity, per µs, cost name))
 --   leaky_earliest(b, costs, now) -> slot µs, reason (0 none, 1 a limit, 2
---     the block): the bucket's earliest slot for a send of costs (name ->
---     n; a limit without a cost name counts 1)
+--     the block, 5 stale limits: a slot 2^40 µs away): the bucket's
+--     earliest slot for a send of costs (name -> n; a limit without a cost
+--     name counts 1)
 --   leaky_lease_wait(b, lease, now) -> nil if lease may be held (no
 --     concurrency cap, held already, or room), else µs until one ends
 --   leaky_book(b, slot, costs, lease) books the slot on every limit and,
@@ -53,6 +58,9 @@ local function leaky_open(keys, k, args, a, now)
     b.lim[i] = l
     a = a + 5
   end
+  -- The change of limits these follow; nothing is booked under older ones.
+  b.stale = dyn.n ~= nil and tonumber(dyn.n) ~= tonumber(args[a])
+  a = a + 1
   for s = 1, #keys - (k + 2 + n) do
     local iv, cap, pr = shaper_stated(dyn, s)
     if iv then
@@ -82,6 +90,7 @@ local function leaky_limits(args, a)
 end
 
 local function leaky_earliest(b, costs, now)
+  if b.stale then return now + 1099511627776, 5 end
   local slot, why = now, 0
   if b.blocked > slot then slot, why = b.blocked, 2 end
   for _, l in ipairs(b.lim) do

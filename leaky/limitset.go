@@ -15,6 +15,11 @@ import (
 // books it again under the new ones.
 var errLimitsChanged = errors.New("limits changed during the reservation")
 
+// errStale fails a reservation whose script found that an operator had
+// changed the bucket's limits since this process read them (ReasonStale);
+// Reserve reads them again (Refresh) and books under the new ones.
+var errStale = errors.New("limits changed by an operator since they were read")
+
 // limitSet is the limits a bucket paces at: the current ones (the first
 // n), then the draining ones, with their shapes and keys. It is never
 // changed once built; SetLimits swaps in another.
@@ -38,6 +43,10 @@ type limitSet struct {
 	// pov: some partition of the bucket has limits of its own, which the
 	// booking script must look up (PutPartitionLimits).
 	pov bool
+	// changes is the count of operators' changes (Override.Changes) the
+	// set follows: a booking script refuses it once the bucket's dyn hash
+	// holds a later count (ReasonStale).
+	changes int64
 }
 
 func (s *limitSet) current() []Limit { return s.limits[:s.n] }
@@ -126,7 +135,7 @@ func (b *Bucket) SetLimits(limits []Limit, gen int64, draining []Phase) error {
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", b.name, err)
 	}
-	s.pov = old.pov
+	s.pov, s.changes = old.pov, old.changes
 	b.set.Store(s)
 	return nil
 }

@@ -11,6 +11,7 @@ const (
 	codeLimit       = 1
 	codeBlocked     = 2
 	codeConcurrency = 3
+	codeStale       = 5
 )
 
 // reserveScript books send slots for one or more reservations on a bucket,
@@ -28,10 +29,15 @@ const (
 //	ARGV[3] -> concurrency limit
 //	ARGV[4] -> n, the number of limits
 //	ARGV[5+4i .. 8+4i] -> limit i: interval µs, capacity, per µs, dyn field ("" fixed)
+//	ARGV[5+4n] -> the count of operators' changes the limits follow
 //	then per reservation: max wait µs, lease id ("" = none), cost of each limit
 //
 // Stated limits count one per reservation; their TATs are booked like the
 // others' but not reported, so Cancel leaves them booked.
+//
+// Limits that follow an older count than the dyn hash's 'n' (an operator
+// changed them since) book nothing: every reply is {0, 0, 5, 0, now}, and
+// the caller reads the limits again.
 //
 // Returns one reply per reservation: {ok, wait, reason, limit, now, prev_1,
 // next_1, ..., prev_n, next_n}. ok is 1 when booked; wait is the delay until
@@ -70,13 +76,18 @@ local function unit_cost(base, i)
   if i > n then return 1 end
   return tonumber(ARGV[base + 1 + i])
 end
+local replies = {}
+local start = 6 + 4 * n
+local stride = 2 + n
+if dyn.n ~= nil and tonumber(dyn.n) ~= tonumber(ARGV[5 + 4 * n]) then
+  for base = start, #ARGV, stride do
+    replies[#replies + 1] = {0, 0, 5, 0, now}
+  end
+  return replies
+end
 local blocked = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
 local pruned = false
 local last_expiry = 0
-
-local replies = {}
-local start = 5 + 4 * n
-local stride = 2 + n
 for base = start, #ARGV, stride do
   local max_wait = tonumber(ARGV[base])
   local lease = ARGV[base + 1]

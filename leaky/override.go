@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -294,13 +295,17 @@ func parseOverride(m map[string]string) (Override, error) {
 // change came first.
 //
 //	KEYS[1] -> override record (opKey)
+//	KEYS[2] -> the dyn hash, whose 'n' the booking scripts check: it is
+//	           the count of changes, so that from this call on nothing is
+//	           booked under limits that follow an older one (ReasonStale)
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
 //	ARGV[2] -> changes the caller read (n); another count: no change
 //	ARGV[3] -> the new limits (encodeLimits), "" for the configured ones
 //	ARGV[4] -> the phase replaced: "generation limits"
 //	ARGV[5] -> announcement channel
 //	ARGV[6] -> bucket name
-//	ARGV[7..] -> fields of old phases to drop
+//	ARGV[7] -> the dyn hash's least lifetime ms
+//	ARGV[8..] -> fields of old phases to drop
 //
 // Returns {1 changed or 0 lost a race, now, changes}.
 var overrideScript = script.New(`
@@ -316,8 +321,12 @@ if ARGV[3] == '' then
 else
   redis.call('HSET', KEYS[1], 'lim', ARGV[3])
 end
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   redis.call('HDEL', KEYS[1], ARGV[i])
+end
+redis.call('HSET', KEYS[2], 'n', n + 1)
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[7]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
 end
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {1, now, n + 1}
@@ -354,14 +363,14 @@ func (b *Bucket) change(ctx context.Context, next string) (Override, error) {
 			cur, gen = o.Limits, o.Changes
 		}
 		args := []any{script.NowArg(b.p.now), o.Changes, next, strconv.FormatInt(gen, 10) + " " + encodeLimits(cur),
-			b.p.limitsChannel(), b.name}
+			b.p.limitsChannel(), b.name, dynTTL.Milliseconds()}
 		// Old phases go once long past any drain, and beyond maxPhases.
 		for i, ph := range o.Earlier {
 			if i >= maxPhases-1 || (!o.At.IsZero() && o.At.Sub(ph.Ended) > phaseMemory) {
 				args = append(args, ph.field)
 			}
 		}
-		v, err := script.Run(ctx, b.p.rdb, "leaky.override", overrideScript, []string{b.opKey()}, args...)
+		v, err := script.Run(ctx, b.p.rdb, "leaky.override", overrideScript, []string{b.opKey(), b.dynKey()}, args...)
 		if err != nil {
 			return Override{}, fmt.Errorf("change limits of %s: %w", b.name, err)
 		}
@@ -382,21 +391,102 @@ func (b *Bucket) change(ctx context.Context, next string) (Override, error) {
 // Apply makes the bucket pace at what o says at now (see Override.Pace):
 // in this process, without writing to Redis. It reports whether that
 // changed the limits paced at, and when to apply again (a draining phase
-// ends; zero for never).
+// ends; zero for never). An o older than one applied before (fewer
+// Changes: a reading that a Refresh overtook) counts as that one.
 func (b *Bucket) Apply(o Override, now time.Time) (bool, time.Time, error) {
+	b.applyMu.Lock()
+	defer b.applyMu.Unlock()
+	if b.applied != nil && o.Changes < b.applied.Changes {
+		o = *b.applied
+	}
 	limits, gen, draining, until := o.Pace(b.cfg.Limits, b.cfg.MaxWait, b.cfg.Guard, now)
 	s := b.cur()
 	pov := o.Partitions > 0
-	if s.gen == gen && slices.Equal(s.current(), limits) && samePhases(s.draining, draining) && s.pov == pov {
+	b.applied = &o
+	if s.gen == gen && slices.Equal(s.current(), limits) && samePhases(s.draining, draining) && s.pov == pov && s.changes == o.Changes {
 		return false, until, nil
 	}
 	ns, err := b.newSet(limits, gen, draining, s.version+1)
 	if err != nil {
 		return false, until, fmt.Errorf("bucket %s: %w", b.name, err)
 	}
-	ns.pov = pov
+	ns.pov, ns.changes = pov, o.Changes
 	b.set.Store(ns)
 	return true, until, nil
+}
+
+// Refresh reads what an operator has set on the bucket and applies it
+// (Apply, at the pacer's clock), after a booking under the limits of
+// BookingVersion version answered ReasonStale: an operator changed them
+// and this process had not heard yet (the announcement lost, or not
+// arrived). Callers that all saw the same stale version read once: a
+// caller whose version was replaced meanwhile returns at once. A change
+// it applies is told to Follow's changed, as Follow's own are.
+func (b *Bucket) Refresh(ctx context.Context, version uint64) error {
+	b.refreshMu.Lock()
+	defer b.refreshMu.Unlock()
+	if b.cur().version != version {
+		return nil
+	}
+	o, err := b.ReadOverride(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now
+	if b.p.now != nil {
+		now = b.p.now
+	}
+	ch, _, err := b.Apply(o, now())
+	if err != nil {
+		return err
+	}
+	if ch {
+		b.p.hooks.changed(b)
+	}
+	return nil
+}
+
+// changeHooks are the changed functions of the Follows running, by
+// bucket, so that a change Refresh applies is told as Follow's are.
+type changeHooks struct {
+	mu   sync.Mutex
+	next int
+	fs   map[*Bucket]map[int]func(*Bucket)
+}
+
+func (h *changeHooks) add(bs []*Bucket, f func(*Bucket)) (remove func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.next++
+	id := h.next
+	if h.fs == nil {
+		h.fs = map[*Bucket]map[int]func(*Bucket){}
+	}
+	for _, b := range bs {
+		if h.fs[b] == nil {
+			h.fs[b] = map[int]func(*Bucket){}
+		}
+		h.fs[b][id] = f
+	}
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, b := range bs {
+			delete(h.fs[b], id)
+		}
+	}
+}
+
+func (h *changeHooks) changed(b *Bucket) {
+	h.mu.Lock()
+	fs := make([]func(*Bucket), 0, len(h.fs[b]))
+	for _, f := range h.fs[b] {
+		fs = append(fs, f)
+	}
+	h.mu.Unlock()
+	for _, f := range fs {
+		f(b)
+	}
 }
 
 func samePhases(a, c []Phase) bool {
@@ -431,11 +521,16 @@ func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Buc
 	if p.now != nil {
 		now = p.now
 	}
+	if changed != nil {
+		for _, b := range buckets {
+			defer b.p.hooks.add([]*Bucket{b}, changed)()
+		}
+	}
 	apply := func(b *Bucket) {
 		// Drains end on this clock: late rather than early by the margin
 		// ApplyWithin leaves for a replica's clock against Redis's.
-		if ch, _, err := b.Apply(known[b], now()); err == nil && ch && changed != nil {
-			changed(b)
+		if ch, _, err := b.Apply(known[b], now()); err == nil && ch {
+			b.p.hooks.changed(b)
 		}
 	}
 	read := func(b *Bucket) bool {

@@ -73,6 +73,13 @@ func (b *Bucket) ReserveIn(ctx context.Context, costs Costs, partition string, l
 	lo, hi := b.clock.observe(issued, received, out[4])
 	r := &Reservation{OK: out[0] == 1, Reason: Reason(out[2]), Now: time.UnixMicro(out[4]), bucket: b, set: s}
 	if !r.OK {
+		if r.Reason == ReasonStale && o.stale < 3 {
+			// An operator changed the limits since this process read them.
+			if err := b.Refresh(ctx, s.version); err != nil {
+				return nil, fmt.Errorf("reserve %s: %w", b.name, err)
+			}
+			return b.ReserveIn(ctx, costs, partition, limits, append(slices.Clone(opts), retriedStale)...)
+		}
 		r.RetryAfter = time.Duration(out[1]) * time.Microsecond
 		return r, nil
 	}
