@@ -46,7 +46,7 @@ func (b *Bucket) bookingArgs(s *limitSet, leaseAfterSlot time.Duration) []any {
 	}
 	out := []any{b.cfg.Concurrency, leaseAfterSlot.Microseconds(), b.p.key(b.name, "p:"), pov, len(s.limits)}
 	for i, l := range s.limits {
-		out = append(out, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), l.Cost, dynField(l))
+		out = append(out, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), l.Cost, dynField(l), s.upto[i])
 	}
 	return append(out, s.changes)
 }

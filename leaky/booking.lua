@@ -12,7 +12,8 @@
 --     stated limits' TATs: the rest of KEYS) and whose ARGV start at
 --     args[a] (concurrency, lease µs past the slot, the partition TAT
 --     prefix, the partitions' overrides hash or "" for none, n, n ×
---     (interval, capacity, per µs, cost name, dyn field), the count of
+--     (interval, capacity, per µs, cost name, dyn field, µs from which it
+--     is no longer enforced or 0: a draining limit's end), the count of
 --     operators' changes the limits follow), its limits as paced now; a2
 --     is the ARGV index after the bucket's. Limits that follow an older
 --     count than the dyn hash's 'n' (an operator changed them since, see
@@ -55,8 +56,11 @@ local function leaky_open(keys, k, args, a, now)
     local l = {interval = tonumber(args[a]), capacity = tonumber(args[a + 1]), per = tonumber(args[a + 2]),
       cost = args[a + 3], key = keys[k + 1 + i]}
     l.interval = shaper_dyn_interval(dyn, args[a + 4], l.interval, now)
+    -- A draining limit whose drain has ended (on this clock) holds nothing.
+    local upto = tonumber(args[a + 5])
+    l.off = upto > 0 and now >= upto
     b.lim[i] = l
-    a = a + 5
+    a = a + 6
   end
   -- The change of limits these follow; nothing is booked under older ones.
   b.stale = dyn.n ~= nil and tonumber(dyn.n) ~= tonumber(args[a])
@@ -68,7 +72,8 @@ local function leaky_open(keys, k, args, a, now)
     end
   end
   for _, l in ipairs(b.lim) do
-    l.tat = tonumber(redis.call('GET', l.key) or '0')
+    l.tat = 0
+    if not l.off then l.tat = tonumber(redis.call('GET', l.key) or '0') end
   end
   b.blocked = tonumber(redis.call('HGET', b.block, 'until') or '0')
   if b.conc > 0 then
@@ -94,8 +99,10 @@ local function leaky_earliest(b, costs, now)
   local slot, why = now, 0
   if b.blocked > slot then slot, why = b.blocked, 2 end
   for _, l in ipairs(b.lim) do
-    local at = gcra_earliest(l.tat, now, l.interval, l.capacity, leaky_cost(l, costs))
-    if at > slot then slot, why = at, 1 end
+    if not l.off then
+      local at = gcra_earliest(l.tat, now, l.interval, l.capacity, leaky_cost(l, costs))
+      if at > slot then slot, why = at, 1 end
+    end
   end
   return slot, why
 end
@@ -110,7 +117,7 @@ end
 
 local function leaky_book(b, slot, costs, lease)
   for _, l in ipairs(b.lim) do
-    l.tat = gcra_take(l.tat, slot, l.interval, leaky_cost(l, costs))
+    if not l.off then l.tat = gcra_take(l.tat, slot, l.interval, leaky_cost(l, costs)) end
   end
   b.changed = true
   if b.conc > 0 then
@@ -166,7 +173,9 @@ end
 local function leaky_commit(b, now)
   if b.changed then
     for _, l in ipairs(b.lim) do
-      redis.call('SET', l.key, shaper_int(l.tat), 'PX', math.ceil((l.tat - now + l.per) / 1000))
+      if not l.off then
+        redis.call('SET', l.key, shaper_int(l.tat), 'PX', math.ceil((l.tat - now + l.per) / 1000))
+      end
     end
   end
   if b.lease_expiry > 0 then

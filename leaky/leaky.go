@@ -404,10 +404,10 @@ type reserveRes struct {
 func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq, reserveRes]) {
 	s := calls[0].Req.set
 	n := len(s.params)
-	args := make([]any, 0, 4+4*n+len(calls)*(2+n))
+	args := make([]any, 0, 5+5*n+len(calls)*(2+n))
 	args = append(args, script.NowArg(b.p.now), b.cfg.LeaseTTL.Microseconds(), b.cfg.Concurrency, n)
 	for i, l := range s.limits {
-		args = append(args, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), dynField(l))
+		args = append(args, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), dynField(l), s.upto[i])
 	}
 	args = append(args, s.changes)
 	var booked []*script.Call[reserveReq, reserveRes]

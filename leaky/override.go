@@ -26,7 +26,12 @@ import (
 // reads nothing more per job: every process holds the override in force
 // and re-applies it (Follow) as soon as the change is announced over
 // pub/sub, and within ApplyWithin in case an announcement was lost (a
-// fleet-wide count of changes, one GET a tick, says when to look). A partition's override is different: there may be many (100,000
+// fleet-wide count of changes, one GET a tick, says when to look). And
+// nothing waits for that: the change writes its count of changes into the
+// bucket's dyn hash, which every booking script reads already, and a
+// script given limits that follow an older count books nothing and
+// answers ReasonStale; the process reads the change then (Refresh) and
+// books again. A partition's override is different: there may be many (100,000
 // fit in tens of megabytes), so the booking script looks the job's
 // partition up in one hash, field by field, and only on a bucket that has
 // any.
@@ -36,16 +41,17 @@ import (
 // that generation. Beside them, every process keeps enforcing the limits
 // in force before the change, under their own keys, until the slots
 // booked under them can no longer share a window with a new one
-// (Override.Pace): ApplyWithin for every process to hear of the change,
-// MaxWait for the slots booked ahead, the longest Per of the old limits
+// (drainFor, judged by the scripts on Redis's clock): MaxWait for the
+// slots booked ahead before the change, the longest Per of the old limits
 // and the guard. So every window holds no more than the old limits allow
 // while slots booked under them drain, and a new limit starts from an
 // empty state without a burst on top of them: the old limits' state still
-// holds them back. Every slot booked later than ApplyWithin after the
-// change has gone through the new limits' state too, so from ApplyWithin
-// plus MaxWait after the change no window of length Per holds more than
-// a new limit allows. A limit the upstream states still caps whatever is
-// in force (Learn keeps its own state, which a change does not touch).
+// holds them back. Every slot booked after the change has gone through the
+// new limits' state too (the stale check), so from MaxWait after the
+// change no window of length Per holds more than a new limit allows: from
+// one Per after it, for a Per of at least MaxWait. A limit the upstream
+// states still caps whatever is in force (Learn keeps its own state, which
+// a change does not touch).
 //
 // A partition's limits change in place: their state is named by what the
 // limit counts and over what window, so a partition that goes from 100 to
@@ -54,8 +60,9 @@ import (
 // the last one booked); a higher one may let a window that straddles the
 // change reach the new limit.
 const (
-	// ApplyWithin bounds how long a process goes on pacing at limits an
-	// operator has replaced.
+	// ApplyWithin bounds how long a process that books nothing goes on
+	// holding limits an operator has replaced (one that books reads them
+	// at its next booking, ReasonStale).
 	ApplyWithin = time.Second
 	// phaseMemory is how long a replaced phase is kept in the record after
 	// it ended, far beyond any drain; older ones are dropped at the next
@@ -106,17 +113,20 @@ func (o Override) Generation() int64 {
 }
 
 // Pace is what a bucket configured with configured limits paces at at
-// now (Redis's clock, or a clock close to it): the limits in force, their
-// generation, and the earlier phases still draining; until is when the
-// next of those stops draining (zero if none does). maxWait and guard are
-// the bucket's (BucketConfig).
+// now (a replica's clock, close to Redis's): the limits in force, their
+// generation, and the earlier phases that may still be draining; until is
+// when the next of those is dropped (zero if none is). A phase drains for
+// drainFor after its change on Redis's clock, as the scripts judge it;
+// it is passed to them for clockMargin longer, so that a replica's clock
+// ahead of Redis's does not end it early. maxWait and guard are the
+// bucket's (BucketConfig).
 func (o Override) Pace(configured []Limit, maxWait, guard time.Duration, now time.Time) (limits []Limit, gen int64, draining []Phase, until time.Time) {
 	limits, gen = configured, int64(0)
 	if o.Limits != nil {
 		limits, gen = o.Limits, o.Changes
 	}
 	for _, ph := range o.Earlier {
-		end := ph.Ended.Add(drainFor(ph.Limits, maxWait, guard))
+		end := ph.Ended.Add(drainFor(ph.Limits, maxWait, guard) + clockMargin)
 		if !now.Before(end) {
 			continue
 		}
@@ -128,16 +138,23 @@ func (o Override) Pace(configured []Limit, maxWait, guard time.Duration, now tim
 	return limits, gen, draining, until
 }
 
-// drainFor is how long after a change its replaced limits are enforced:
-// until no window of theirs can hold a slot booked under them and a slot
-// booked only under the new limits.
+// drainFor is how long after a change (on Redis's clock) its replaced
+// limits are enforced: until no window of theirs can hold a slot booked
+// under them alone and a slot booked only under the new limits. The last
+// slot booked under them alone was booked before the change (the scripts
+// refuse them after it, ReasonStale), at most maxWait ahead.
 func drainFor(ls []Limit, maxWait, guard time.Duration) time.Duration {
 	var per time.Duration
 	for _, l := range ls {
 		per = max(per, l.Per)
 	}
-	return ApplyWithin + maxWait + per + guard
+	return maxWait + per + guard
 }
+
+// clockMargin is how much longer than its drain a phase is passed to the
+// scripts, which end it on Redis's clock: a replica whose clock runs
+// ahead by less does not drop it early.
+const clockMargin = ApplyWithin
 
 // opKey is the bucket's override record: a hash of
 //

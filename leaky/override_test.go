@@ -167,10 +167,12 @@ func TestChangeOverIsStrict(t *testing.T) {
 			if got := busiest(slots, newL.Per, at.Add(settle), slots[len(slots)-1].Add(time.Nanosecond)); got > int(newL.Rate) {
 				t.Errorf("a window of %v from %v after the change holds %d, over the new limit %v", newL.Per, settle, got, newL)
 			}
-			// And it drains at the new rate once the old has drained.
-			from := at.Add(drainFor(old, 250*time.Millisecond, 10*time.Millisecond) + newL.Per)
+			// And it drains at the new rate (what a backlog drains at under
+			// the guard) once the old has drained: MaxWait, the old window
+			// and the guard after the change, judged on the scripts' clock.
+			from := at.Add(250*time.Millisecond + oldL.Per + 10*time.Millisecond)
 			to := start.Add(run - newL.Per)
-			want := float64(newL.Rate) * to.Sub(from).Seconds() / newL.Per.Seconds()
+			want := newL.SustainedRate(10*time.Millisecond) * to.Sub(from).Seconds() / newL.Per.Seconds()
 			if got := float64(count(slots, from, to)); got < 0.9*want-float64(newL.Capacity()) {
 				t.Errorf("from %v to %v after the change: got %v slots, want about %.0f at the new limit %v", from.Sub(at), to.Sub(at), got, want, newL)
 			}
