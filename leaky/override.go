@@ -518,8 +518,10 @@ func samePhases(a, c []Phase) bool {
 // GET, whatever the number of buckets: an idle fleet pays next to nothing)
 // and re-reads the buckets' overrides when it moved, in case an
 // announcement was lost; and every fullReread it re-reads them all. A
-// phase that stops draining is dropped on the local clock. changed, if
-// not nil, is called after a bucket's limits changed. Run it in a
+// phase whose drain the scripts have ended is dropped from their
+// arguments on the local clock, clockMargin later. changed, if not nil, is
+// called after a bucket's limits changed, by Follow or by a Refresh while
+// Follow runs. Run it in a
 // goroutine you own; it needs a client that can Subscribe. Errors reading
 // Redis are retried at the next tick; it returns nil when ctx ends.
 func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Bucket)) error {
@@ -544,8 +546,8 @@ func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Buc
 		}
 	}
 	apply := func(b *Bucket) {
-		// Drains end on this clock: late rather than early by the margin
-		// ApplyWithin leaves for a replica's clock against Redis's.
+		// Phases are dropped on this clock, clockMargin after the scripts
+		// stopped enforcing them on Redis's.
 		if ch, _, err := b.Apply(known[b], now()); err == nil && ch {
 			b.p.hooks.changed(b)
 		}
