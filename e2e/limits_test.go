@@ -17,8 +17,9 @@ import (
 // second; `shaper limits set` lowers the limit to 10 per second, and later
 // `shaper limits reset` puts the 40 back, with no restart. The upstream's
 // arrivals are counted in every window of a second: none holds more than
-// 40 while slots booked under it drain, none more than 10 from a second
-// (every replica has heard) plus the horizon after the set, and the drain
+// 40 while slots booked under it drain, none more than 10 from one per (a
+// second) after the set (nothing is booked under 40 once the set is
+// written, and slots are booked at most the horizon ahead), and the drain
 // runs at the new rate one per after that; after the reset, windows that
 // still hold slots booked under 10 per second hold no more than 10, and
 // the drain comes back to 40.
@@ -75,9 +76,10 @@ upstreams:
 	arr := arrivals(e.fake)
 	t.Logf("%d requests; %s", len(arr), stalls)
 
-	// Slots are booked at most the horizon ahead, and every replica hears
-	// of a change within a second.
-	const settle = time.Second + 250*time.Millisecond
+	// One per after the change: slots are booked at most the horizon
+	// (250ms) ahead, and none under the old limits once the change is
+	// written, whether a replica has heard of it or not.
+	const settle = time.Second
 	at := func(d time.Duration) time.Time { return e.fake.Started().Add(d) }
 	check := func(what string, from, to time.Duration, bound int) {
 		t.Helper()

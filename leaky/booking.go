@@ -31,8 +31,10 @@ func (b *Bucket) bookingKeys(s *limitSet) []string {
 
 // BookingArgs are the bucket's ARGV that leaky_open reads, in order: its
 // concurrency cap, how long a lease outlives its slot, where partitions'
-// state and overrides are, and its limits as paced now (with their shapes
-// under the bucket's guard).
+// state and overrides are, its limits as paced now (with their shapes
+// under the bucket's guard), and the count of operators' changes they
+// follow: a script booking under limits an operator has changed since
+// answers ReasonStale (see Refresh).
 func (b *Bucket) BookingArgs(leaseAfterSlot time.Duration) []any {
 	return b.bookingArgs(b.cur(), leaseAfterSlot)
 }
@@ -44,9 +46,9 @@ func (b *Bucket) bookingArgs(s *limitSet, leaseAfterSlot time.Duration) []any {
 	}
 	out := []any{b.cfg.Concurrency, leaseAfterSlot.Microseconds(), b.p.key(b.name, "p:"), pov, len(s.limits)}
 	for i, l := range s.limits {
-		out = append(out, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), l.Cost, dynField(l))
+		out = append(out, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), l.Cost, dynField(l), s.upto[i])
 	}
-	return out
+	return append(out, s.changes)
 }
 
 // Booking is BookingKeys and BookingArgs of one set of limits, and its

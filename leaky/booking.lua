@@ -12,16 +12,22 @@
 --     stated limits' TATs: the rest of KEYS) and whose ARGV start at
 --     args[a] (concurrency, lease µs past the slot, the partition TAT
 --     prefix, the partitions' overrides hash or "" for none, n, n ×
---     (interval, capacity, per µs, cost name, dyn field)),
---     its limits as paced now; a2 is the ARGV index after the bucket's.
+--     (interval, capacity, per µs, cost name, dyn field, µs from which it
+--     is no longer enforced or 0: a draining limit's end), the count of
+--     operators' changes the limits follow), its limits as paced now; a2
+--     is the ARGV index after the bucket's. Limits that follow an older
+--     count than the dyn hash's 'n' (an operator changed them since, see
+--     Bucket.PutLimits) are stale: leaky_earliest then answers reason 5
+--     and no slot, and the caller reads the limits again
 --     leaky_open(keys, k, args, a, now, also) -> b, a2, vals also reads the
 --     string keys named in the list also, in the same MGET as the limits'
 --     TATs, vals holding their values in order (false: none)
 --   leaky_limits(args, a) -> limits, a2: a partition's limits at args[a]
 --     (k, k × (id, interval, capacity, per µs, cost name))
 --   leaky_earliest(b, costs, now) -> slot µs, reason (0 none, 1 a limit, 2
---     the block): the bucket's earliest slot for a send of costs (name ->
---     n; a limit without a cost name counts 1)
+--     the block, 5 stale limits: a slot 2^40 µs away): the bucket's
+--     earliest slot for a send of costs (name -> n; a limit without a cost
+--     name counts 1)
 --   leaky_lease_wait(b, lease, now) -> nil if lease may be held (no
 --     concurrency cap, held already, or room), else µs until one ends
 --   leaky_book(b, slot, costs, lease) books the slot on every limit and,
@@ -53,23 +59,35 @@ local function leaky_open(keys, k, args, a, now, also)
     local l = {interval = tonumber(args[a]), capacity = tonumber(args[a + 1]), per = tonumber(args[a + 2]),
       cost = args[a + 3], key = keys[k + 1 + i]}
     l.interval = shaper_dyn_interval(dyn, args[a + 4], l.interval, now)
+    -- A draining limit whose drain has ended (on this clock) holds nothing.
+    local upto = tonumber(args[a + 5])
+    l.off = upto > 0 and now >= upto
     b.lim[i] = l
-    a = a + 5
+    a = a + 6
   end
+  -- The change of limits these follow; nothing is booked under older ones.
+  b.stale = dyn.n ~= nil and tonumber(dyn.n) ~= tonumber(args[a])
+  a = a + 1
   for s = 1, #keys - (k + 2 + n) do
     local iv, cap, pr = shaper_stated(dyn, s)
     if iv then
       b.lim[#b.lim + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = keys[k + 2 + n + s]}
     end
   end
-  local reads = {}
-  for i, l in ipairs(b.lim) do reads[i] = l.key end
+  local reads, at = {}, {}
+  for i, l in ipairs(b.lim) do
+    l.tat = 0
+    if not l.off then
+      reads[#reads + 1] = l.key
+      at[i] = #reads
+    end
+  end
   local nl = #reads
   for _, key in ipairs(also or {}) do reads[#reads + 1] = key end
   local vals, got = {}, {}
   if #reads > 0 then vals = redis.call('MGET', unpack(reads)) end
   for i, l in ipairs(b.lim) do
-    l.tat = tonumber(vals[i] or '0')
+    if at[i] then l.tat = tonumber(vals[at[i]] or '0') end
   end
   for i = nl + 1, #reads do got[#got + 1] = vals[i] end
   b.blocked = tonumber(redis.call('HGET', b.block, 'until') or '0')
@@ -92,11 +110,14 @@ local function leaky_limits(args, a)
 end
 
 local function leaky_earliest(b, costs, now)
+  if b.stale then return now + 1099511627776, 5 end
   local slot, why = now, 0
   if b.blocked > slot then slot, why = b.blocked, 2 end
   for _, l in ipairs(b.lim) do
-    local at = gcra_earliest(l.tat, now, l.interval, l.capacity, leaky_cost(l, costs))
-    if at > slot then slot, why = at, 1 end
+    if not l.off then
+      local at = gcra_earliest(l.tat, now, l.interval, l.capacity, leaky_cost(l, costs))
+      if at > slot then slot, why = at, 1 end
+    end
   end
   return slot, why
 end
@@ -111,7 +132,7 @@ end
 
 local function leaky_book(b, slot, costs, lease)
   for _, l in ipairs(b.lim) do
-    l.tat = gcra_take(l.tat, slot, l.interval, leaky_cost(l, costs))
+    if not l.off then l.tat = gcra_take(l.tat, slot, l.interval, leaky_cost(l, costs)) end
   end
   b.changed = true
   if b.conc > 0 then
@@ -167,7 +188,9 @@ end
 local function leaky_commit(b, now)
   if b.changed then
     for _, l in ipairs(b.lim) do
-      redis.call('SET', l.key, shaper_int(l.tat), 'PX', math.ceil((l.tat - now + l.per) / 1000))
+      if not l.off then
+        redis.call('SET', l.key, shaper_int(l.tat), 'PX', math.ceil((l.tat - now + l.per) / 1000))
+      end
     end
   end
   if b.lease_expiry > 0 then

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,6 +86,7 @@ type Pacer struct {
 	prefix string
 	now    func() time.Time
 	blocks *blockBoard
+	hooks  changeHooks
 }
 
 // New returns a Pacer on rdb. The caller owns rdb and closes it.
@@ -132,6 +134,10 @@ type Bucket struct {
 	clock    *offsetEstimator
 	batch    *script.Batcher[reserveReq, reserveRes]
 	releases *script.Batcher[string, struct{}]
+	// applied is the override last applied (Apply), under applyMu;
+	// refreshMu lets one Refresh read at a time.
+	applyMu, refreshMu sync.Mutex
+	applied            *Override
 }
 
 // validName is what a bucket name may be; it becomes a Redis hash tag.
@@ -221,6 +227,12 @@ const (
 	ReasonBlocked Reason = codeBlocked
 	// ReasonConcurrency: every concurrency lease is taken.
 	ReasonConcurrency Reason = codeConcurrency
+	// ReasonStale: an operator changed the bucket's limits since this
+	// process last read them, and nothing was booked under the old ones.
+	// Reserve and ReserveIn read them again and book (Refresh); a script
+	// that books through BookingLua answers it to its caller, which calls
+	// Refresh and tries again.
+	ReasonStale Reason = codeStale
 )
 
 func (r Reason) String() string {
@@ -235,6 +247,8 @@ func (r Reason) String() string {
 		return "concurrency"
 	case ReasonPartition:
 		return "partition"
+	case ReasonStale:
+		return "stale limits"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -275,7 +289,11 @@ type ReserveOption func(*reserveOpts)
 type reserveOpts struct {
 	maxWait time.Duration
 	lease   string
+	stale   int // times ReserveIn was answered ReasonStale
 }
+
+// retriedStale counts a ReserveIn answered ReasonStale.
+func retriedStale(o *reserveOpts) { o.stale++ }
 
 // MaxWait overrides the bucket's MaxWait for one call. Zero books only a
 // slot that is free right now.
@@ -331,6 +349,13 @@ func (b *Bucket) Reserve(ctx context.Context, costs Costs, opts ...ReserveOption
 		if errors.Is(err, errLimitsChanged) && try < 3 {
 			continue
 		}
+		if errors.Is(err, errStale) && try < 3 {
+			// An operator changed the limits since this process read them.
+			if err := b.Refresh(ctx, s.version); err != nil {
+				return nil, fmt.Errorf("reserve %s: %w", b.name, err)
+			}
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reserve %s: %w", b.name, err)
 		}
@@ -379,11 +404,12 @@ type reserveRes struct {
 func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq, reserveRes]) {
 	s := calls[0].Req.set
 	n := len(s.params)
-	args := make([]any, 0, 4+4*n+len(calls)*(2+n))
+	args := make([]any, 0, 5+5*n+len(calls)*(2+n))
 	args = append(args, script.NowArg(b.p.now), b.cfg.LeaseTTL.Microseconds(), b.cfg.Concurrency, n)
 	for i, l := range s.limits {
-		args = append(args, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), dynField(l))
+		args = append(args, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), dynField(l), s.upto[i])
 	}
+	args = append(args, s.changes)
 	var booked []*script.Call[reserveReq, reserveRes]
 	for _, c := range calls {
 		if c.Req.set != s {
@@ -425,6 +451,10 @@ func (b *Bucket) runReserve(ctx context.Context, calls []*script.Call[reserveReq
 		if i == 0 {
 			// One "now" for the whole call: one observation of the clocks.
 			lo, hi = b.clock.observe(issued, received, out[4])
+		}
+		if out[0] == 0 && out[2] == codeStale {
+			c.Err = errStale
+			continue
 		}
 		c.Res = reserveRes{out: out, lo: lo, hi: hi}
 	}

@@ -15,6 +15,11 @@ import (
 // books it again under the new ones.
 var errLimitsChanged = errors.New("limits changed during the reservation")
 
+// errStale fails a reservation whose script found that an operator had
+// changed the bucket's limits since this process read them (ReasonStale);
+// Reserve reads them again (Refresh) and books under the new ones.
+var errStale = errors.New("limits changed by an operator since they were read")
+
 // limitSet is the limits a bucket paces at: the current ones (the first
 // n), then the draining ones, with their shapes and keys. It is never
 // changed once built; SetLimits swaps in another.
@@ -24,6 +29,10 @@ type limitSet struct {
 	gen      int64
 	draining []Phase
 	params   []gcra.Params
+	// upto is, per limit, the µs on Redis's clock from which the scripts
+	// no longer enforce it: a draining limit's drain ends there (drainFor
+	// after its change); 0 for the limits in force.
+	upto []int64
 	// keys are block, leases, one TAT per limit; reserveKeys keys plus the
 	// dynamic limits' (dynKeys), stateKeys keys plus the dyn hash: built
 	// once, since a shared slice appended to on every call could be
@@ -38,6 +47,10 @@ type limitSet struct {
 	// pov: some partition of the bucket has limits of its own, which the
 	// booking script must look up (PutPartitionLimits).
 	pov bool
+	// changes is the count of operators' changes (Override.Changes) the
+	// set follows: a booking script refuses it once the bucket's dyn hash
+	// holds a later count (ReasonStale).
+	changes int64
 }
 
 func (s *limitSet) current() []Limit { return s.limits[:s.n] }
@@ -68,7 +81,7 @@ func (b *Bucket) newSet(limits []Limit, gen int64, draining []Phase, version uin
 	s := &limitSet{gen: gen, draining: slices.Clone(draining), version: version}
 	s.keys = []string{b.p.key(b.name, "block"), b.p.key(b.name, "leases")}
 	seen := map[string]bool{}
-	add := func(l Limit, g int64) error {
+	add := func(l Limit, g, upto int64) error {
 		prm := l.Params(b.cfg.Guard)
 		if err := prm.Validate(); err != nil {
 			return fmt.Errorf("limit %v: %w", l, err)
@@ -76,6 +89,7 @@ func (b *Bucket) newSet(limits []Limit, gen int64, draining []Phase, version uin
 		s.limits = append(s.limits, l)
 		s.params = append(s.params, prm)
 		s.keys = append(s.keys, b.tatKey(l, g))
+		s.upto = append(s.upto, upto)
 		return nil
 	}
 	for i, l := range limits {
@@ -87,12 +101,18 @@ func (b *Bucket) newSet(limits []Limit, gen int64, draining []Phase, version uin
 			return nil, fmt.Errorf("limit %d (%v): two limits count %s per %v", i+1, l, l.Unit(), l.Per)
 		}
 		seen[id] = true
-		if err := add(l, gen); err != nil {
+		if err := add(l, gen, 0); err != nil {
 			return nil, err
 		}
 	}
 	s.n = len(limits)
 	for _, ph := range draining {
+		// Its drain ends on Redis's clock, in the scripts; a phase
+		// without an end drains until it is dropped.
+		var upto int64
+		if !ph.Ended.IsZero() {
+			upto = ph.Ended.Add(drainFor(ph.Limits, b.cfg.MaxWait, b.cfg.Guard)).UnixMicro()
+		}
 		for _, l := range ph.Limits {
 			if l.Validate() != nil {
 				continue
@@ -101,7 +121,7 @@ func (b *Bucket) newSet(limits []Limit, gen int64, draining []Phase, version uin
 			if slices.Contains(s.keys[2:], k) {
 				continue
 			}
-			if err := add(l, ph.Generation); err != nil {
+			if err := add(l, ph.Generation, upto); err != nil {
 				return nil, err
 			}
 		}
@@ -126,7 +146,7 @@ func (b *Bucket) SetLimits(limits []Limit, gen int64, draining []Phase) error {
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", b.name, err)
 	}
-	s.pov = old.pov
+	s.pov, s.changes = old.pov, old.changes
 	b.set.Store(s)
 	return nil
 }

@@ -11,6 +11,7 @@ const (
 	codeLimit       = 1
 	codeBlocked     = 2
 	codeConcurrency = 3
+	codeStale       = 5
 )
 
 // reserveScript books send slots for one or more reservations on a bucket,
@@ -27,11 +28,18 @@ const (
 //	ARGV[2] -> lease lifetime µs, counted from the slot
 //	ARGV[3] -> concurrency limit
 //	ARGV[4] -> n, the number of limits
-//	ARGV[5+4i .. 8+4i] -> limit i: interval µs, capacity, per µs, dyn field ("" fixed)
+//	ARGV[5+5i .. 9+5i] -> limit i: interval µs, capacity, per µs, dyn field
+//	  ("" fixed), and µs from which it is no longer enforced (0 never: a
+//	  draining limit's drain ends on Redis's clock)
+//	ARGV[5+5n] -> the count of operators' changes the limits follow
 //	then per reservation: max wait µs, lease id ("" = none), cost of each limit
 //
 // Stated limits count one per reservation; their TATs are booked like the
 // others' but not reported, so Cancel leaves them booked.
+//
+// Limits that follow an older count than the dyn hash's 'n' (an operator
+// changed them since) book nothing: every reply is {0, 0, 5, 0, now}, and
+// the caller reads the limits again.
 //
 // Returns one reply per reservation: {ok, wait, reason, limit, now, prev_1,
 // next_1, ..., prev_n, next_n}. ok is 1 when booked; wait is the delay until
@@ -45,15 +53,18 @@ local now = shaper_now(ARGV[1])
 local lease_ttl = tonumber(ARGV[2])
 local concurrency = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local interval, capacity, per, tat, changed, key = {}, {}, {}, {}, {}, {}
+local interval, capacity, per, tat, changed, key, off = {}, {}, {}, {}, {}, {}, {}
 local dyn = shaper_dyn_read(KEYS[3 + n])
 for i = 1, n do
-  local b = 5 + 4 * (i - 1)
+  local b = 5 + 5 * (i - 1)
   interval[i] = shaper_dyn_interval(dyn, ARGV[b + 3], tonumber(ARGV[b]), now)
   capacity[i] = tonumber(ARGV[b + 1])
   per[i] = tonumber(ARGV[b + 2])
   key[i] = KEYS[i + 2]
-  tat[i] = tonumber(redis.call('GET', key[i]) or '0')
+  local upto = tonumber(ARGV[b + 4])
+  off[i] = upto > 0 and now >= upto
+  tat[i] = 0
+  if not off[i] then tat[i] = tonumber(redis.call('GET', key[i]) or '0') end
 end
 -- The limits the upstream stated, after the configured ones.
 local all = n
@@ -70,13 +81,18 @@ local function unit_cost(base, i)
   if i > n then return 1 end
   return tonumber(ARGV[base + 1 + i])
 end
+local replies = {}
+local start = 6 + 5 * n
+local stride = 2 + n
+if dyn.n ~= nil and tonumber(dyn.n) ~= tonumber(ARGV[5 + 5 * n]) then
+  for base = start, #ARGV, stride do
+    replies[#replies + 1] = {0, 0, 5, 0, now}
+  end
+  return replies
+end
 local blocked = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
 local pruned = false
 local last_expiry = 0
-
-local replies = {}
-local start = 5 + 4 * n
-local stride = 2 + n
 for base = start, #ARGV, stride do
   local max_wait = tonumber(ARGV[base])
   local lease = ARGV[base + 1]
@@ -85,9 +101,11 @@ for base = start, #ARGV, stride do
     slot, reason = blocked, 2
   end
   for i = 1, all do
-    local at = gcra_earliest(tat[i], now, interval[i], capacity[i], unit_cost(base, i))
-    if at > slot then
-      slot, reason, binding = at, 1, i
+    if not off[i] then
+      local at = gcra_earliest(tat[i], now, interval[i], capacity[i], unit_cost(base, i))
+      if at > slot then
+        slot, reason, binding = at, 1, i
+      end
     end
   end
   local out = {0, 0, reason, binding, now}
@@ -111,13 +129,19 @@ for base = start, #ARGV, stride do
   end
   if ok then
     for i = 1, all do
-      local nxt = gcra_take(tat[i], slot, interval[i], unit_cost(base, i))
-      if i <= n then
-        out[#out + 1] = tat[i]
-        out[#out + 1] = nxt
+      if off[i] then
+        -- (Only a limit of the caller's is off.)
+        out[#out + 1] = 0
+        out[#out + 1] = 0
+      else
+        local nxt = gcra_take(tat[i], slot, interval[i], unit_cost(base, i))
+        if i <= n then
+          out[#out + 1] = tat[i]
+          out[#out + 1] = nxt
+        end
+        tat[i] = nxt
+        changed[i] = true
       end
-      tat[i] = nxt
-      changed[i] = true
     end
     out[1], out[2] = 1, slot - now
   end

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,7 +26,12 @@ import (
 // reads nothing more per job: every process holds the override in force
 // and re-applies it (Follow) as soon as the change is announced over
 // pub/sub, and within ApplyWithin in case an announcement was lost (a
-// fleet-wide count of changes, one GET a tick, says when to look). A partition's override is different: there may be many (100,000
+// fleet-wide count of changes, one GET a tick, says when to look). And
+// nothing waits for that: the change writes its count of changes into the
+// bucket's dyn hash, which every booking script reads already, and a
+// script given limits that follow an older count books nothing and
+// answers ReasonStale; the process reads the change then (Refresh) and
+// books again. A partition's override is different: there may be many (100,000
 // fit in tens of megabytes), so the booking script looks the job's
 // partition up in one hash, field by field, and only on a bucket that has
 // any.
@@ -35,16 +41,17 @@ import (
 // that generation. Beside them, every process keeps enforcing the limits
 // in force before the change, under their own keys, until the slots
 // booked under them can no longer share a window with a new one
-// (Override.Pace): ApplyWithin for every process to hear of the change,
-// MaxWait for the slots booked ahead, the longest Per of the old limits
+// (drainFor, judged by the scripts on Redis's clock): MaxWait for the
+// slots booked ahead before the change, the longest Per of the old limits
 // and the guard. So every window holds no more than the old limits allow
 // while slots booked under them drain, and a new limit starts from an
 // empty state without a burst on top of them: the old limits' state still
-// holds them back. Every slot booked later than ApplyWithin after the
-// change has gone through the new limits' state too, so from ApplyWithin
-// plus MaxWait after the change no window of length Per holds more than
-// a new limit allows. A limit the upstream states still caps whatever is
-// in force (Learn keeps its own state, which a change does not touch).
+// holds them back. Every slot booked after the change has gone through the
+// new limits' state too (the stale check), so from MaxWait after the
+// change no window of length Per holds more than a new limit allows: from
+// one Per after it, for a Per of at least MaxWait. A limit the upstream
+// states still caps whatever is in force (Learn keeps its own state, which
+// a change does not touch).
 //
 // A partition's limits change in place: their state is named by what the
 // limit counts and over what window, so a partition that goes from 100 to
@@ -53,8 +60,9 @@ import (
 // the last one booked); a higher one may let a window that straddles the
 // change reach the new limit.
 const (
-	// ApplyWithin bounds how long a process goes on pacing at limits an
-	// operator has replaced.
+	// ApplyWithin bounds how long a process that books nothing goes on
+	// holding limits an operator has replaced (one that books reads them
+	// at its next booking, ReasonStale).
 	ApplyWithin = time.Second
 	// phaseMemory is how long a replaced phase is kept in the record after
 	// it ended, far beyond any drain; older ones are dropped at the next
@@ -105,17 +113,20 @@ func (o Override) Generation() int64 {
 }
 
 // Pace is what a bucket configured with configured limits paces at at
-// now (Redis's clock, or a clock close to it): the limits in force, their
-// generation, and the earlier phases still draining; until is when the
-// next of those stops draining (zero if none does). maxWait and guard are
-// the bucket's (BucketConfig).
+// now (a replica's clock, close to Redis's): the limits in force, their
+// generation, and the earlier phases that may still be draining; until is
+// when the next of those is dropped (zero if none is). A phase drains for
+// drainFor after its change on Redis's clock, as the scripts judge it;
+// it is passed to them for clockMargin longer, so that a replica's clock
+// ahead of Redis's does not end it early. maxWait and guard are the
+// bucket's (BucketConfig).
 func (o Override) Pace(configured []Limit, maxWait, guard time.Duration, now time.Time) (limits []Limit, gen int64, draining []Phase, until time.Time) {
 	limits, gen = configured, int64(0)
 	if o.Limits != nil {
 		limits, gen = o.Limits, o.Changes
 	}
 	for _, ph := range o.Earlier {
-		end := ph.Ended.Add(drainFor(ph.Limits, maxWait, guard))
+		end := ph.Ended.Add(drainFor(ph.Limits, maxWait, guard) + clockMargin)
 		if !now.Before(end) {
 			continue
 		}
@@ -127,16 +138,23 @@ func (o Override) Pace(configured []Limit, maxWait, guard time.Duration, now tim
 	return limits, gen, draining, until
 }
 
-// drainFor is how long after a change its replaced limits are enforced:
-// until no window of theirs can hold a slot booked under them and a slot
-// booked only under the new limits.
+// drainFor is how long after a change (on Redis's clock) its replaced
+// limits are enforced: until no window of theirs can hold a slot booked
+// under them alone and a slot booked only under the new limits. The last
+// slot booked under them alone was booked before the change (the scripts
+// refuse them after it, ReasonStale), at most maxWait ahead.
 func drainFor(ls []Limit, maxWait, guard time.Duration) time.Duration {
 	var per time.Duration
 	for _, l := range ls {
 		per = max(per, l.Per)
 	}
-	return ApplyWithin + maxWait + per + guard
+	return maxWait + per + guard
 }
+
+// clockMargin is how much longer than its drain a phase is passed to the
+// scripts, which end it on Redis's clock: a replica whose clock runs
+// ahead by less does not drop it early.
+const clockMargin = ApplyWithin
 
 // opKey is the bucket's override record: a hash of
 //
@@ -294,13 +312,17 @@ func parseOverride(m map[string]string) (Override, error) {
 // change came first.
 //
 //	KEYS[1] -> override record (opKey)
+//	KEYS[2] -> the dyn hash, whose 'n' the booking scripts check: it is
+//	           the count of changes, so that from this call on nothing is
+//	           booked under limits that follow an older one (ReasonStale)
 //	ARGV[1] -> now override in µs ("" = Redis TIME)
 //	ARGV[2] -> changes the caller read (n); another count: no change
 //	ARGV[3] -> the new limits (encodeLimits), "" for the configured ones
 //	ARGV[4] -> the phase replaced: "generation limits"
 //	ARGV[5] -> announcement channel
 //	ARGV[6] -> bucket name
-//	ARGV[7..] -> fields of old phases to drop
+//	ARGV[7] -> the dyn hash's least lifetime ms
+//	ARGV[8..] -> fields of old phases to drop
 //
 // Returns {1 changed or 0 lost a race, now, changes}.
 var overrideScript = script.New(`
@@ -316,8 +338,12 @@ if ARGV[3] == '' then
 else
   redis.call('HSET', KEYS[1], 'lim', ARGV[3])
 end
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   redis.call('HDEL', KEYS[1], ARGV[i])
+end
+redis.call('HSET', KEYS[2], 'n', n + 1)
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[7]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
 end
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {1, now, n + 1}
@@ -354,14 +380,14 @@ func (b *Bucket) change(ctx context.Context, next string) (Override, error) {
 			cur, gen = o.Limits, o.Changes
 		}
 		args := []any{script.NowArg(b.p.now), o.Changes, next, strconv.FormatInt(gen, 10) + " " + encodeLimits(cur),
-			b.p.limitsChannel(), b.name}
+			b.p.limitsChannel(), b.name, dynTTL.Milliseconds()}
 		// Old phases go once long past any drain, and beyond maxPhases.
 		for i, ph := range o.Earlier {
 			if i >= maxPhases-1 || (!o.At.IsZero() && o.At.Sub(ph.Ended) > phaseMemory) {
 				args = append(args, ph.field)
 			}
 		}
-		v, err := script.Run(ctx, b.p.rdb, "leaky.override", overrideScript, []string{b.opKey()}, args...)
+		v, err := script.Run(ctx, b.p.rdb, "leaky.override", overrideScript, []string{b.opKey(), b.dynKey()}, args...)
 		if err != nil {
 			return Override{}, fmt.Errorf("change limits of %s: %w", b.name, err)
 		}
@@ -382,21 +408,102 @@ func (b *Bucket) change(ctx context.Context, next string) (Override, error) {
 // Apply makes the bucket pace at what o says at now (see Override.Pace):
 // in this process, without writing to Redis. It reports whether that
 // changed the limits paced at, and when to apply again (a draining phase
-// ends; zero for never).
+// ends; zero for never). An o older than one applied before (fewer
+// Changes: a reading that a Refresh overtook) counts as that one.
 func (b *Bucket) Apply(o Override, now time.Time) (bool, time.Time, error) {
+	b.applyMu.Lock()
+	defer b.applyMu.Unlock()
+	if b.applied != nil && o.Changes < b.applied.Changes {
+		o = *b.applied
+	}
 	limits, gen, draining, until := o.Pace(b.cfg.Limits, b.cfg.MaxWait, b.cfg.Guard, now)
 	s := b.cur()
 	pov := o.Partitions > 0
-	if s.gen == gen && slices.Equal(s.current(), limits) && samePhases(s.draining, draining) && s.pov == pov {
+	b.applied = &o
+	if s.gen == gen && slices.Equal(s.current(), limits) && samePhases(s.draining, draining) && s.pov == pov && s.changes == o.Changes {
 		return false, until, nil
 	}
 	ns, err := b.newSet(limits, gen, draining, s.version+1)
 	if err != nil {
 		return false, until, fmt.Errorf("bucket %s: %w", b.name, err)
 	}
-	ns.pov = pov
+	ns.pov, ns.changes = pov, o.Changes
 	b.set.Store(ns)
 	return true, until, nil
+}
+
+// Refresh reads what an operator has set on the bucket and applies it
+// (Apply, at the pacer's clock), after a booking under the limits of
+// BookingVersion version answered ReasonStale: an operator changed them
+// and this process had not heard yet (the announcement lost, or not
+// arrived). Callers that all saw the same stale version read once: a
+// caller whose version was replaced meanwhile returns at once. A change
+// it applies is told to Follow's changed, as Follow's own are.
+func (b *Bucket) Refresh(ctx context.Context, version uint64) error {
+	b.refreshMu.Lock()
+	defer b.refreshMu.Unlock()
+	if b.cur().version != version {
+		return nil
+	}
+	o, err := b.ReadOverride(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now
+	if b.p.now != nil {
+		now = b.p.now
+	}
+	ch, _, err := b.Apply(o, now())
+	if err != nil {
+		return err
+	}
+	if ch {
+		b.p.hooks.changed(b)
+	}
+	return nil
+}
+
+// changeHooks are the changed functions of the Follows running, by
+// bucket, so that a change Refresh applies is told as Follow's are.
+type changeHooks struct {
+	mu   sync.Mutex
+	next int
+	fs   map[*Bucket]map[int]func(*Bucket)
+}
+
+func (h *changeHooks) add(bs []*Bucket, f func(*Bucket)) (remove func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.next++
+	id := h.next
+	if h.fs == nil {
+		h.fs = map[*Bucket]map[int]func(*Bucket){}
+	}
+	for _, b := range bs {
+		if h.fs[b] == nil {
+			h.fs[b] = map[int]func(*Bucket){}
+		}
+		h.fs[b][id] = f
+	}
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, b := range bs {
+			delete(h.fs[b], id)
+		}
+	}
+}
+
+func (h *changeHooks) changed(b *Bucket) {
+	h.mu.Lock()
+	fs := make([]func(*Bucket), 0, len(h.fs[b]))
+	for _, f := range h.fs[b] {
+		fs = append(fs, f)
+	}
+	h.mu.Unlock()
+	for _, f := range fs {
+		f(b)
+	}
 }
 
 func samePhases(a, c []Phase) bool {
@@ -411,8 +518,10 @@ func samePhases(a, c []Phase) bool {
 // GET, whatever the number of buckets: an idle fleet pays next to nothing)
 // and re-reads the buckets' overrides when it moved, in case an
 // announcement was lost; and every fullReread it re-reads them all. A
-// phase that stops draining is dropped on the local clock. changed, if
-// not nil, is called after a bucket's limits changed. Run it in a
+// phase whose drain the scripts have ended is dropped from their
+// arguments on the local clock, clockMargin later. changed, if not nil, is
+// called after a bucket's limits changed, by Follow or by a Refresh while
+// Follow runs. Run it in a
 // goroutine you own; it needs a client that can Subscribe. Errors reading
 // Redis are retried at the next tick; it returns nil when ctx ends.
 func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Bucket)) error {
@@ -431,11 +540,16 @@ func (p *Pacer) Follow(ctx context.Context, buckets []*Bucket, changed func(*Buc
 	if p.now != nil {
 		now = p.now
 	}
+	if changed != nil {
+		for _, b := range buckets {
+			defer b.p.hooks.add([]*Bucket{b}, changed)()
+		}
+	}
 	apply := func(b *Bucket) {
-		// Drains end on this clock: late rather than early by the margin
-		// ApplyWithin leaves for a replica's clock against Redis's.
-		if ch, _, err := b.Apply(known[b], now()); err == nil && ch && changed != nil {
-			changed(b)
+		// Phases are dropped on this clock, clockMargin after the scripts
+		// stopped enforcing them on Redis's.
+		if ch, _, err := b.Apply(known[b], now()); err == nil && ch {
+			b.p.hooks.changed(b)
 		}
 	}
 	read := func(b *Bucket) bool {

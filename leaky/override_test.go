@@ -115,14 +115,17 @@ func count(slots []time.Time, from, to time.Time) int {
 }
 
 // TestChangeOverIsStrict holds a change of limits to its promise, with
-// two replicas of which one hears of the change late (but within
-// ApplyWithin): while slots booked under the old limits drain no window
-// holds more than they allow, nor more than the new ones allow from
-// ApplyWithin + MaxWait after the change, and the bucket then drains at
-// the new rate.
+// two replicas of which one hears of the change late, or never (as one
+// that lost the announcement would until its next look): while slots
+// booked under the old limits drain no window holds more than they allow,
+// nor more than the new ones allow from MaxWait after the change (so from
+// one Per after it, for any Per of at least MaxWait), since the scripts
+// book nothing under the old limits once the change is written, whether
+// a replica has heard or not; and the bucket then drains at the new rate.
 func TestChangeOverIsStrict(t *testing.T) {
 	const change, run = 2 * time.Second, 8 * time.Second
-	settle := ApplyWithin + 250*time.Millisecond
+	const never = time.Hour
+	settle := 250 * time.Millisecond // the replicas' MaxWait
 	for _, tc := range []struct {
 		name     string
 		old, new []Limit
@@ -130,6 +133,9 @@ func TestChangeOverIsStrict(t *testing.T) {
 	}{
 		{"lower", []Limit{PerSecond(40)}, []Limit{PerSecond(10)}, []time.Duration{0, 600 * time.Millisecond}},
 		{"higher", []Limit{PerSecond(10)}, []Limit{PerSecond(40)}, []time.Duration{0, 600 * time.Millisecond}},
+		{"lower, one never hears", []Limit{PerSecond(40)}, []Limit{PerSecond(10)}, []time.Duration{never, 0}},
+		{"higher, one never hears", []Limit{PerSecond(10)}, []Limit{PerSecond(40)}, []time.Duration{0, never}},
+		{"lower, none hears", []Limit{{Rate: 40, Per: time.Second, Burst: 10}}, []Limit{PerSecond(10)}, []time.Duration{never, never}},
 		{"lower, bursts", []Limit{{Rate: 40, Per: time.Second, Burst: 10}}, []Limit{{Rate: 12, Per: time.Second, Burst: 4}}, []time.Duration{0, 900 * time.Millisecond}},
 		{"higher, bursts", []Limit{{Rate: 12, Per: time.Second, Burst: 4}}, []Limit{{Rate: 40, Per: time.Second, Burst: 10}}, []time.Duration{300 * time.Millisecond, 0}},
 		// A new window: the old limit's state is under another id.
@@ -161,10 +167,12 @@ func TestChangeOverIsStrict(t *testing.T) {
 			if got := busiest(slots, newL.Per, at.Add(settle), slots[len(slots)-1].Add(time.Nanosecond)); got > int(newL.Rate) {
 				t.Errorf("a window of %v from %v after the change holds %d, over the new limit %v", newL.Per, settle, got, newL)
 			}
-			// And it drains at the new rate once the old has drained.
-			from := at.Add(drainFor(old, 250*time.Millisecond, 10*time.Millisecond) + newL.Per)
+			// And it drains at the new rate (what a backlog drains at under
+			// the guard) once the old has drained: MaxWait, the old window
+			// and the guard after the change, judged on the scripts' clock.
+			from := at.Add(250*time.Millisecond + oldL.Per + 10*time.Millisecond)
 			to := start.Add(run - newL.Per)
-			want := float64(newL.Rate) * to.Sub(from).Seconds() / newL.Per.Seconds()
+			want := newL.SustainedRate(10*time.Millisecond) * to.Sub(from).Seconds() / newL.Per.Seconds()
 			if got := float64(count(slots, from, to)); got < 0.9*want-float64(newL.Capacity()) {
 				t.Errorf("from %v to %v after the change: got %v slots, want about %.0f at the new limit %v", from.Sub(at), to.Sub(at), got, want, newL)
 			}

@@ -73,6 +73,16 @@ func (b *Bucket) ReserveIn(ctx context.Context, costs Costs, partition string, l
 	lo, hi := b.clock.observe(issued, received, out[4])
 	r := &Reservation{OK: out[0] == 1, Reason: Reason(out[2]), Now: time.UnixMicro(out[4]), bucket: b, set: s}
 	if !r.OK {
+		if r.Reason == ReasonStale {
+			// An operator changed the limits since this process read them.
+			if o.stale >= 3 {
+				return nil, fmt.Errorf("reserve %s: %w", b.name, errStale)
+			}
+			if err := b.Refresh(ctx, s.version); err != nil {
+				return nil, fmt.Errorf("reserve %s: %w", b.name, err)
+			}
+			return b.ReserveIn(ctx, costs, partition, limits, append(slices.Clone(opts), retriedStale)...)
+		}
 		r.RetryAfter = time.Duration(out[1]) * time.Microsecond
 		return r, nil
 	}

@@ -578,6 +578,17 @@ func (t *Taker) take(ctx context.Context, n int, clock string) (Take, error) {
 		}
 		out.Jobs = append(out.Jobs, Taken{ID: id, Msg: []byte(msg), Slot: t.bucket.Adopt(now, delay, lease, issued, received)})
 	}
+	if out.Reason == leaky.ReasonStale {
+		// An operator changed the limits since this process read them, and
+		// the take booked nothing under the old ones: read them, take again.
+		if err := t.bucket.Refresh(ctx, ta.version); err != nil {
+			return Take{}, err
+		}
+		if t.bucket.BookingVersion() != ta.version && len(out.Jobs) == 0 {
+			return t.take(ctx, n, clock)
+		}
+		out.Wait = min(out.Wait, 10*time.Millisecond)
+	}
 	return out, nil
 }
 
