@@ -213,3 +213,45 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	c.n += int64(len(p))
 	return c.w.Write(p)
 }
+
+// TestSDKStreamSettles: the openai package streams chat completions with
+// stream_options.include_usage through the proxy, one after another, each
+// estimated at max_tokens 900 of a limit of 1,000 tokens per 10 s with no
+// wait allowed: each gets its usage chunk as sent, and each is settled
+// from it (5 tokens), so the next goes at once, where the estimate alone
+// would refuse it.
+func TestSDKStreamSettles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("shaper serve and the openai Node SDK: multi-process, runs in make test")
+	}
+	t.Parallel()
+	e, _ := newVendorEnv(t, fakeupstream.Config{Style: fakeupstream.StyleOpenAI})
+	e.writeConfig(fmt.Sprintf(`
+redis: {url: "{{REDIS}}"}
+api:
+  keys: [{name: app, tenant: app, key_env: E2E_SDK_KEY}]
+upstreams:
+  openai:
+    base_url: "{{UPSTREAM}}"
+    limits:
+      - {rate: 100, per: 1s}
+      - {rate: 1000, per: 10s, cost: tokens, burst: 1000}
+    headers: {Authorization: "Bearer %s"}
+    proxy: {enabled: true, cost: {tokens: {json: /max_tokens}}}
+    settle: {tokens: {json: /usage/total_tokens}}
+`, openAISecret))
+	base := e.startServe("E2E_SDK_KEY=" + sdkShaperKey)
+	const want = "chunk 1 chunk 2 chunk 3 chunk 4 chunk 5"
+	results := runNode(t, openAIEnv(base, "SHAPER_MAX_TOKENS=900", "SHAPER_MAX_WAIT=0"), "openai.mjs", "stream-usage", "3")
+	if len(results) != 3 {
+		t.Fatalf("got %d results, want 3", len(results))
+	}
+	for _, r := range results {
+		if !r.OK || r.Text != want || r.TotalTokens == nil || *r.TotalTokens != streamedChunks {
+			t.Errorf("streamed chat completion %d: %+v (total_tokens %v), want ok with %q and the usage chunk's total_tokens %d", r.I, r, r.TotalTokens, want, streamedChunks)
+		}
+	}
+	if rep := e.fake.Report(); rep.Keys[openAISecret].Succeeded != 3 {
+		t.Errorf("upstream saw %v, want 3 chat completions", rep)
+	}
+}
