@@ -38,7 +38,7 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 	c.held.release()
 	st := s.newCallSettle(e, c)
 	var whole []byte
-	var watch *sseWatch
+	var watch *shaper.EventSettler
 	if st != nil {
 		st.fromHeaders(resp.Header)
 		switch {
@@ -50,7 +50,7 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 				st.fromJSON(resp.Header, b)
 			}
 		case isEventStream(resp.Header) && resp.Header.Get("Content-Encoding") == "":
-			watch = newSSEWatch(st.jsonRules())
+			watch = shaper.NewEventSettler(st.jsonRules())
 		}
 		st.flush(true)
 	}
@@ -98,10 +98,7 @@ func isJSON(h http.Header) bool {
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
 
-func isEventStream(h http.Header) bool {
-	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
-	return err == nil && mt == "text/event-stream"
-}
+func isEventStream(h http.Header) bool { return shaper.IsEventStream(h) }
 
 // callSettle replaces a call's estimated costs by what its answer says it
 // used, as for a job (settle), keeping what each cost stands at now so
@@ -180,10 +177,9 @@ func (st *callSettle) jsonRules() map[string]shaper.Settle {
 }
 
 // fromEvents takes the amounts the stream's events gave since last asked.
-func (st *callSettle) fromEvents(w *sseWatch) {
-	for cost, n := range w.found {
+func (st *callSettle) fromEvents(w *shaper.EventSettler) {
+	for cost, n := range w.Take() {
 		st.want[cost] = n
-		delete(w.found, cost)
 	}
 }
 
@@ -207,132 +203,6 @@ func (st *callSettle) flush(final bool) {
 			continue
 		}
 		st.charged[cost] = n
-	}
-}
-
-// sseWatch reads server-sent events (the WHATWG HTML standard's
-// text/event-stream) as they pass, keeping only the line and the data of
-// the event being read, each capped at proxySettleMaxBytes (a longer
-// event is skipped), and notes the amount of each rule in every event
-// whose data, as JSON, has it: the last one counts.
-type sseWatch struct {
-	rules map[string]shaper.Settle
-	// keys are the quoted last tokens of the rules' pointers: an event
-	// without its rule's key is not decoded.
-	keys     map[string][]byte
-	line     []byte
-	data     []byte
-	hasData  bool
-	lineOver bool // the line being read outgrew the cap
-	over     bool // the event being read is skipped
-	lastCR   bool // the last byte was a CR: a LF right after it ends nothing
-	found    map[string]int64
-}
-
-func newSSEWatch(rules map[string]shaper.Settle) *sseWatch {
-	w := &sseWatch{rules: rules, keys: map[string][]byte{}, found: map[string]int64{}}
-	for cost, rule := range rules {
-		i := strings.LastIndexByte(rule.JSON, '/')
-		tok := strings.ReplaceAll(strings.ReplaceAll(rule.JSON[i+1:], "~1", "/"), "~0", "~")
-		// A key that JSON may spell with escapes is looked for by
-		// decoding every event.
-		if tok != "" && !strings.ContainsAny(tok, "\"\\/") && isPrintableASCII(tok) {
-			w.keys[cost] = []byte(`"` + tok + `"`)
-		}
-	}
-	return w
-}
-
-func isPrintableASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
-// Write takes the next bytes of the stream; it never fails.
-func (w *sseWatch) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		if w.lastCR {
-			w.lastCR = false
-			if p[0] == '\n' {
-				p = p[1:]
-				continue
-			}
-		}
-		i := bytes.IndexAny(p, "\r\n")
-		if i < 0 {
-			w.grow(p)
-			break
-		}
-		w.grow(p[:i])
-		w.lastCR = p[i] == '\r'
-		p = p[i+1:]
-		w.endLine()
-	}
-	return n, nil
-}
-
-func (w *sseWatch) grow(p []byte) {
-	if w.lineOver {
-		return
-	}
-	if len(w.line)+len(p) > proxySettleMaxBytes {
-		w.lineOver, w.line = true, w.line[:0]
-		return
-	}
-	w.line = append(w.line, p...)
-}
-
-// endLine acts on a whole line: a field, or the blank line that ends an
-// event. A line over the cap skips its event.
-func (w *sseWatch) endLine() {
-	line := w.line
-	w.line = w.line[:0]
-	switch {
-	case w.lineOver:
-		w.lineOver, w.over = false, true
-		return
-	case len(line) == 0:
-		w.dispatch()
-		return
-	case w.over:
-		return
-	}
-	field, value, _ := bytes.Cut(line, []byte(":"))
-	if string(field) != "data" {
-		return
-	}
-	value = bytes.TrimPrefix(value, []byte(" "))
-	if len(w.data)+len(value)+1 > proxySettleMaxBytes {
-		w.over = true
-		return
-	}
-	if w.hasData {
-		w.data = append(w.data, '\n')
-	}
-	w.data = append(w.data, value...)
-	w.hasData = true
-}
-
-// dispatch ends an event: its data, when it is JSON with a rule's
-// amount, sets that rule's amount.
-func (w *sseWatch) dispatch() {
-	data, skip := w.data, w.over
-	w.data, w.hasData, w.over = w.data[:0], false, false
-	if skip || len(data) == 0 || data[0] != '{' && data[0] != '[' {
-		return
-	}
-	for cost, rule := range w.rules {
-		if key, ok := w.keys[cost]; ok && !bytes.Contains(data, key) {
-			continue
-		}
-		if n, ok := rule.Amount(nil, data); ok {
-			w.found[cost] = n
-		}
 	}
 }
 

@@ -124,30 +124,6 @@ func TestProxySettlesGzippedAnswer(t *testing.T) {
 	}
 }
 
-// TestSSEWatch reads events split at every byte, and skips what is not
-// JSON with the path.
-func TestSSEWatch(t *testing.T) {
-	stream := "retry: 10\n\ndata:{\"usage\":{\"total_tokens\":5}}\n\n:c\r\ndata: [DONE]\r\n\r\n" +
-		"data: {\"usage\":{\"total_tokens\":7.5}}\r\rdata: {\"total_tokens\":99}\n\n"
-	rules := map[string]shaper.Settle{"tokens": {JSON: "/usage/total_tokens"}, "odd": {JSON: "/a~1b"}}
-	for cut := 0; cut <= len(stream); cut++ {
-		w := newSSEWatch(rules)
-		w.Write([]byte(stream[:cut]))
-		w.Write([]byte(stream[cut:]))
-		if len(w.found) != 1 || w.found["tokens"] != 8 {
-			t.Fatalf("cut at %d: found %v, want tokens 8 (7.5 rounded up)", cut, w.found)
-		}
-	}
-	w := newSSEWatch(rules)
-	if _, ok := w.keys["odd"]; ok {
-		t.Errorf("a key with / was looked for as a plain string")
-	}
-	w.Write([]byte("data: {\"a/b\": 3}\n\n"))
-	if w.found["odd"] != 3 {
-		t.Errorf("found %v, want odd 3", w.found)
-	}
-}
-
 // TestProxyLetsTheBodyGo: a call's request body is kept while a retry may
 // need it, not while its answer streams.
 func TestProxyLetsTheBodyGo(t *testing.T) {
