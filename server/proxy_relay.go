@@ -37,17 +37,22 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 	defer resp.Body.Close()
 	c.held.release()
 	st := s.newCallSettle(e, c)
-	var whole []byte
+	var whole, head []byte
 	var watch *shaper.EventSettler
 	if st != nil {
 		st.fromHeaders(resp.Header)
 		switch {
 		case !st.fromBody:
-		case resp.ContentLength >= 0 && resp.ContentLength <= proxySettleMaxBytes && isJSON(resp.Header):
+		case resp.ContentLength <= proxySettleMaxBytes && isJSON(resp.Header):
+			// Of unknown length (chunked, or gunzipped by the
+			// transport), as much as the cap is read: a longer answer
+			// is relayed on from there, unsettled.
 			b, err := io.ReadAll(io.LimitReader(resp.Body, proxySettleMaxBytes+1))
-			if err == nil {
+			if err == nil && len(b) <= proxySettleMaxBytes {
 				whole = b
 				st.fromJSON(resp.Header, b)
+			} else {
+				head = b
 			}
 		case isEventStream(resp.Header) && resp.Header.Get("Content-Encoding") == "":
 			watch = shaper.NewEventSettler(st.jsonRules())
@@ -67,6 +72,12 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 		return
 	}
 	rc := http.NewResponseController(w)
+	if len(head) > 0 {
+		if _, err := w.Write(head); err != nil {
+			return
+		}
+		head = nil
+	}
 	buf := make([]byte, relayBufBytes)
 	for {
 		n, err := resp.Body.Read(buf)

@@ -207,3 +207,39 @@ func TestProxyBodyOverTheCap(t *testing.T) {
 		t.Errorf("upstream got %d requests, want none", n)
 	}
 }
+
+// TestProxySettlesJSONOfUnknownLength: a JSON answer without a
+// Content-Length settles when it ends within the 64 KiB read for it; a
+// longer one is relayed whole and its estimate stands.
+func TestProxySettlesJSONOfUnknownLength(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		pad   int
+		freed bool
+	}{
+		{"small", 10, true},
+		{"over the cap", proxySettleMaxBytes, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newProxyFixture(t, tokensUpstream)
+			answer := `{"usage": {"total_tokens": 100}, "pad": "` + strings.Repeat("x", c.pad) + `"}`
+			f.up.answer = func(w http.ResponseWriter, r *http.Request, n int) {
+				w.Header().Set("Content-Type", "application/json")
+				rc := http.NewResponseController(w)
+				// Flushed in parts: chunked, no Content-Length.
+				for _, part := range strings.SplitAfter(answer, ",") {
+					io.WriteString(w, part)
+					rc.Flush()
+				}
+			}
+			resp, body := f.call("POST", "/proxy/api/v1/chat", `{"max_tokens": 900}`)
+			if resp.StatusCode != 200 || body != answer {
+				t.Fatalf("got %d, %d bytes; want 200 and the %d bytes sent", resp.StatusCode, len(body), len(answer))
+			}
+			resp, body = f.call("POST", "/proxy/api/v1/chat", `{"max_tokens": 800}`, "Shaper-Max-Wait", "0")
+			if freed := resp.StatusCode == 200; freed != c.freed {
+				t.Errorf("800 after the answer: got %d %s, want 200: %v", resp.StatusCode, body, c.freed)
+			}
+		})
+	}
+}
