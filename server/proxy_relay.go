@@ -218,12 +218,13 @@ func (st *callSettle) flush(final bool) {
 }
 
 // heldBody is a call's request body, kept while a retry may send it
-// again: the transport reads it through readers from open, and once the
-// answer is relayed (release) the bytes go as soon as no reader is open.
+// again. The transport reads it through readers from open; once the
+// answer is relayed (release), the bytes go as soon as no reader is part
+// way through them (one the upstream answered before it finished).
 type heldBody struct {
 	mu       sync.Mutex
 	b        []byte
-	readers  int
+	reading  int // readers that have started and neither ended nor closed
 	released bool
 }
 
@@ -234,22 +235,10 @@ func holdBody(b []byte) *heldBody { return &heldBody{b: b} }
 // open returns a reader over the body and a GetBody that opens another
 // (the transport's own retry of a request it could not send).
 func (h *heldBody) open() (io.ReadCloser, func() (io.ReadCloser, error)) {
-	get := func() (io.ReadCloser, error) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if h.released {
-			return nil, errBodyReleased
-		}
-		h.readers++
-		return &heldReader{h: h}, nil
-	}
-	h.mu.Lock()
-	h.readers++
-	h.mu.Unlock()
-	return &heldReader{h: h}, get
+	return &heldReader{h: h}, func() (io.ReadCloser, error) { return &heldReader{h: h}, nil }
 }
 
-// release lets the body go once no reader is open.
+// release lets the body go once no reader is part way through it.
 func (h *heldBody) release() {
 	if h == nil {
 		return
@@ -257,42 +246,59 @@ func (h *heldBody) release() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.released = true
-	if h.readers == 0 {
+	h.dropIfDone()
+}
+
+func (h *heldBody) dropIfDone() {
+	if h.released && h.reading == 0 {
 		h.b = nil
 	}
 }
 
 type heldReader struct {
-	h      *heldBody
-	off    int
-	closed bool
+	h       *heldBody
+	off     int
+	started bool
+	ended   bool // read to its end, or closed
 }
 
 func (r *heldReader) Read(p []byte) (int, error) {
 	h := r.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if r.closed {
-		return 0, errBodyReleased
-	}
-	if r.off >= len(h.b) {
+	if r.ended {
 		return 0, io.EOF
+	}
+	if !r.started {
+		if h.released {
+			return 0, errBodyReleased
+		}
+		r.started = true
+		h.reading++
 	}
 	n := copy(p, h.b[r.off:])
 	r.off += n
+	if r.off == len(h.b) {
+		r.end()
+		if n == 0 {
+			return 0, io.EOF
+		}
+	}
 	return n, nil
 }
 
-func (r *heldReader) Close() error {
-	h := r.h
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !r.closed {
-		r.closed = true
-		h.readers--
-		if h.released && h.readers == 0 {
-			h.b = nil
-		}
+// end marks the reader done with the body; h.mu is held.
+func (r *heldReader) end() {
+	if r.started && !r.ended {
+		r.h.reading--
+		r.h.dropIfDone()
 	}
+	r.ended = true
+}
+
+func (r *heldReader) Close() error {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	r.end()
 	return nil
 }

@@ -243,3 +243,44 @@ func TestProxySettlesJSONOfUnknownLength(t *testing.T) {
 		})
 	}
 }
+
+// TestHeldBody: released, the body goes once no reader is part way
+// through it; a reader that never started holds nothing, one part way
+// reads to the end first.
+func TestHeldBody(t *testing.T) {
+	h := holdBody([]byte("0123456789"))
+	unused, _ := h.open()
+	part, get := h.open()
+	buf := make([]byte, 4)
+	if n, err := part.Read(buf); n != 4 || err != nil {
+		t.Fatalf("read %d, %v; want 4 bytes", n, err)
+	}
+	h.release()
+	if h.b == nil {
+		t.Fatalf("the body went while a reader was part way through it")
+	}
+	rest, err := io.ReadAll(part)
+	if err != nil || string(rest) != "456789" {
+		t.Fatalf("the rest: %q, %v; want 456789", rest, err)
+	}
+	if h.b != nil {
+		t.Errorf("the body stayed after its last reader ended")
+	}
+	if _, err := unused.Read(buf); err != errBodyReleased {
+		t.Errorf("a reader started after release: %v, want errBodyReleased", err)
+	}
+	again, _ := get()
+	if _, err := again.Read(buf); err != errBodyReleased {
+		t.Errorf("GetBody after release: %v, want errBodyReleased", err)
+	}
+
+	// Not released, a body is read again in full (a retry).
+	h = holdBody([]byte("abc"))
+	for range 2 {
+		r, _ := h.open()
+		if b, err := io.ReadAll(r); err != nil || string(b) != "abc" {
+			t.Fatalf("got %q, %v; want abc", b, err)
+		}
+		r.Close()
+	}
+}
