@@ -76,7 +76,6 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 		if _, err := w.Write(head); err != nil {
 			return
 		}
-		head = nil
 	}
 	buf := make([]byte, relayBufBytes)
 	for {
