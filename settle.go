@@ -58,7 +58,9 @@ func (s Settle) Validate() error {
 // number or a decimal rounded up; from the body, the number the pointer
 // leads to through objects and arrays, a fraction rounded up. It is false
 // when the answer has no such value, the value is not a number, or it is
-// negative: the estimate then stands.
+// negative: the estimate then stands. A body of server-sent events (h's
+// Content-Type text/event-stream) is read event by event, and the last
+// event whose data has the value gives it (EventSettler).
 func (s Settle) Amount(h http.Header, body []byte) (int64, bool) {
 	if s.Header != "" {
 		v := strings.TrimSpace(h.Get(s.Header))
@@ -70,6 +72,12 @@ func (s Settle) Amount(h http.Header, body []byte) (int64, bool) {
 	tokens, err := pointerTokens(s.JSON)
 	if err != nil || len(bytes.TrimSpace(body)) == 0 {
 		return 0, false
+	}
+	if IsEventStream(h) {
+		es := NewEventSettler(map[string]Settle{"": s})
+		es.Write(body)
+		n, ok := es.Take()[""]
+		return n, ok
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()

@@ -277,8 +277,9 @@ type Upstream struct {
 	// cost is reserved as an estimate, and the answer's amount replaces it.
 	// Each key must be a cost one of the limits or partition limits count.
 	// Unused units go back to the limits, an overrun is charged; a missing,
-	// negative or non-numeric value leaves the estimate. Default none: the
-	// estimate stands.
+	// negative or non-numeric value leaves the estimate. From an answer of
+	// server-sent events (a streamed chat completion) the last event whose
+	// data holds the value counts. Default none: the estimate stands.
 	Settle map[string]Settle `yaml:"settle"`
 	// Proxy is how calls reach the upstream through shaper's proxy (see
 	// Proxy). Default: on, waiting up to 30s.

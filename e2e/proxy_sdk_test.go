@@ -59,6 +59,7 @@ type sdkResult struct {
 	OK           bool              `json:"ok"`
 	Text         string            `json:"text"`
 	ChunkMs      []int             `json:"chunk_ms"`
+	TotalTokens  *int64            `json:"total_tokens"`
 	Ms           int               `json:"ms"`
 	QueueTime    *string           `json:"queue_time"`
 	Status       int               `json:"status"`

@@ -19,7 +19,9 @@ import (
 //   - POST /v1/chat/completions: an OpenAI chat completion; with
 //     "stream": true in the body, server-sent events instead, one
 //     chat.completion.chunk per word of the answer, Chunks of them spaced
-//     ChunkDelay apart, then "data: [DONE]";
+//     ChunkDelay apart, then "data: [DONE]"; with "stream_options":
+//     {"include_usage": true}, as OpenAI does, every chunk carries
+//     "usage": null and a last chunk, without choices, the usage;
 //   - POST /v1/customers: a Stripe customer made from the form-encoded body
 //     (email, name, description, metadata[KEY]).
 //
@@ -131,8 +133,11 @@ func (v *Vendor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // chatRequest is what the fake reads of a chat completion request.
 type chatRequest struct {
-	Model    string `json:"model"`
-	Stream   bool   `json:"stream"`
+	Model         string `json:"model"`
+	Stream        bool   `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
 	Messages []struct {
 		Content any `json:"content"`
 	} `json:"messages"`
@@ -157,6 +162,13 @@ type chatCompletion struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   *openAIUsage `json:"usage,omitempty"`
+}
+
+// chatChunkWithUsage is a streamed chunk when the caller asked for usage:
+// "usage" is always there, null but in the last chunk.
+type chatChunkWithUsage struct {
+	chatCompletion
+	Usage *openAIUsage `json:"usage"`
 }
 
 // chatCompletion answers with the words "chunk 1 … chunk N", whole or one
@@ -191,7 +203,12 @@ func (v *Vendor) chatCompletion(w http.ResponseWriter, r *http.Request, d decisi
 	w.WriteHeader(http.StatusOK)
 	flush := func() { http.NewResponseController(w).Flush() }
 	event := func(c chatCompletion) error {
-		b, _ := json.Marshal(c) // our own plain structs: cannot fail
+		var b []byte
+		if req.StreamOptions.IncludeUsage {
+			b, _ = json.Marshal(chatChunkWithUsage{chatCompletion: c, Usage: c.Usage})
+		} else {
+			b, _ = json.Marshal(c) // our own plain structs: cannot fail
+		}
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
 			return err
 		}
@@ -214,6 +231,12 @@ func (v *Vendor) chatCompletion(w http.ResponseWriter, r *http.Request, d decisi
 			c.Choices[0].FinishReason = &stop
 		}
 		if event(c) != nil {
+			return StatusClientClosed
+		}
+	}
+	if req.StreamOptions.IncludeUsage {
+		last := chatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: req.Model, Choices: []chatChoice{}, Usage: usage}
+		if event(last) != nil {
 			return StatusClientClosed
 		}
 	}

@@ -112,3 +112,36 @@ func TestVendorCustomer(t *testing.T) {
 		t.Errorf("got %+v, want the form's fields back in a customer", c)
 	}
 }
+
+// TestVendorStreamsUsage: with stream_options.include_usage, as OpenAI
+// does, every chunk says "usage": null and a last chunk without choices
+// carries the usage, before [DONE].
+func TestVendorStreamsUsage(t *testing.T) {
+	s, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.sleep = func(context.Context, time.Duration) error { return nil }
+	r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`))
+	r.Header.Set(UsageHeader, "42")
+	w := httptest.NewRecorder()
+	s.Vendor(VendorOptions{Chunks: 2}).ServeHTTP(w, r)
+	var events []string
+	for _, line := range strings.Split(w.Body.String(), "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok {
+			events = append(events, data)
+		}
+	}
+	if len(events) != 4 || events[3] != "[DONE]" {
+		t.Fatalf("got events %q, want 2 chunks, the usage and [DONE]", events)
+	}
+	for i, ev := range events[:2] {
+		if !strings.Contains(ev, `"usage":null`) {
+			t.Errorf("chunk %d %s: want \"usage\":null", i, ev)
+		}
+	}
+	var last chatCompletion
+	if err := json.Unmarshal([]byte(events[2]), &last); err != nil || len(last.Choices) != 0 || last.Usage == nil || last.Usage.TotalTokens != 42 {
+		t.Errorf("last chunk %s (%v): want no choices and usage.total_tokens 42", events[2], err)
+	}
+}

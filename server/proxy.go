@@ -227,6 +227,7 @@ type callSpec struct {
 	method    string
 	header    http.Header // as sent (outboundHeaders)
 	hasBody   bool
+	held      *heldBody // the body, until no retry can need it
 }
 
 // readCall checks a call's path and Shaper-* headers.

@@ -1,13 +1,11 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"mime"
 	"net/http"
 	"net/url"
 	"slices"
@@ -52,6 +50,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, e *proxyEntry, pa
 		return
 	}
 	c.method, c.header, c.hasBody = r.Method, outboundHeaders(r.Header, e.up.Headers), len(body) > 0 || r.ContentLength != 0
+	c.held = holdBody(body)
 	if len(r.Header.Values(headerCost)) == 0 {
 		for cost, rule := range e.up.Proxy.Cost {
 			if n, ok := rule.Amount(r.Header, body); ok {
@@ -214,12 +213,13 @@ func (s *Server) pacingDown(w http.ResponseWriter, r *http.Request, err error) s
 // send sends the call on its slot. It sends nothing, answering
 // errSlotGone, when the slot slipped past its guard first.
 func (s *Server) send(ctx context.Context, e *proxyEntry, c callSpec, body []byte, res *leaky.Reservation) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, c.method, c.target.String(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, c.method, c.target.String(), nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header = c.header
 	req.ContentLength = int64(len(body))
+	req.Body, req.GetBody = c.held.open()
 	if len(body) == 0 && !c.hasBody {
 		req.Body = http.NoBody
 	}
@@ -298,85 +298,6 @@ func (s *Server) learn(ctx context.Context, e *proxyEntry, stated []leaky.Limit)
 	e.mu.Lock()
 	e.stated, e.learnedAt = stated, time.Now()
 	e.mu.Unlock()
-}
-
-// relay streams the upstream's answer to the caller: status and headers
-// (without hop-by-hop ones), then the body, flushed after each read so
-// that server-sent events arrive as they are sent. Memory stays flat
-// whatever the size, except that a small JSON answer (up to 64 KiB, with
-// a Content-Length) is read whole first when a cost is settled from its
-// body.
-func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *http.Response) {
-	defer resp.Body.Close()
-	var whole []byte
-	if len(e.up.Settle) > 0 {
-		if settlesFromBody(e.up.Settle) && resp.ContentLength >= 0 && resp.ContentLength <= proxySettleMaxBytes && isJSON(resp.Header) {
-			b, err := io.ReadAll(io.LimitReader(resp.Body, proxySettleMaxBytes+1))
-			if err == nil {
-				whole = b
-			}
-		}
-		s.settleCall(e, c, resp.Header, whole)
-	}
-	h := w.Header()
-	drop := hopHeaders(resp.Header)
-	for k, vs := range resp.Header {
-		if !drop[http.CanonicalHeaderKey(k)] {
-			h[k] = vs
-		}
-	}
-	w.WriteHeader(resp.StatusCode)
-	if whole != nil {
-		w.Write(whole)
-		return
-	}
-	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return
-			}
-			rc.Flush()
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func settlesFromBody(rules map[string]shaper.Settle) bool {
-	for _, r := range rules {
-		if r.JSON != "" {
-			return true
-		}
-	}
-	return false
-}
-
-func isJSON(h http.Header) bool {
-	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
-	return err == nil && (mt == "application/json" || len(mt) > 5 && mt[len(mt)-5:] == "+json")
-}
-
-// settleCall replaces the call's estimated costs by what the answer says
-// it used, as for a job; a JSON rule is read only from a body read whole.
-func (s *Server) settleCall(e *proxyEntry, c callSpec, h http.Header, body []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	for cost, rule := range e.up.Settle {
-		if rule.JSON != "" && body == nil {
-			continue
-		}
-		actual, ok := rule.Amount(h, body)
-		if !ok || actual == c.costs[cost] {
-			continue
-		}
-		if err := e.bucket.Settle(ctx, cost, c.costs[cost], actual, c.partition, e.up.PartitionLimitsFor(c.partition)); err != nil {
-			s.m.RedisErrors.WithLabelValues("pacing").Inc()
-		}
-	}
 }
 
 // holdLease extends a concurrency lease while its answer streams, which

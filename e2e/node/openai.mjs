@@ -3,9 +3,12 @@
 // Retries are off, so every answer is shaper's first.
 //
 //   SHAPER_BASE_URL=http://HOST:PORT/proxy/openai/v1 SHAPER_KEY=... \
-//     node openai.mjs chat|stream [CALLS]
+//     node openai.mjs chat|stream|stream-usage [CALLS]
 //
 // SHAPER_MAX_WAIT, when set, is sent as Shaper-Max-Wait on every call.
+// stream-usage streams with stream_options.include_usage and max_tokens
+// SHAPER_MAX_TOKENS, one call after another, and prints total_tokens,
+// the usage of the last chunk.
 // Prints one JSON line per call, in the order they finish: {i, ok, text,
 // ms, queue_time} and, streamed, chunk_ms (when each chunk arrived, in ms
 // from the call's start); a refused call {i, ok: false, status, error,
@@ -34,17 +37,22 @@ async function call(i) {
   const ms = () => Math.round(performance.now() - start);
   const params = { model: "gpt-4o-mini", messages: [{ role: "user", content: `call ${i}` }] };
   try {
-    if (mode === "stream") {
+    if (mode === "stream" || mode === "stream-usage") {
+      const extra = mode === "stream-usage"
+        ? { stream_options: { include_usage: true }, max_tokens: Number(process.env.SHAPER_MAX_TOKENS) }
+        : {};
       const { data: stream, response } = await client.chat.completions
-        .create({ ...params, stream: true })
+        .create({ ...params, ...extra, stream: true })
         .withResponse();
       const chunkMs = [];
       let text = "";
+      let totalTokens = null;
       for await (const chunk of stream) {
         chunkMs.push(ms());
         text += chunk.choices[0]?.delta?.content ?? "";
+        if (chunk.usage) totalTokens = chunk.usage.total_tokens;
       }
-      return { i, ok: true, text, chunk_ms: chunkMs, ms: ms(), queue_time: header(response.headers, "shaper-queue-time") };
+      return { i, ok: true, text, chunk_ms: chunkMs, ms: ms(), total_tokens: totalTokens, queue_time: header(response.headers, "shaper-queue-time") };
     }
     const { data, response } = await client.chat.completions.create(params).withResponse();
     return { i, ok: true, text: data.choices[0].message.content, ms: ms(), queue_time: header(response.headers, "shaper-queue-time") };
@@ -59,4 +67,8 @@ async function call(i) {
   }
 }
 
-await Promise.all(Array.from({ length: calls }, (_, i) => call(i).then((r) => console.log(JSON.stringify(r)))));
+if (mode === "stream-usage") {
+  for (let i = 0; i < calls; i++) console.log(JSON.stringify(await call(i)));
+} else {
+  await Promise.all(Array.from({ length: calls }, (_, i) => call(i).then((r) => console.log(JSON.stringify(r)))));
+}
