@@ -326,7 +326,9 @@ type Limit struct {
 	Cost string `yaml:"cost"`
 	// Burst is how many units may go at one instant; 0 spaces sends evenly
 	// (for a cost limit, 0 means 25% of Rate, which is also the largest
-	// cost one job may carry).
+	// cost one job may carry). Since no window may hold more than Rate, a
+	// burst is paid for in the steady rate: after one, sends go at Rate -
+	// Burst + 1 per Per (a burst equal to Rate leaves 1 per Per).
 	Burst int64 `yaml:"burst"`
 	// Adaptive makes Rate a ceiling for an upstream whose real limit is
 	// unknown: the fleet lowers the rate it paces at on pushback and probes
