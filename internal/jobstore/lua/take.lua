@@ -52,8 +52,12 @@
 -- some active job's lease has run out; slot_i is the µs from now until
 -- job i's slot.
 --
--- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua
--- and forward.lua before it (see lua.go).
+-- A job whose key is more than one of its sends ahead of a key whose
+-- proxied calls wait (call_turn.lua) is not taken: the take stops, with a
+-- wait of CALL_YIELD, and the call books the slot (calls.lua).
+--
+-- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua,
+-- forward.lua and calls.lua before it (see lua.go).
 local P, G, T = ARGV[5], ARGV[6], ARGV[7]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)
@@ -88,6 +92,11 @@ local nl = tonumber(ARGV[a])
 for i = 1, nl do
   lweights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
 end
+
+-- Proxied calls waiting their turn (call_turn.lua, which says what cq
+-- and cw hold): keys with calls waiting and no jobs, by virtual time.
+local calls = {}
+for _, e in ipairs(call_keys(P, K_F, now)) do calls[#calls + 1] = e end
 
 -- named: some of the limits ls counts a cost by name.
 local function named(ls)
@@ -292,6 +301,12 @@ while not stop and taken < max_jobs and steps < 2000 do
     local lw = leaky_lease_wait(bucket, id, now)
     if lw then
       out[2], out[3] = lw, 3
+      stop = true
+      break
+    end
+    if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) then
+      -- A key whose calls wait is behind: its call gets the slot.
+      out[2], out[3] = CALL_YIELD, 1
       stop = true
       break
     end
