@@ -25,7 +25,10 @@ type callSim struct {
 	now    int64
 	start  int64
 	jobsOf map[string]string // job id -> fairness key
+	laneOf map[string]string // job id -> lane
 	slots  map[string]int
+	// lanes counts the slots of each fairness key's lane, "fk/lane".
+	lanes map[string]int
 	from   int64
 	to     int64
 	booked func(c *simCaller) (ok bool, delay, wait time.Duration, refused bool)
@@ -33,6 +36,7 @@ type callSim struct {
 
 type simCaller struct {
 	fk    string
+	lane  string
 	next  int64 // µs when it calls (or comes back)
 	slot  int64 // µs of its booked slot, 0 none
 	calls int
@@ -55,9 +59,9 @@ func newCallSim(t *testing.T, name string, u shaper.Upstream) *callSim {
 		t.Fatal(err)
 	}
 	now := time.Now().UnixMicro()
-	sim := &callSim{t: t, u: u, s: s, b: b, tk: tk, now: now, start: now, jobsOf: map[string]string{}, slots: map[string]int{}}
+	sim := &callSim{t: t, u: u, s: s, b: b, tk: tk, now: now, start: now, jobsOf: map[string]string{}, laneOf: map[string]string{}, slots: map[string]int{}, lanes: map[string]int{}}
 	sim.booked = func(c *simCaller) (bool, time.Duration, time.Duration, bool) {
-		tn, err := s.BookCall(context.Background(), rdb, Call{Upstream: u, Bucket: b, FairKey: c.fk,
+		tn, err := s.BookCall(context.Background(), rdb, Call{Upstream: u, Bucket: b, FairKey: c.fk, Lane: c.lane,
 			Lookahead: 250 * time.Millisecond, Remaining: 30 * time.Second,
 			Now: func() time.Time { return time.UnixMicro(sim.now) }})
 		if err != nil {
@@ -71,23 +75,29 @@ func newCallSim(t *testing.T, name string, u shaper.Upstream) *callSim {
 	return sim
 }
 
-func (m *callSim) enqueue(fk string, n int) {
+func (m *callSim) enqueue(fk string, n int) { m.enqueueIn(fk, shaper.DefaultLane, n) }
+
+func (m *callSim) enqueueIn(fk, lane string, n int) {
 	m.t.Helper()
 	rdb := srv.Client(m.t)
 	for i := range n {
-		id := fmt.Sprintf("%s-%04d", fk, i)
+		id := fmt.Sprintf("%s-%s-%04d", fk, lane, i)
 		msg := Message{Type: "http", ID: id, Queue: m.s.Queue}
-		e := Entry{ID: id, Lane: shaper.DefaultLane, FairKey: fk, Msg: msg.Marshal()}
+		e := Entry{ID: id, Lane: lane, FairKey: fk, Msg: msg.Marshal()}
 		if c, err := m.s.enqueue(context.Background(), rdb, e, "", strconv.FormatInt(m.now, 10)); err != nil || c != 1 {
 			m.t.Fatalf("enqueue %s: %d %v", id, c, err)
 		}
-		m.jobsOf[id] = fk
+		m.jobsOf[id], m.laneOf[id] = fk, lane
 	}
 }
 
-func (m *callSim) count(fk string, slot int64) {
+func (m *callSim) count(fk, lane string, slot int64) {
 	if slot >= m.from && slot < m.to {
 		m.slots[fk]++
+		if lane == "" {
+			lane = shaper.DefaultLane
+		}
+		m.lanes[fk+"/"+lane]++
 	}
 }
 
@@ -101,7 +111,7 @@ func (m *callSim) run(callers []*simCaller, from, to, step time.Duration) {
 			m.t.Fatal(err)
 		}
 		for _, j := range tk.Jobs {
-			m.count(m.jobsOf[j.ID], m.now+j.Slot.Delay.Microseconds())
+			m.count(m.jobsOf[j.ID], m.laneOf[j.ID], m.now+j.Slot.Delay.Microseconds())
 		}
 		for _, c := range callers {
 			if c.slot != 0 && c.slot <= m.now {
@@ -116,7 +126,7 @@ func (m *callSim) run(callers []*simCaller, from, to, step time.Duration) {
 			case ok:
 				c.slot = m.now + delay.Microseconds()
 				c.calls++
-				m.count(c.fk, c.slot)
+				m.count(c.fk, c.lane, c.slot)
 			case refused:
 				c.refusals++
 				c.next = m.now + wait.Microseconds()
@@ -144,7 +154,9 @@ func (m *callSim) share(a string, part, tol float64) {
 		total += n
 	}
 	got := float64(m.slots[a]) / float64(total)
-	if total < 100 || got < part-tol || got > part+tol {
+	m.t.Logf("%s got %d of %d slots (%.1f%%); all %v, by lane %v", a, m.slots[a], total, 100*got, m.slots, m.lanes)
+	// The upstream stays at its limit: 50/s over the 7 s counted.
+	if total < 340 || got < part-tol || got > part+tol {
 		m.t.Errorf("%s got %d of %d slots (%.0f%%), want %.0f%% ± %.0f%% (all: %v)", a, m.slots[a], total, 100*got, 100*part, 100*tol, m.slots)
 	}
 }
@@ -181,5 +193,26 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 		m.enqueue("b", 500)
 		m.run(callers("a", 4), time.Second, 8*time.Second, step)
 		m.share("a", 0.25, 0.08)
+	})
+	// A call's lane counts in its tenant's share as a job of that lane:
+	// a's calls in lane fast and its jobs in fast and bulk (equal
+	// weights) split a's half, fast (calls and jobs) and bulk alike.
+	t.Run("lanes", func(t *testing.T) {
+		l := u
+		l.Lanes = map[string]int{"default": 1, "fast": 1, "bulk": 1}
+		m := newCallSim(t, "fair-lanes", l)
+		m.enqueueIn("a", "fast", 300)
+		m.enqueueIn("a", "bulk", 300)
+		m.enqueue("b", 500)
+		cs := callers("a", 4)
+		for _, c := range cs {
+			c.lane = "fast"
+		}
+		m.run(cs, time.Second, 8*time.Second, step)
+		m.share("a", 0.5, 0.08)
+		fast, bulk := m.lanes["a/fast"], m.lanes["a/bulk"]
+		if d := float64(fast-bulk) / float64(fast+bulk); d > 0.15 || d < -0.15 {
+			t.Errorf("a's lanes: fast (calls and jobs) %d, bulk %d; want them about even", fast, bulk)
+		}
 	})
 }
