@@ -28,7 +28,7 @@ type callSim struct {
 	laneOf map[string]string // job id -> lane
 	slots  map[string]int
 	// lanes counts the slots of each fairness key's lane, "fk/lane".
-	lanes map[string]int
+	lanes  map[string]int
 	from   int64
 	to     int64
 	booked func(c *simCaller) (ok bool, delay, wait time.Duration, refused bool)
