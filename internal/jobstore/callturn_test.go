@@ -216,3 +216,24 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 		}
 	})
 }
+
+// TestLeftCallsHoldNobody: callers that stop coming back (their serve
+// died mid-wait, or they hung up) booked nothing while they waited their
+// turn, and their key's mark lapses: within CallMark and a horizon the
+// take gives every slot to the jobs again.
+func TestLeftCallsHoldNobody(t *testing.T) {
+	m := newCallSim(t, "fair-left", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)}})
+	m.enqueue("b", 500)
+	cs := callers("a", 4)
+	m.run(cs, 0, 2*time.Second, 5*time.Millisecond)
+	if m.slots["a"] < 30 {
+		t.Fatalf("a's callers got %d slots in 2 s, want their share", m.slots["a"])
+	}
+	// They leave while ahead and waiting their turn.
+	m.slots = map[string]int{}
+	const lapse = CallMark + 250*time.Millisecond
+	m.run(nil, 2*time.Second+lapse, 4*time.Second, 5*time.Millisecond)
+	if want := int(0.95 * 50 * (2*time.Second - lapse).Seconds()); want < 60 || m.slots["b"] < want || m.slots["a"] != 0 {
+		t.Errorf("after a's callers left: b got %d slots, a %d; want b at least %d, a none", m.slots["b"], m.slots["a"], want)
+	}
+}
