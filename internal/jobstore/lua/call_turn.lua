@@ -13,8 +13,11 @@
 -- other waiting key by more than one of its own sends (1/weight), or when
 -- the upstream has a slot free now that nobody took (work-conserving);
 -- each booking moves its key on by 1/weight, as the take does for a job,
--- and its lane within the key by 1/lane weight when the key has jobs of
--- that lane waiting. A call books only a slot within the lookahead (the
+-- and, when the key has jobs waiting, its lane within the key by 1/lane
+-- weight (the lane's start in l:FK, or the calls' own lane time in cv,
+-- field FK|LANE). A call is not held back by its own key's jobs: the take
+-- yields to it when its lane is not ahead of the lane it would serve
+-- (calls.lua); cl:FK marks the lanes of a key's waiting calls. A call books only a slot within the lookahead (the
 -- take's horizon and a margin, so that a call in its turn finds a slot
 -- the take has not booked): it never books far ahead, so a change of
 -- limits drains it as it drains jobs.
@@ -129,11 +132,17 @@ end
 local ttl = math.ceil((stale + la) / 1000) + 60000
 -- reply: the call comes back in wait µs, its key marked as waiting until
 -- then and stale µs more.
-local function reply(wait, reason)
+local K_CL = P .. 'cl:' .. fk
+local function marks(until_, pttl)
   redis.call('ZADD', K_CQ, s, fk)
-  redis.call('ZADD', K_CW, 'GT', now + wait + stale, fk)
-  redis.call('PEXPIRE', K_CQ, ttl + math.ceil(wait / 1000))
-  redis.call('PEXPIRE', K_CW, ttl + math.ceil(wait / 1000))
+  redis.call('ZADD', K_CW, 'GT', until_, fk)
+  redis.call('ZADD', K_CL, 'GT', until_, lane)
+  redis.call('PEXPIRE', K_CQ, pttl)
+  redis.call('PEXPIRE', K_CW, pttl)
+  redis.call('PEXPIRE', K_CL, pttl)
+end
+local function reply(wait, reason)
+  marks(now + wait + stale, ttl + math.ceil(wait / 1000))
   return {0, wait, reason, 0, now}
 end
 
@@ -187,17 +196,24 @@ end
 local ns = s + q
 if infs then
   redis.call('ZADD', K_F, 'XX', ns, fk)
+  -- And its lane within the key: the lane's own start while the key has
+  -- jobs of that lane, else the calls' lane time (cv, FK|LANE), never
+  -- behind the key's lane virtual time.
   local lk = P .. 'l:' .. fk
   local ls = redis.call('ZSCORE', lk, lane)
-  if ls then redis.call('ZADD', lk, 'XX', tonumber(ls) + 1 / lweight, lane) end
+  if ls then
+    redis.call('ZADD', lk, 'XX', tonumber(ls) + 1 / lweight, lane)
+  else
+    local lt = math.max(tonumber(redis.call('HGET', K_CV, fk .. '|' .. lane) or '0'),
+      tonumber(redis.call('HGET', K_V, 'v:' .. fk) or '0'))
+    redis.call('HSET', K_CV, fk .. '|' .. lane, lt + 1 / lweight)
+  end
 end
 -- Its mark stays until the slot and a moment after: a key whose callers
 -- call again once answered waits still, and the take keeps yielding to
 -- it while it is behind.
-redis.call('ZADD', K_CQ, ns, fk)
-redis.call('ZADD', K_CW, 'GT', slot + stale, fk)
-redis.call('PEXPIRE', K_CQ, ttl)
-redis.call('PEXPIRE', K_CW, ttl)
+s = ns
+marks(slot + stale, ttl)
 redis.call('HSET', K_CV, fk, ns)
 redis.call('PEXPIRE', K_CV, 600000)
 redis.call('HSET', K_V, 'v', s)

@@ -7,6 +7,13 @@
 --     no jobs in f (those the take serves itself)
 --   call_ahead(calls, fk, s, q) -> true when fairness key fk at virtual
 --     time s is more than q ahead of a key of calls
+--   call_lane_first(our, v, fk, lane, s2, lane_at, fk_lane_v, now, cache)
+--     -> true when a call of key fk waits (marked in P:s:{Q}:cl:FK) in
+--     lane, or in a lane not ahead of lane's start s2: lane_at(l) is the
+--     take's own view of lane l's start (nil: none waits with jobs), in
+--     which case the calls' lane time (cv, FK|LANE) counts, never behind
+--     fk_lane_v, the key's lane virtual time; cache keeps what was read
+--     per key
 local CALL_YIELD = 5000
 
 local function call_keys(our, f, now)
@@ -24,6 +31,23 @@ end
 local function call_ahead(calls, fk, s, q)
   for _, c in ipairs(calls) do
     if c[1] ~= fk and s > c[2] + q + 1e-9 then return true end
+  end
+  return false
+end
+
+local function call_lane_first(our, v, fk, lane, s2, lane_at, fk_lane_v, now, cache)
+  local ls = cache[fk]
+  if ls == nil then
+    ls = redis.call('ZRANGEBYSCORE', our .. 'cl:' .. fk, '(' .. now, '+inf')
+    cache[fk] = ls
+  end
+  for _, l in ipairs(ls) do
+    if l == lane then return true end
+    local t = lane_at(l)
+    if t == nil then
+      t = math.max(tonumber(redis.call('HGET', our .. 'cv', fk .. '|' .. l) or '0'), fk_lane_v)
+    end
+    if t <= s2 + 1e-9 then return true end
   end
   return false
 end

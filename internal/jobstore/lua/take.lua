@@ -53,8 +53,9 @@
 -- job i's slot.
 --
 -- A job whose key is more than one of its sends ahead of a key whose
--- proxied calls wait (call_turn.lua) is not taken: the take stops, with a
--- wait of CALL_YIELD, and the call books the slot (calls.lua).
+-- proxied calls wait (call_turn.lua), or whose lane is not behind the lane
+-- of a call of its own key that waits, is not taken: the take stops, with
+-- a wait of CALL_YIELD, and the call books the slot (calls.lua).
 --
 -- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua,
 -- forward.lua and calls.lua before it (see lua.go).
@@ -95,8 +96,7 @@ end
 
 -- Proxied calls waiting their turn (call_turn.lua, which says what cq
 -- and cw hold): keys with calls waiting and no jobs, by virtual time.
-local calls = {}
-for _, e in ipairs(call_keys(P, K_F, now)) do calls[#calls + 1] = e end
+local calls, call_lanes = call_keys(P, K_F, now), {}
 
 -- named: some of the limits ls counts a cost by name.
 local function named(ls)
@@ -304,8 +304,16 @@ while not stop and taken < max_jobs and steps < 2000 do
       stop = true
       break
     end
-    if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) then
-      -- A key whose calls wait is behind: its call gets the slot.
+    if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) or call_lane_first(P, K_V, fk, lane, s2, function(l)
+      if lv.dirty[l] then return lv.dirty[l] end
+      for _, e in ipairs(lv.list) do
+        if e[1] == l then return e[2] end
+      end
+      local t = redis.call('ZSCORE', lk, l)
+      return t and tonumber(t)
+    end, lane_time[fk] or tonumber(redis.call('HGET', K_V, 'v:' .. fk) or '0'), now, call_lanes) then
+      -- A key whose calls wait is behind, or a call of this key waits in
+      -- a lane not ahead of this job's: the call gets the slot.
       out[2], out[3] = CALL_YIELD, 1
       stop = true
       break
