@@ -17,8 +17,9 @@ import (
 // cancelled); `shaper work` replicas deliver them.
 type Callbacks struct {
 	// AllowedHosts are the only hosts a callback_url may name, each a host
-	// ("hooks.example.com") or host:port ("10.0.0.5:9000"), matched exactly
-	// and without regard to case; a job naming any other is refused at
+	// ("hooks.example.com"), host:port ("10.0.0.5:9000") or host:* (the
+	// host on any port, e.g. "localhost:*"), matched exactly and without
+	// regard to case; a job naming any other is refused at
 	// enqueue. A name that resolves to a loopback, link-local or private
 	// address is called back only when it is listed here as written.
 	// Empty (the default) refuses every callback_url.
@@ -63,6 +64,14 @@ func (c *Callbacks) fillDefaults() {
 func checkAllowedHost(h string) error {
 	if h == "" {
 		return fmt.Errorf("empty (write a host, e.g. hooks.example.com, or host:port)")
+	}
+	if name, ok := strings.CutSuffix(h, ":*"); ok {
+		// host:* is the host on any port.
+		u, err := url.Parse("http://" + name)
+		if err != nil || checkAllowedHost(name) != nil || u.Port() != "" || strings.HasSuffix(name, ":") {
+			return fmt.Errorf("%q: want a host alone before :* (e.g. localhost:* or [::1]:*)", h)
+		}
+		return nil
 	}
 	u, err := url.Parse("http://" + h)
 	if err != nil || u.Host != h || u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" {
@@ -217,15 +226,4 @@ func (c *Config) ResolveCallbackSecrets(lookupEnv func(string) (string, bool)) (
 		return CallbackSecrets{}, err
 	}
 	return out, nil
-}
-
-// AllowedHost reports whether a URL's host (u.Host, as written: host or
-// host:port) is in callbacks.allowed_hosts, without regard to case.
-func (c *Callbacks) AllowedHost(host string) bool {
-	for _, h := range c.AllowedHosts {
-		if strings.EqualFold(h, host) {
-			return true
-		}
-	}
-	return false
 }

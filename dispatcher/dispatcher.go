@@ -186,7 +186,8 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 		}
 		errs, err := jobstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items,
 			jobstore.WakeOnRetry(u.space.SleepKey(), jobstore.WakeChannel(d.cfg.Prefix), uc.Name),
-			jobstore.KeepAtMost(u.bounds), jobstore.AnnounceFinal(jobstore.FinalChannel(d.cfg.Prefix)))
+			jobstore.KeepAtMost(u.bounds), jobstore.AnnounceFinal(jobstore.FinalChannel(d.cfg.Prefix)),
+			jobstore.Callbacks(u.space.CallbacksDueKey()))
 		for i, c := range calls {
 			switch {
 			case err != nil:

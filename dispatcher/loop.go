@@ -332,7 +332,7 @@ func (d *Dispatcher) recover(ctx context.Context, u *upstream, now time.Time) in
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	n, err := jobstore.Recover(rctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), now, 100,
-		jobstore.AnnounceFinal(jobstore.FinalChannel(d.cfg.Prefix)))
+		jobstore.AnnounceFinal(jobstore.FinalChannel(d.cfg.Prefix)), jobstore.Callbacks(u.space.CallbacksDueKey()))
 	if err != nil {
 		d.m.RedisErrors.WithLabelValues("pacing").Inc()
 		d.log.Warn("could not recover jobs whose worker stopped", "upstream", u.cfg.Name, "err", err)
@@ -606,7 +606,7 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg
 		}
 		cancel()
 	}
-	f := jobstore.Finished{ID: t.ID, Lane: job.Lane, Partition: job.Partition, Msg: msg}
+	f := jobstore.Finished{ID: t.ID, Lane: job.Lane, Partition: job.Partition, Msg: msg, Callback: job.CallbackURL != ""}
 	if o.resp != nil {
 		if b, err := queue.EncodeResponse(o.resp); err == nil {
 			f.Result = b

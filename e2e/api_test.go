@@ -206,11 +206,14 @@ func TestDevSmoke(t *testing.T) {
 	}()
 	// The banner prints the API key and a curl line.
 	sc := bufio.NewScanner(stdout)
-	key, curl := "", ""
+	key, curl, secret := "", "", ""
 	for sc.Scan() && (key == "" || curl == "") {
 		line := strings.TrimSpace(sc.Text())
 		if k, ok := strings.CutPrefix(line, "API key"); ok {
 			key = strings.TrimSpace(k)
+		}
+		if _, after, ok := strings.Cut(line, "signed with "); ok && strings.HasPrefix(line, "callbacks") {
+			secret, _, _ = strings.Cut(after, " ")
 		}
 		if strings.HasPrefix(line, "curl -s -X POST") {
 			curl = line
@@ -241,5 +244,30 @@ func TestDevSmoke(t *testing.T) {
 	}
 	if job.State != client.StateSucceeded || job.Response == nil || job.Response.Status != 200 {
 		t.Fatalf("demo job: %+v", job)
+	}
+
+	// A callback to this machine arrives, signed with the printed secret
+	// (checked by the standardwebhooks npm package).
+	if secret == "" {
+		t.Fatalf("banner prints no callback secret; stderr:\n%s", stderr.String())
+	}
+	hooks := newHookReceiver(t)
+	withHook, err := c.Enqueue(ctx, client.JobRequest{Upstream: "demo", Method: "POST", Path: "/v1/hello",
+		CallbackURL: hooks.hs.URL + "/hook/1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for hooks.count() == 0 && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	ds := hooks.deliveries()
+	if len(ds) == 0 {
+		t.Fatalf("no callback for %s within the deadline; stderr:\n%s", withHook.ID, stderr.String())
+	}
+	for i := range ds {
+		ds[i].Secret = secret
+	}
+	if ok, failed := verifyWebhooks(t, ds[:1]); ok != 1 || !strings.Contains(ds[0].Body, withHook.ID) {
+		t.Fatalf("dev's callback: verified %d, failures %v, body %s", ok, failed, ds[0].Body)
 	}
 }

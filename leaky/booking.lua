@@ -13,7 +13,10 @@
 --     args[a] (concurrency, lease µs past the slot, the partition TAT
 --     prefix, the partitions' overrides hash or "" for none, n, n ×
 --     (interval, capacity, per µs, cost name, dyn field)),
---     its limits as paced now; a2 is the ARGV index after the bucket's
+--     its limits as paced now; a2 is the ARGV index after the bucket's.
+--     leaky_open(keys, k, args, a, now, also) -> b, a2, vals also reads the
+--     string keys named in the list also, in the same MGET as the limits'
+--     TATs, vals holding their values in order (false: none)
 --   leaky_limits(args, a) -> limits, a2: a partition's limits at args[a]
 --     (k, k × (id, interval, capacity, per µs, cost name))
 --   leaky_earliest(b, costs, now) -> slot µs, reason (0 none, 1 a limit, 2
@@ -37,7 +40,7 @@ local function leaky_cost(l, costs)
   return costs[l.cost] or 0
 end
 
-local function leaky_open(keys, k, args, a, now)
+local function leaky_open(keys, k, args, a, now, also)
   local b = {block = keys[k], leases = keys[k + 1], lim = {}, changed = false, lease_expiry = 0}
   b.conc = tonumber(args[a])
   b.lease_ttl = tonumber(args[a + 1])
@@ -59,14 +62,21 @@ local function leaky_open(keys, k, args, a, now)
       b.lim[#b.lim + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = keys[k + 2 + n + s]}
     end
   end
-  for _, l in ipairs(b.lim) do
-    l.tat = tonumber(redis.call('GET', l.key) or '0')
+  local reads = {}
+  for i, l in ipairs(b.lim) do reads[i] = l.key end
+  local nl = #reads
+  for _, key in ipairs(also or {}) do reads[#reads + 1] = key end
+  local vals, got = {}, {}
+  if #reads > 0 then vals = redis.call('MGET', unpack(reads)) end
+  for i, l in ipairs(b.lim) do
+    l.tat = tonumber(vals[i] or '0')
   end
+  for i = nl + 1, #reads do got[#got + 1] = vals[i] end
   b.blocked = tonumber(redis.call('HGET', b.block, 'until') or '0')
   if b.conc > 0 then
     redis.call('ZREMRANGEBYSCORE', b.leases, '-inf', now)
   end
-  return b, a
+  return b, a, got
 end
 
 local function leaky_limits(args, a)

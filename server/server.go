@@ -243,7 +243,7 @@ func (s *Server) routes(page http.Handler) {
 	// Limits changed live, for every replica (server/limits.go).
 	handle("PUT /v1/upstreams/{name}/limits", s.authed(s.admin(s.handlePutLimits)))
 	handle("DELETE /v1/upstreams/{name}/limits", s.authed(s.admin(s.handleResetLimits)))
-	handle("GET /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.handleGetPartitionLimits))
+	handle("GET /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handleGetPartitionLimits)))
 	handle("PUT /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handlePutPartitionLimits)))
 	handle("DELETE /v1/upstreams/{name}/partitions/{partition}/limits", s.authed(s.admin(s.handleResetPartitionLimits)))
 	s.scheduleRoutes(handle)

@@ -1,71 +1,126 @@
 package tokenbucket
 
-import (
-	"github.com/shaperhq/shaper/internal/gcra"
-	"github.com/shaperhq/shaper/internal/script"
-)
+import "github.com/redis/go-redis/v9"
 
-// allowScript decides one or more token-bucket requests, so requests
-// gathered from concurrent callers share a round trip. Each bucket appears
-// once in KEYS with all of its requests, decided in order; buckets are read
-// with one MGET and each written at most once, after its last request. All
-// buckets share one shape. A denied request writes nothing.
+// The scripts below do the arithmetic of internal/gcra (gcra.Allow) inline,
+// on the bucket's level (its TAT minus now) rather than through the shared
+// Lua helpers: the helpers are closures the script would build again on
+// every call, and an admission decision is small enough for that to show.
+// TestMatchesModel holds them to the Go model, bit for bit.
 //
-//	KEYS[i]   -> bucket i's TAT, integer µs as a string (absent: the bucket is full)
-//	ARGV[1]   -> interval µs: how long one token takes to come back
-//	ARGV[2]   -> capacity
-//	ARGV[3]   -> now override in µs ("" = Redis TIME)
-//	ARGV[3+i] -> the costs of bucket i's requests, in order, comma-separated
+// Every value is an integer below 2^53 (gcra.MaxSpan bounds the level), so
+// Lua's doubles are exact. TAT and TTL are written with '%d' (Lua 5.1
+// formats it from a 64-bit long): the same digits as the model's, whatever
+// way a Redis version turns a Lua number into a string. The TTL is
+// ⌊(level + interval + 999) / 1000⌋ ms: the numerator is below 2^51, so the
+// double quotient is within 2^-12 of the true one while a fraction short of
+// an integer is at least 0.001 short, and math.floor is exact.
 //
-// Returns one integer per request, bucket by bucket and in order within a
-// bucket: the bucket's level after the decision (its TAT minus now, in µs),
+// A written key expires once its bucket would be full again (an absent key
+// means exactly that), plus one interval and the rounding up to whole
+// milliseconds, so expiry can never forget tokens that are still spent. A
+// denied request writes nothing.
+//
+// Both return, per request, the bucket's level after the decision in µs:
 // positive when the request was allowed and negated when it was denied. A
 // level of zero cannot occur: an allowed request adds at least one
 // interval, and a denied one meets a bucket with less room than its cost.
 // Every header input follows from it and the cost (see decode).
+
+// allowOneScript decides one request on one bucket: the lone caller's
+// script, one GET and at most one SET.
 //
-// Integers are written with '%d' rather than shaper_int's '%.0f': the same
-// digits for every integer below 2^53 (Lua 5.1 formats '%d' from a 64-bit
-// long), at a fraction of the cost of printing a double.
+//	KEYS[1] -> the bucket's TAT, integer µs as a string (absent: the bucket is full)
+//	ARGV[1] -> interval µs: how long one token takes to come back
+//	ARGV[2] -> capacity
+//	ARGV[3] -> cost
+//	ARGV[4] -> now override in µs (absent: Redis TIME)
 //
-// A written key expires once its bucket would be full again (an absent key
-// means exactly that), plus one interval and the rounding up to whole
-// milliseconds, so expiry can never forget tokens that are still spent.
-var allowScript = script.New(gcra.LuaFunctions, `
+// Returns the level as a plain integer.
+var allowOneScript = redis.NewScript(`
 local interval = tonumber(ARGV[1])
-local capacity = tonumber(ARGV[2])
-local now = shaper_now(ARGV[3])
+local now = ARGV[4]
+if now then
+  now = tonumber(now)
+else
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local level = (tonumber(redis.call('GET', KEYS[1])) or now) - now
+if level < 0 then level = 0 end
+local after = level + tonumber(ARGV[3]) * interval
+if after > tonumber(ARGV[2]) * interval then
+  return -level
+end
+redis.call('SET', KEYS[1], string.format('%d', now + after), 'PX', string.format('%d', math.floor((after + interval + 999) / 1000)))
+return after
+`)
+
+// allowScript decides the requests of a batch, so requests gathered from
+// concurrent callers share a round trip. Each bucket appears once in KEYS
+// with all of its requests, decided in order; buckets are read with one
+// MGET and each written at most once, after its last request. All buckets
+// share one shape.
+//
+//	KEYS[i]   -> bucket i's TAT, integer µs as a string (absent: the bucket is full)
+//	ARGV[1]   -> interval µs
+//	ARGV[2]   -> capacity
+//	ARGV[3]   -> now override in µs ("" = Redis TIME)
+//	ARGV[3+i] -> bucket i's requests: "c" for one of cost c, "-k" for k of
+//	             cost 1, else their costs in order, comma-separated; absent
+//	             for one request of cost 1 (so those buckets go last)
+//
+// Returns an array of one level per request, bucket by bucket and in order
+// within a bucket.
+var allowScript = redis.NewScript(`
+local interval = tonumber(ARGV[1])
+local span = tonumber(ARGV[2]) * interval
+local now = ARGV[3]
+if now == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+end
 local tats = redis.call('MGET', unpack(KEYS))
 local out = {}
 local n = 0
 for i = 1, #KEYS do
-  local tat = tonumber(tats[i] or '0') or 0
-  if tat < now then tat = now end
+  local level = (tonumber(tats[i]) or now) - now
+  if level < 0 then level = 0 end
   local took = false
-  local costs = ARGV[3 + i]
-  local cost = tonumber(costs)
-  local iter
-  if cost == nil then
-    iter = string.gmatch(costs, '%d+')
-    cost = tonumber(iter())
+  local reqs = ARGV[3 + i]
+  local cost, units, iter = 1, 0, nil
+  if reqs then
+    cost = tonumber(reqs)
+    if cost == nil then
+      iter = string.gmatch(reqs, '%d+')
+      cost = tonumber(iter())
+    elseif cost < 0 then
+      units, cost = -cost - 1, 1
+    end
   end
   while cost do
     n = n + 1
-    if gcra_earliest(tat, now, interval, capacity, cost) > now then
-      out[n] = now - tat
+    local after = level + cost * interval
+    if after > span then
+      out[n] = -level
     else
-      tat = gcra_take(tat, now, interval, cost)
+      level = after
       took = true
-      out[n] = tat - now
+      out[n] = after
     end
-    cost = nil
-    if iter then
+    if units > 0 then
+      units = units - 1
+    elseif iter then
       local c = iter()
-      if c then cost = tonumber(c) end
+      cost = c and tonumber(c)
+    else
+      cost = nil
     end
   end
   if took then
-    redis.call('SET', KEYS[i], string.format('%d', tat), 'PX', string.format('%d', shaper_idiv(tat - now + interval + 999, 1000)))
+    redis.call('SET', KEYS[i], string.format('%d', now + level), 'PX', string.format('%d', math.floor((level + interval + 999) / 1000)))
   end
 end
 return out

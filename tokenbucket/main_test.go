@@ -94,9 +94,11 @@ func burstChild() int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
 	}
-	if err := allowScript.Load(ctx, rdb).Err(); err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 2
+	for _, s := range []*redis.Script{allowScript, allowOneScript} {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 2
+		}
 	}
 	start := make(chan struct{})
 	var wg sync.WaitGroup

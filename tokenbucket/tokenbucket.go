@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,7 +46,8 @@ type Config struct {
 	// zero means 128, and 1 sends every decision on its own.
 	MaxBatch int
 	// MaxInFlight bounds how many round trips of shared decisions run at
-	// once; zero means 2.
+	// once; zero means 2. A caller alone in Allow sends its decision on its
+	// own, beside them.
 	MaxInFlight int
 }
 
@@ -61,6 +63,9 @@ type Limiter struct {
 	now      func() time.Time
 	sharding script.Sharding
 	batch    *script.Batcher[request, shaper.Result]
+	// callers counts the calls inside Allow, so that a lone one can skip
+	// the batcher.
+	callers atomic.Int32
 	// shape is the scripts' ARGV[1..2], boxed once rather than per call.
 	shape [2]any
 }
@@ -114,12 +119,37 @@ func (l *Limiter) Allow(ctx context.Context, key string, n int64) (shaper.Result
 		return shaper.Result{}, err
 	}
 	req := request{key: l.key(key), cost: n}
-	if l.batch != nil {
-		return l.batch.Do(ctx, req)
+	if l.batch == nil {
+		return l.one(ctx, req)
 	}
-	c := &script.Call[request, shaper.Result]{Req: req}
-	l.run(ctx, []*script.Call[request, shaper.Result]{c})
-	return c.Res, c.Err
+	// A caller with nobody else in Allow has nobody to share a round trip
+	// with: it skips the batcher's bookkeeping and sends its own decision.
+	defer l.callers.Add(-1)
+	if l.callers.Add(1) == 1 {
+		return l.one(ctx, req)
+	}
+	return l.batch.Do(ctx, req)
+}
+
+// one decides a single request with allowOneScript: one round trip, one
+// GET and at most one SET in Redis, and a plain integer back.
+func (l *Limiter) one(ctx context.Context, req request) (shaper.Result, error) {
+	keys := []string{req.key}
+	var v any
+	var err error
+	if l.now == nil {
+		v, err = script.Run(ctx, l.rdb, "token bucket", allowOneScript, keys, l.shape[0], l.shape[1], req.cost)
+	} else {
+		v, err = script.Run(ctx, l.rdb, "token bucket", allowOneScript, keys, l.shape[0], l.shape[1], req.cost, script.NowArg(l.now))
+	}
+	if err != nil {
+		return shaper.Result{}, err
+	}
+	level, ok := v.(int64)
+	if !ok || level == 0 {
+		return shaper.Result{}, fmt.Errorf("token bucket: script reply %v, want a non-zero integer", v)
+	}
+	return l.decode(level, req.cost), nil
 }
 
 // Reset forgets what key has spent, refilling its bucket at once, e.g. to
@@ -163,15 +193,12 @@ func checkArgs(l Limit, key string, n int64) error {
 // named once, with all of its requests in the order they came, so a hot key
 // costs Redis one read and one write per batch rather than per request.
 func (l *Limiter) run(ctx context.Context, calls []*script.Call[request, shaper.Result]) {
-	now := script.NowArg(l.now)
 	if len(calls) == 1 {
-		// A lone caller is the common case at low load: keep it as lean as
-		// a plain script call.
 		c := calls[0]
-		v, err := script.Run(ctx, l.rdb, "token bucket", allowScript, []string{c.Req.key}, l.shape[0], l.shape[1], now, c.Req.cost)
-		l.deliver(calls, v, err)
+		c.Res, c.Err = l.one(ctx, c.Req)
 		return
 	}
+	now := script.NowArg(l.now)
 	invs, order := l.plan(calls, now)
 	if len(invs) == 1 {
 		v, err := script.Run(ctx, l.rdb, "token bucket", allowScript, invs[0].Keys, invs[0].Args...)
@@ -258,20 +285,35 @@ func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string)
 	invs = make([]script.Invocation, len(groups))
 	order = make([][]*script.Call[request, shaper.Result], len(groups))
 	for g, bs := range groups {
+		// A bucket with one request of cost 1 (most of them, over many
+		// keys) needs no ARGV entry if it comes after every bucket that
+		// has one.
+		plain := func(b int) bool { return first[b+1]-first[b] == 1 && sorted[first[b]].Req.cost == 1 }
+		slices.SortStableFunc(bs, func(a, b int) int {
+			switch pa, pb := plain(a), plain(b); {
+			case pa == pb:
+				return 0
+			case pb:
+				return -1
+			}
+			return 1
+		})
 		inv := script.Invocation{Keys: make([]string, len(bs)), Args: make([]any, 3, 3+len(bs))}
 		inv.Args[0], inv.Args[1], inv.Args[2] = l.shape[0], l.shape[1], now
+		n := 0
+		for _, b := range bs {
+			n += first[b+1] - first[b]
+		}
+		o := make([]*script.Call[request, shaper.Result], 0, n)
 		for j, b := range bs {
 			inv.Keys[j] = keys[b]
-			inv.Args = append(inv.Args, costs(sorted[first[b]:first[b+1]]))
+			if !plain(b) {
+				inv.Args = append(inv.Args, costs(sorted[first[b]:first[b+1]]))
+			}
+			o = append(o, sorted[first[b]:first[b+1]]...)
 		}
 		invs[g] = inv
-		if len(groups) == 1 {
-			order[g] = sorted // every bucket, in bucket order
-			continue
-		}
-		for _, b := range bs {
-			order[g] = append(order[g], sorted[first[b]:first[b+1]]...)
-		}
+		order[g] = o
 	}
 	return invs, order
 }
@@ -279,11 +321,20 @@ func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string)
 // maxScriptKeys bounds the buckets one script call names.
 const maxScriptKeys = 1000
 
-// costs is one bucket's ARGV entry: the cost of its one request, or the
-// costs of all of them, in order, separated by commas.
+// costs is one bucket's ARGV entry: the cost of its one request, -k for k
+// requests of cost 1 (the common case, which the script then decides
+// without parsing a list), or else all the costs in order, separated by
+// commas.
 func costs(calls []*script.Call[request, shaper.Result]) any {
 	if len(calls) == 1 {
 		return calls[0].Req.cost
+	}
+	units := true
+	for _, c := range calls {
+		units = units && c.Req.cost == 1
+	}
+	if units {
+		return -int64(len(calls))
 	}
 	buf := make([]byte, 0, 2*len(calls))
 	for i, c := range calls {

@@ -28,7 +28,7 @@ const maxURL = 2048
 // CheckURL reports whether raw may be a job's callback_url: an absolute
 // http or https URL without credentials or fragment, whose host as written
 // (host, or host:port) is one of allowed, matched exactly without regard
-// to case. Nothing is resolved: http://2130706433/ or http://0177.0.0.1/
+// to case (an entry host:* names its host with any port). Nothing is resolved: http://2130706433/ or http://0177.0.0.1/
 // name hosts "2130706433" and "0177.0.0.1", allowed only if listed so.
 func CheckURL(raw string, allowed []string) error {
 	if len(raw) > maxURL {
@@ -54,10 +54,19 @@ func CheckURL(raw string, allowed []string) error {
 	return nil
 }
 
+// allowedHost reports whether host (host or host:port, as written) is
+// named by allowed: an entry equal to it without regard to case, or an
+// entry host:* naming its host with any port (a host written without a
+// port is not matched by host:*).
 func allowedHost(host string, allowed []string) bool {
 	for _, h := range allowed {
 		if strings.EqualFold(h, host) {
 			return true
+		}
+		if name, ok := strings.CutSuffix(h, ":*"); ok {
+			if i := strings.LastIndexByte(host, ':'); i > 0 && !strings.HasSuffix(host, "]") && strings.EqualFold(name, host[:i]) && host[i+1:] != "" {
+				return true
+			}
 		}
 	}
 	return false
@@ -91,7 +100,8 @@ func internal(ip netip.Addr) bool {
 }
 
 // addressAllowed reports whether the resolved address (ip:port) is named
-// by allowed as written: ip, ip:port, or for IPv6 [ip] or [ip]:port.
+// by allowed as written: ip, ip:port, ip:*, or for IPv6 [ip], [ip]:port
+// or [ip]:*.
 func addressAllowed(address string, allowed []string) bool {
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {

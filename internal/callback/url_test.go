@@ -9,7 +9,7 @@ import (
 )
 
 func TestCheckURL(t *testing.T) {
-	allowed := []string{"hooks.example.com", "127.0.0.1:9000", "[::1]:9001", "Mixed.Example.org"}
+	allowed := []string{"hooks.example.com", "127.0.0.1:9000", "[::1]:9001", "Mixed.Example.org", "devbox.internal:*", "[::2]:*"}
 	tests := []struct {
 		url  string
 		want string // "" accepted, else a piece of the error
@@ -46,6 +46,13 @@ func TestCheckURL(t *testing.T) {
 		{"http://hooks.example.com:/x", "not in callbacks.allowed_hosts"},
 		{"https://" + strings.Repeat("a", 2100), "longer than"},
 		{"http://hooks.example.com/\x7f", "not a URL"},
+		// host:* names the host on any port, and only with a port.
+		{"http://DevBox.internal:41234/hook", ""},
+		{"http://[::2]:41234/hook", ""},
+		{"http://devbox.internal/hook", "not in callbacks.allowed_hosts"},
+		{"http://devbox.internal:/hook", "not in callbacks.allowed_hosts"},
+		{"http://devbox.internal.evil.example:80/", "not in callbacks.allowed_hosts"},
+		{"http://[::2]/hook", "not in callbacks.allowed_hosts"},
 	}
 	for _, tt := range tests {
 		err := CheckURL(tt.url, allowed)
@@ -82,7 +89,7 @@ func TestInternalAddresses(t *testing.T) {
 }
 
 func TestCheckDial(t *testing.T) {
-	allowed := []string{"127.0.0.1:9000", "[::1]:9001", "10.0.0.5", "hooks.example.com", "localhost:9002"}
+	allowed := []string{"127.0.0.1:9000", "[::1]:9001", "10.0.0.5", "hooks.example.com", "localhost:9002", "127.0.0.2:*", "[::2]:*"}
 	tests := []struct {
 		addr string
 		ok   bool
@@ -99,6 +106,10 @@ func TestCheckDial(t *testing.T) {
 		{"169.254.169.254:80", false},
 		{"93.184.216.34:443", true},
 		{"not-an-address", false},
+		// 127.0.0.2:* allows that address on any port, and nothing else.
+		{"127.0.0.2:41234", true},
+		{"127.0.0.3:41234", false},
+		{"[::2]:41234", true},
 	}
 	for _, tt := range tests {
 		err := checkDial(tt.addr, allowed)

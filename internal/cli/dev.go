@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/fakeupstream"
+	"github.com/shaperhq/shaper/queue"
 )
 
 type devOptions struct {
@@ -42,7 +44,8 @@ allows only --demo-rate requests per second and answers 429 beyond that.
 
 It prints the API key (random unless --api-key is given), the link to the
 status page (/ui/, with the key in the link's #fragment) and curl lines that
-work as printed. Data lives in memory and is gone when the process ends;
+work as printed. Callbacks (a job's callback_url) to localhost, 127.0.0.1 and [::1], on any
+port, are delivered, signed with a random secret it also prints. Data lives in memory and is gone when the process ends;
 for anything else run "shaper serve" and "shaper work" against Redis.`,
 		Example: `  shaper dev
   shaper dev --listen 127.0.0.1:9090 --api-key devkey
@@ -79,6 +82,9 @@ upstreams:
     headers: {Authorization: "Bearer demo-upstream-secret"}
     result_retention: 1h
     dead_retention: 1h
+callbacks:
+  allowed_hosts: ["localhost:*", "127.0.0.1:*", "[::1]:*"]
+  secret_env: SHAPER_DEV_CALLBACK_SECRET
 `
 
 func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
@@ -96,6 +102,7 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	if err != nil {
 		return err
 	}
+	cbSecret := devCallbackSecret()
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
@@ -109,7 +116,11 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 		return err
 	}
 	defer stopDemo()
-	cfg, keys, err := devConfigFor(f, key, redisURL, opts.listen, demoURL, opts.demoRate)
+	cfg, keys, err := devConfigFor(f, key, cbSecret, redisURL, opts.listen, demoURL, opts.demoRate)
+	if err != nil {
+		return err
+	}
+	secrets, err := cfg.ResolveCallbackSecrets(devEnv(f, key, cbSecret))
 	if err != nil {
 		return err
 	}
@@ -139,6 +150,17 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	if err != nil {
 		return err
 	}
+	// Callbacks to this machine are delivered, signed with a secret the
+	// banner prints, so a newcomer can watch one arrive.
+	cq, err := queue.New(rdb, queue.Config{Upstreams: cfg.AllUpstreams(), Prefix: cfg.Redis.Prefix})
+	if err != nil {
+		return err
+	}
+	defer cq.Close()
+	cd, err := newDeliverer(rdb, cq, cfg, secrets, m, log)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", opts.listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", opts.listen, err)
@@ -151,9 +173,10 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 		ln.Close()
 		return err
 	}
-	printDevBanner(f, ln.Addr(), key, storeName, demoURL, opts.demoRate)
+	printDevBanner(f, ln.Addr(), key, cbSecret, storeName, demoURL, opts.demoRate)
 
-	err = runAPIAndWorkers(ctx, d, func(ctx context.Context) error {
+	work := func(ctx context.Context) error { return runDeliverer(ctx, cd, d.Run) }
+	err = runAPIAndWorkers(ctx, work, func(ctx context.Context) error {
 		return runAPI(ctx, parts, cfg, ln, time.Duration(cfg.API.ShutdownTimeout), log)
 	})
 	fmt.Fprintf(f.ErrOut, "\ndemo upstream: %s\n", fake.Report())
@@ -234,15 +257,33 @@ func startDemoUpstream(rate int64) (fake *fakeupstream.Server, url string, stop 
 	return fake, "http://" + ln.Addr().String(), stop, nil
 }
 
-// devConfigFor parses dev's built-in config. The API key reaches it through
-// key_env, as a real config's keys do, without touching the environment.
-func devConfigFor(f *Factory, key, redisURL, listen, demoURL string, rate int64) (*config.Config, []config.APIKey, error) {
-	env := func(name string) (string, bool) {
-		if name == "SHAPER_DEV_KEY" {
+// devCallbackSecret is a random Standard Webhooks secret for dev's
+// callbacks.
+func devCallbackSecret() string {
+	var b [24]byte
+	rand.Read(b[:])
+	return "whsec_" + base64.StdEncoding.EncodeToString(b[:])
+}
+
+// devEnv is the environment dev's built-in config reads: its API key and
+// callback secret, then the process's.
+func devEnv(f *Factory, key, cbSecret string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		switch name {
+		case "SHAPER_DEV_KEY":
 			return key, true
+		case "SHAPER_DEV_CALLBACK_SECRET":
+			return cbSecret, true
 		}
 		return f.LookupEnv(name)
 	}
+}
+
+// devConfigFor parses dev's built-in config. The API key and the callback
+// secret reach it through key_env and secret_env, as a real config's do,
+// without touching the environment.
+func devConfigFor(f *Factory, key, cbSecret, redisURL, listen, demoURL string, rate int64) (*config.Config, []config.APIKey, error) {
+	env := devEnv(f, key, cbSecret)
 	cfg, err := config.Parse([]byte(fmt.Sprintf(devConfig, redisURL, listen, demoURL, rate)), env)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dev config: %w", err)
@@ -256,11 +297,11 @@ func devConfigFor(f *Factory, key, redisURL, listen, demoURL string, rate int64)
 
 // runAPIAndWorkers runs the workers and serves the API on ln until ctx ends
 // or either stops, then stops the other and waits for it.
-func runAPIAndWorkers(ctx context.Context, d *dispatcher.Dispatcher, serve func(context.Context) error) error {
+func runAPIAndWorkers(ctx context.Context, work, serve func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 2)
-	go func() { errs <- d.Run(ctx) }()
+	go func() { errs <- work(ctx) }()
 	go func() { errs <- serve(ctx) }()
 	first := <-errs
 	cancel()
@@ -268,7 +309,7 @@ func runAPIAndWorkers(ctx context.Context, d *dispatcher.Dispatcher, serve func(
 	return errors.Join(first, second)
 }
 
-func printDevBanner(f *Factory, addr net.Addr, key, store, demoURL string, rate int64) {
+func printDevBanner(f *Factory, addr net.Addr, key, cbSecret, store, demoURL string, rate int64) {
 	host := addr.String()
 	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
 		host = fmt.Sprintf("localhost:%d", tcp.Port)
@@ -281,6 +322,7 @@ func printDevBanner(f *Factory, addr net.Addr, key, store, demoURL string, rate 
   status    %s/ui/#key=%s (open in a browser; the key after # never leaves it)
   store     %s
   upstream  demo -> %s (a fake API allowing %d requests/s; shaper paces at that rate)
+  callbacks to this machine (localhost, 127.0.0.1, [::1]; any port), signed with %s
 
 Enqueue a job:
 
@@ -298,5 +340,5 @@ Or call it through the proxy, paced with the jobs, and get its answer:
 
   curl -s -X POST %s/proxy/demo/v1/hello -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{"hello": "world"}'
 
-`, base, key, base, url.PathEscape(key), store, demoURL, rate, base, key, base, key, base, key, base, key)
+`, base, key, base, url.PathEscape(key), store, demoURL, rate, cbSecret, base, key, base, key, base, key, base, key)
 }

@@ -28,6 +28,7 @@ func (r *rig) addCallback(ids ...string) {
 		}
 		r.ids = append(r.ids, id)
 		r.lane[id] = e.Lane
+		r.cb[id] = true
 	}
 }
 
@@ -37,9 +38,10 @@ func (r *rig) finishKept(o jobstore.Outcome, ids ...string) {
 	var items []jobstore.Finished
 	for _, id := range ids {
 		items = append(items, jobstore.Finished{ID: id, Lane: r.lane[id], Msg: &jobstore.Message{Type: "http", ID: id, Queue: r.space.Queue},
-			Outcome: o, Retention: time.Hour, ErrMsg: "boom"})
+			Outcome: o, Retention: time.Hour, ErrMsg: "boom", Callback: r.cb[id]})
 	}
-	errs, err := jobstore.Finish(context.Background(), r.rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items)
+	errs, err := jobstore.Finish(context.Background(), r.rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items,
+		jobstore.Callbacks(r.space.CallbacksDueKey()))
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -236,3 +237,8 @@ func sortedMap(m map[string]int64) string {
 	}
 	return strings.TrimSpace(b.String())
 }
+
+// SetLookEvery sets how often a take looks at everything while takes come
+// back full (fullLookEvery), the period under way ending at once; not while
+// the Taker is in use.
+func (t *Taker) SetLookEvery(d time.Duration) { t.lookEvery = d; t.lookAt.Store(0) }

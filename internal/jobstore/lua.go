@@ -14,8 +14,8 @@ import (
 // flow's group, a partition's TAT) are made from prefixes passed in ARGV
 // and carry the same tag.
 //
-//	P:s:{Q}:v          hash: v (the upstream's virtual time), v:FK (FK's lane
-//	                   virtual time), seq (FIFO counter), sleep (a worker sleeps)
+//	P:s:{Q}:v          hash: seq (FIFO counter), sleep (a worker sleeps); the
+//	                   virtual times are the lowest scores of f and l:FK
 //	P:s:{Q}:f          zset: fairness key FK -> virtual start, FKs with work
 //	P:s:{Q}:l:FK       zset: lane -> virtual start within FK, lanes with work
 //	P:s:{Q}:r:LANE|FK  zset: partition PK -> µs when it can next send

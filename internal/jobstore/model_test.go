@@ -22,14 +22,15 @@ import (
 // stop a take and that has no partition limits, the order the take keeps
 // when nothing holds a job back; what holds jobs back has its own tests.
 //
-// Its structures are the script's sorted sets and hash, kept the same lazy
-// way (a lane whose flows emptied keeps its place until the take next
-// reaches it). Scores are doubles both sides: Redis passes a Lua number to
-// a command in a form that reads back exactly, so ties break alike.
+// Its structures are the script's sorted sets, kept the same lazy way (a
+// lane whose flows emptied keeps its place until the take next reaches
+// it), with the scores Redis holds: a set's virtual time is its lowest
+// score, and a set that holds one member before and after a take keeps its
+// score (a partition's, when not later than now). Scores are doubles both
+// sides: Redis passes a Lua number to a command in a form that reads back
+// exactly, so ties break alike.
 type pickModel struct {
 	u        shaper.Upstream
-	v        float64                       // the upstream's virtual time
-	laneV    map[string]float64            // fk -> its lanes' virtual time
 	fair     map[string]float64            // fk -> virtual start
 	lanes    map[string]map[string]float64 // fk -> lane -> virtual start
 	ready    map[string]map[string]int64   // lane|fk -> partition -> µs ready
@@ -39,7 +40,7 @@ type pickModel struct {
 }
 
 func newPickModel(u shaper.Upstream) *pickModel {
-	return &pickModel{u: u, laneV: map[string]float64{}, fair: map[string]float64{},
+	return &pickModel{u: u, fair: map[string]float64{},
 		lanes: map[string]map[string]float64{}, ready: map[string]map[string]int64{},
 		flows: map[string][]string{}, weights: u.Fairness.Weights, lweights: u.Lanes}
 }
@@ -71,10 +72,47 @@ func (m *pickModel) enqueue(id, lane, fk, pk string, now int64) {
 		m.lanes[fk] = map[string]float64{}
 	}
 	if _, ok := m.lanes[fk][lane]; !ok {
-		m.lanes[fk][lane] = m.laneV[fk]
+		m.lanes[fk][lane] = virtualTime(m.lanes[fk])
 	}
 	if _, ok := m.fair[fk]; !ok {
-		m.fair[fk] = m.v
+		m.fair[fk] = virtualTime(m.fair)
+	}
+}
+
+// virtualTime is a set's lowest score, 0 for none.
+func virtualTime(m map[string]float64) float64 {
+	if len(m) == 0 {
+		return 0
+	}
+	return m[lowest(m)]
+}
+
+// sole is a set's one member and its score, if it holds one.
+type sole[S any] struct {
+	m     map[string]S
+	k     string
+	score S
+}
+
+func soles[S any](sets ...map[string]S) []sole[S] {
+	var out []sole[S]
+	for _, m := range sets {
+		if len(m) == 1 {
+			for k, s := range m {
+				out = append(out, sole[S]{m, k, s})
+			}
+		}
+	}
+	return out
+}
+
+// keep puts back the score of each set that held one member before the
+// take and still does (unless ok says not).
+func keep[S any](before []sole[S], ok func(S) bool) {
+	for _, s := range before {
+		if cur, in := s.m[s.k]; in && len(s.m) == 1 && ok(cur) {
+			s.m[s.k] = s.score
+		}
 	}
 }
 
@@ -83,7 +121,6 @@ func (m *pickModel) retire(fk, lane string) {
 	if len(m.lanes[fk]) == 0 {
 		delete(m.lanes, fk)
 		delete(m.fair, fk)
-		delete(m.laneV, fk)
 	}
 }
 
@@ -95,13 +132,25 @@ func weight(w map[string]int, k string) float64 {
 }
 
 func (m *pickModel) take(n int, now int64) []string {
+	vsets := []map[string]float64{m.fair}
+	for _, l := range m.lanes {
+		vsets = append(vsets, l)
+	}
+	var tsets []map[string]int64
+	for _, r := range m.ready {
+		tsets = append(tsets, r)
+	}
+	vs, ts := soles(vsets...), soles(tsets...)
+	defer func() {
+		keep(vs, func(float64) bool { return true })
+		keep(ts, func(t int64) bool { return t <= now })
+	}()
 	var out []string
 	for len(out) < n && len(m.fair) > 0 {
 		fk := lowest(m.fair)
 		s1 := m.fair[fk]
 		if len(m.lanes[fk]) == 0 {
 			delete(m.fair, fk)
-			delete(m.laneV, fk)
 			continue
 		}
 		lane := lowest(m.lanes[fk])
@@ -121,9 +170,7 @@ func (m *pickModel) take(n int, now int64) []string {
 		} else {
 			m.ready[rk][pk] = now
 		}
-		m.v = s1
 		m.fair[fk] = s1 + 1/weight(m.weights, fk)
-		m.laneV[fk] = s2
 		m.lanes[fk][lane] = s2 + 1/weight(m.lweights, lane)
 		out = append(out, id)
 	}

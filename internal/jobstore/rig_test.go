@@ -30,6 +30,7 @@ type rig struct {
 	ids    []string
 	lane   map[string]string // id -> lane
 	part   map[string]string // id -> partition
+	cb     map[string]bool   // id -> has a callback
 }
 
 var rigSeq atomic.Int64
@@ -58,7 +59,7 @@ func newRigNamed(t *testing.T, rdb redis.UniversalClient, u shaper.Upstream, loo
 		t.Fatal(err)
 	}
 	return &rig{t: t, rdb: rdb, u: u, space: s, store: jobstore.AsynqKeys(s.Queue), bucket: b, taker: tk,
-		lane: map[string]string{}, part: map[string]string{}}
+		lane: map[string]string{}, part: map[string]string{}, cb: map[string]bool{}}
 }
 
 // job is a job to enqueue.

@@ -279,7 +279,7 @@ var ErrNotWaiting = errors.New("job is not waiting")
 // it on FinalChannel. It returns redis.Nil if there is no such job.
 func (s Space) Cancel(ctx context.Context, rdb redis.Scripter, id string) error {
 	keys := []string{s.TaskKey(id), s.CountsKey(), s.BacklogKey(), s.a.Scheduled(),
-		s.a.Retry(), s.a.Archived(), s.a.Groups()}
+		s.a.Retry(), s.a.Archived(), s.a.Groups(), s.CallbacksDueKey()}
 	v, err := script.Run(ctx, rdb, "jobstore.cancel", cancelScript, keys, "", s.groupPrefix(), id, FinalChannel(s.prefix))
 	if err != nil {
 		return err
@@ -380,11 +380,25 @@ type Taker struct {
 	// built again when an operator's change of limits reaches the bucket
 	// (leaky.Bucket.BookingVersion).
 	args atomic.Pointer[takeArgs]
+	// A take looks at everything (the due sets, what comes due next, the
+	// leases) unless the last one gave all it asked for (lastFull) and
+	// one looked less than fullLookEvery ago (lookAt, Unix ns): then it
+	// leaves the due sets alone, and, if it too comes back full, what
+	// comes due next and the leases (its caller comes straight back).
+	lastFull  atomic.Bool
+	lookAt    atomic.Int64
+	lookEvery time.Duration // fullLookEvery but in tests
 }
+
+// fullLookEvery is how often at least a replica's takes of an upstream
+// look at its due sets and leases while each take gives all it asked for:
+// a scheduled or retrying job that comes due then joins its flow up to
+// this late, and a lapsed lease is found up to this late.
+const fullLookEvery = 100 * time.Millisecond
 
 type takeArgs struct {
 	keys    []string
-	fixed   []any // ARGV after max jobs and lookahead
+	fixed   []any // ARGV after max jobs, lookahead and the look
 	version uint64
 }
 
@@ -405,7 +419,7 @@ type TakerConfig struct {
 // NewTaker prepares the arguments every take sends.
 func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 	u := cfg.Upstream
-	t := &Taker{s: s, rdb: rdb, bucket: cfg.Bucket, cfg: cfg, leaseS: int64(cfg.Lease / time.Second),
+	t := &Taker{s: s, rdb: rdb, bucket: cfg.Bucket, cfg: cfg, lookEvery: fullLookEvery, leaseS: int64(cfg.Lease / time.Second),
 		lookUs: cfg.Lookahead.Microseconds(), conc: u.Concurrency > 0}
 	a, err := t.build()
 	if err != nil {
@@ -505,6 +519,8 @@ type Take struct {
 	// at every flow, so the caller takes again at once.
 	Next time.Duration
 	// Expired reports active jobs whose lease ran out: recover them.
+	// (A take that gives all it was asked for may leave Next and Expired
+	// out: see fullLookEvery.)
 	Expired bool
 	// Now is Redis's clock when the take was decided.
 	Now time.Time
@@ -520,8 +536,14 @@ func (t *Taker) take(ctx context.Context, n int, clock string) (Take, error) {
 	if err != nil {
 		return Take{}, err
 	}
-	args := make([]any, 0, 3+len(ta.fixed))
-	args = append(args, clock, n, t.lookUs)
+	look := "1"
+	if clock == "" && t.lastFull.Load() && time.Now().UnixNano() < t.lookAt.Load() {
+		look = "0"
+	} else {
+		t.lookAt.Store(time.Now().Add(t.lookEvery).UnixNano())
+	}
+	args := make([]any, 0, 4+len(ta.fixed))
+	args = append(args, clock, n, t.lookUs, look)
 	args = append(args, ta.fixed...)
 	issued := time.Now()
 	v, err := script.Run(ctx, t.rdb, "jobstore.take", takeScript, ta.keys, args...)
@@ -545,6 +567,7 @@ func (t *Taker) take(ctx context.Context, n int, clock string) (Take, error) {
 	if nx := ints(3); nx >= 0 {
 		out.Next = max(time.Duration(nx)*time.Microsecond, time.Microsecond)
 	}
+	t.lastFull.Store((len(arr)-5)/3 == n)
 	for i := 5; i < len(arr); i += 3 {
 		id, _ := arr[i].(string)
 		msg, _ := arr[i+1].(string)

@@ -113,6 +113,12 @@ type Finished struct {
 	// dies, so a reader can tell the last error a hand-back's, not a
 	// failure's (see JobHold.Deferred).
 	WaitsFor string
+	// Callback: the job has a callback_url (Entry.Callback), whose
+	// delivery a Succeeded (kept) or Dead end records (see Callbacks).
+	// Without it the task's cb field is not read, and no delivery is
+	// recorded, unless Lane is "" (a job the caller could not decode),
+	// whose task says.
+	Callback bool
 }
 
 // Finish ends taken tasks of one queue in a single script call, and
@@ -154,6 +160,15 @@ type finishOpts struct {
 	sleepKey, channel, message string
 	bounds                     Bounds
 	final                      string // AnnounceFinal's channel
+	callbacks                  string // Callbacks' due set
+}
+
+// Callbacks names the upstream's due set of callback deliveries
+// (Space.CallbacksDueKey), where a Finish records those of its items with a
+// Callback: the script declares it among its keys. Without it a delivery
+// goes to the set the task's cb field names, undeclared.
+func Callbacks(dueKey string) FinishOption {
+	return func(o *finishOpts) { o.callbacks = dueKey }
 }
 
 // TrimMargin is how many tasks past its bound a Finish deletes from each of
@@ -251,12 +266,14 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	for _, it := range items {
 		keys = append(keys, k.Task(it.ID))
 	}
-	args := make([]any, 0, 18+12*len(items))
+	args := make([]any, 0, 19+13*len(items))
 	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message,
 		max(b.Completed, 0), max(b.Archived, 0), TrimMargin, goneMax, goneFor, k.TaskPrefix(),
 		strings.Join(b.SidePrefixes, "\n"))
 	args = append(args, b.Remember.args()...)
 	args = append(args, o.final)
+	dueAt := len(args)
+	args = append(args, 0)
 	for i := range items {
 		it := &items[i]
 		if err := it.check(k); err != nil {
@@ -306,8 +323,16 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 			lapsed = Score(it.LeaseLapsedBy)
 		}
 		waits := cmp.Or(it.WaitsFor, handedBackMark)
+		callback := "0"
+		if it.Callback {
+			callback = "1"
+		}
 		args = append(args, it.ID, it.Lane, it.Partition, it.Outcome.code(), msg.Marshal(),
-			hasResult, result, score, failure, unique, lapsed, waits)
+			hasResult, result, score, failure, unique, lapsed, waits, callback)
+	}
+	if o.callbacks != "" {
+		keys = append(keys, o.callbacks)
+		args[dueAt] = len(keys) // a Lua index, from 1
 	}
 	v, err := script.Run(ctx, rdb, "finish", finishScript, keys, args...)
 	if err != nil {
@@ -378,6 +403,7 @@ type Expired struct {
 	Msg       *Message
 	Lane      string // the task hash's sl field
 	Partition string // the task hash's sp field
+	Callback  bool   // the task hash has a cb field: the job has a callback
 }
 
 // ExpiredLeases returns up to limit tasks whose lease ended at or before
@@ -399,10 +425,10 @@ func ExpiredLeases(ctx context.Context, rdb redis.Scripter, k Keys, now time.Tim
 	out := make([]Expired, 0, len(rows))
 	for _, r := range rows {
 		f, ok := r.([]any)
-		if !ok || len(f) != 4 {
-			return nil, fmt.Errorf("script expired leases: row %v, want 4 values", r)
+		if !ok || len(f) != 5 {
+			return nil, fmt.Errorf("script expired leases: row %v, want 5 values", r)
 		}
-		var s [4]string
+		var s [5]string
 		for i := range s {
 			if s[i], ok = f[i].(string); !ok {
 				return nil, fmt.Errorf("script expired leases: row value %T, want a string", f[i])
@@ -414,7 +440,7 @@ func ExpiredLeases(ctx context.Context, rdb redis.Scripter, k Keys, now time.Tim
 			// must not hold the lease set (and its recovery) for ever.
 			msg = &Message{ID: s[0], Queue: k.Queue(), Payload: []byte(s[1]), ErrorMsg: "undecodable task message: " + err.Error()}
 		}
-		out = append(out, Expired{ID: s[0], Msg: msg, Lane: s[2], Partition: s[3]})
+		out = append(out, Expired{ID: s[0], Msg: msg, Lane: s[2], Partition: s[3], Callback: s[4] == "1"})
 	}
 	return out, nil
 }
@@ -449,7 +475,7 @@ func Recover(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog s
 	}
 	items := make([]Finished, len(exp))
 	for i, e := range exp {
-		items[i] = Finished{ID: e.ID, Lane: e.Lane, Partition: e.Partition, Msg: e.Msg,
+		items[i] = Finished{ID: e.ID, Lane: e.Lane, Partition: e.Partition, Msg: e.Msg, Callback: e.Callback,
 			Outcome: Retry, Failure: true, RetryAt: now, ErrMsg: LeaseExpiredError, LeaseLapsedBy: now}
 		if Exhausted(e.Msg) {
 			items[i].Outcome = Dead

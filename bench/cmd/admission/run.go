@@ -13,12 +13,14 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper/bench/internal/redisproc"
+	"github.com/shaperhq/shaper/bench/internal/redisstats"
 	"github.com/shaperhq/shaper/bench/internal/stats"
 	"github.com/shaperhq/shaper/tokenbucket"
 )
@@ -105,6 +107,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 
 	type caseKey struct{ callers, keys, contender int }
 	results := map[caseKey][]float64{}
+	costs := map[caseKey][]cost{}
 	start := time.Now()
 	for round := 0; round < o.rounds; round++ {
 		for _, callers := range o.callers {
@@ -114,12 +117,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 					order = []int{1, 0}
 				}
 				for _, ci := range order {
-					rate, err := measure(ctx, srv.Addr, contenders[ci], names[:keys], callers, o.duration)
+					rate, c, err := measure(ctx, srv, contenders[ci], names[:keys], callers, o.duration)
 					if err != nil {
 						return fmt.Errorf("%s, %d callers, %d keys: %w", contenders[ci].name, callers, keys, err)
 					}
 					k := caseKey{callers, keys, ci}
 					results[k] = append(results[k], rate)
+					costs[k] = append(costs[k], c)
 				}
 			}
 		}
@@ -153,6 +157,26 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 				callers, keys, a, b, a/b, stats.Median(ratios), slices.Min(ratios), slices.Max(ratios))
 		}
 	}
+	fmt.Fprintf(out, "\nPer decision, medians over the rounds: script calls, Redis commands (those inside scripts included), bytes on the wire (sent + received, from Redis's counters), client allocations, and CPU time of the Redis server and of this process.\n\n")
+	fmt.Fprintf(out, "| callers | keys | limiter | script calls | Redis commands | bytes | allocs | Redis CPU | client CPU |\n| ---: | ---: | :--- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, callers := range o.callers {
+		for _, keys := range o.keys {
+			for ci, c := range contenders {
+				cs := costs[caseKey{callers, keys, ci}]
+				med := func(f func(cost) float64) float64 {
+					xs := make([]float64, len(cs))
+					for i, c := range cs {
+						xs[i] = f(c)
+					}
+					return stats.Median(xs)
+				}
+				fmt.Fprintf(out, "| %d | %d | %s | %.3f | %.2f | %.0f | %.1f | %.1f µs | %.1f µs |\n", callers, keys, c.name,
+					med(func(c cost) float64 { return c.scripts }), med(func(c cost) float64 { return c.commands }),
+					med(func(c cost) float64 { return c.bytes }), med(func(c cost) float64 { return c.allocs }),
+					med(func(c cost) float64 { return c.redisCPU }), med(func(c cost) float64 { return c.clientCPU }))
+			}
+		}
+	}
 	fmt.Fprintf(out, "\nRedis memory per idle key (used_memory delta / %d keys): %s %.0f B, %s %.0f B.\n",
 		o.memoryKeys, contenders[0].name, tbMem, contenders[1].name, rrMem)
 	fmt.Fprintf(out, "\nMachine: %d CPUs (GOMAXPROCS %d), %s, %s. Total time %v.\n",
@@ -161,17 +185,79 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
+// cost is what one measurement spent per decision.
+type cost struct {
+	scripts, commands float64 // Redis script calls and commands
+	bytes             float64 // Redis's network input plus output
+	allocs            float64 // heap allocations in this process
+	redisCPU          float64 // µs of the Redis server's CPU time
+	clientCPU         float64 // µs of this process's CPU time
+}
+
+// counters are the totals a cost is the difference of.
+type counters struct {
+	redis  redisstats.Snapshot
+	bytes  int64
+	allocs uint64
+	cpu    time.Duration
+}
+
+func readCounters(srv *redisproc.Server) (counters, error) {
+	var c counters
+	var err error
+	if c.redis, err = redisstats.Take(srv); err != nil {
+		return c, err
+	}
+	st, err := srv.Info("stats")
+	if err != nil {
+		return c, err
+	}
+	for _, f := range []string{"total_net_input_bytes", "total_net_output_bytes"} {
+		n, err := strconv.ParseInt(st[f], 10, 64)
+		if err != nil {
+			return c, fmt.Errorf("INFO stats %s: %q", f, st[f])
+		}
+		c.bytes += n
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	c.allocs = ms.Mallocs
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return c, err
+	}
+	c.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return c, nil
+}
+
+func (c counters) per(before counters, decisions int64) cost {
+	d := c.redis.Since(before.redis)
+	n := float64(decisions)
+	return cost{
+		scripts:   float64(d.Scripts()) / n,
+		commands:  float64(d.Total()) / n,
+		bytes:     float64(c.bytes-before.bytes) / n,
+		allocs:    float64(c.allocs-before.allocs) / n,
+		redisCPU:  float64(d.CPU.Microseconds()) / n,
+		clientCPU: float64((c.cpu - before.cpu).Microseconds()) / n,
+	}
+}
+
 // measure runs callers goroutines deciding on random keys for d against a
-// fresh key space and returns decisions per second.
-func measure(ctx context.Context, addr string, c contender, keys []string, callers int, d time.Duration) (float64, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+// fresh key space and returns decisions per second and what they cost.
+func measure(ctx context.Context, srv *redisproc.Server, c contender, keys []string, callers int, d time.Duration) (float64, cost, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
-		return 0, err
+		return 0, cost{}, err
 	}
 	allow := c.make(rdb)
 	if err := allow(ctx, "warm-up"); err != nil {
-		return 0, err
+		return 0, cost{}, err
+	}
+	before, err := readCounters(srv)
+	if err != nil {
+		return 0, cost{}, err
 	}
 	var ops atomic.Int64
 	var firstErr atomic.Value
@@ -196,10 +282,14 @@ func measure(ctx context.Context, addr string, c contender, keys []string, calle
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(begin)
-	if err, _ := firstErr.Load().(error); err != nil {
-		return 0, err
+	after, err := readCounters(srv)
+	if err != nil {
+		return 0, cost{}, err
 	}
-	return float64(ops.Load()) / elapsed.Seconds(), nil
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, cost{}, err
+	}
+	return float64(ops.Load()) / elapsed.Seconds(), after.per(before, ops.Load()), nil
 }
 
 // memoryPerKey creates n buckets that stay idle (a slow refill keeps them

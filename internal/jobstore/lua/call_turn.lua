@@ -5,8 +5,9 @@
 --
 -- A call's key (the fairness key a job of its tenant and partition would
 -- have) has a virtual time: its start in f while it has jobs waiting (then
--- its jobs and calls share it), else the time its calls reached (cv), but
--- never behind the least-served key that waits, so idling earns no credit.
+-- its jobs and calls share it), else its place in cq while its calls wait,
+-- else the least-served key's that waits (idling earns no credit), and
+-- never more than two of its sends ahead of that one.
 -- A key with calls waiting is marked in cw (until when) and cq (its
 -- virtual time), so that other keys' calls yield to it as to one with
 -- jobs. A call books only when its key is not ahead of the least-served
@@ -22,11 +23,11 @@
 -- the take has not booked): it never books far ahead, so a change of
 -- limits drains it as it drains jobs.
 --
--- KEYS[1] -> v (the take's virtual time: field v)
+-- KEYS[1] -> v (the upstream's hash of the take; not written)
 -- KEYS[2] -> f (fairness keys with jobs -> virtual start)
 -- KEYS[3] -> cq (keys with calls waiting -> virtual time)
 -- KEYS[4] -> cw (keys with calls waiting -> µs until their mark lapses)
--- KEYS[5] -> cv (keys that made calls -> virtual time reached)
+-- KEYS[5] -> cv (FK|LANE -> the calls' virtual time in a lane without jobs)
 -- KEYS[6..] -> the upstream bucket's BookingKeys
 -- ARGV[1] -> now override in µs ("" = Redis TIME)
 -- ARGV[2] -> lookahead µs: the latest slot to book
@@ -120,15 +121,20 @@ read(K_CQ, false)
 local infs = redis.call('ZSCORE', K_F, fk)
 local s
 local live = redis.call('ZSCORE', K_CQ, fk)
+local q = 1 / weight(fk)
 if infs then
   s = tonumber(infs)
 elseif live then
   -- Its calls wait still: its place holds.
   s = tonumber(live)
 else
-  local floor = least or tonumber(redis.call('HGET', K_V, 'v') or '0')
-  s = math.max(tonumber(redis.call('HGET', K_CV, fk) or '0'), floor)
+  s = least or 0
 end
+-- A key is never more than two of its sends ahead of the least-served
+-- one: the gate below keeps it within one while others wait, so a lead
+-- beyond is service while nobody else waited, or virtual times that
+-- started again (the take's restart at 0 when no key waits): no penalty.
+if least and s > least + 2 * q then s = least + 2 * q end
 local ttl = math.ceil((stale + la) / 1000) + 60000
 -- reply: the call comes back in wait µs, its key marked as waiting until
 -- then and stale µs more.
@@ -146,7 +152,6 @@ local function reply(wait, reason)
   return {0, wait, reason, 0, now}
 end
 
-local q = 1 / weight(fk)
 -- Ahead of a key whose calls wait, or (unless the upstream has a slot
 -- free now that no job took) of one whose jobs wait.
 local ahead = (least_call and s > least_call + q + 1e-9) or (least and s > least + q + 1e-9 and slot > now)
@@ -204,8 +209,12 @@ if infs then
   if ls then
     redis.call('ZADD', lk, 'XX', tonumber(ls) + 1 / lweight, lane)
   else
-    local lt = math.max(tonumber(redis.call('HGET', K_CV, fk .. '|' .. lane) or '0'),
-      tonumber(redis.call('HGET', K_V, 'v:' .. fk) or '0'))
+    -- (The lanes' virtual time is their lowest start; the calls' lane is
+    -- held within two of its sends of it, as keys are above.)
+    local lm = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
+    local lv = tonumber(lm[2] or '0')
+    local lt = tonumber(redis.call('HGET', K_CV, fk .. '|' .. lane) or '0')
+    lt = math.min(math.max(lt, lv), lv + 2 / lweight)
     redis.call('HSET', K_CV, fk .. '|' .. lane, lt + 1 / lweight)
   end
 end
@@ -214,7 +223,5 @@ end
 -- it while it is behind.
 s = ns
 marks(slot + stale, ttl)
-redis.call('HSET', K_CV, fk, ns)
-redis.call('PEXPIRE', K_CV, 600000)
-redis.call('HSET', K_V, 'v', s)
+if infs then redis.call('PEXPIRE', K_CV, 600000) end
 return out

@@ -9,6 +9,7 @@
 -- KEYS[5] -> asynq retry
 -- KEYS[6] -> asynq archived
 -- KEYS[7] -> asynq groups
+-- KEYS[8] -> the upstream's callback due set (see callback.lua)
 -- ARGV[1] -> now override
 -- ARGV[2] -> asynq group prefix
 -- ARGV[3] -> id
@@ -16,7 +17,7 @@
 --
 -- Returns the state the job was in ("" if there is no such job). A job with
 -- a callback has its delivery recorded (callback.lua, needed before it).
-local f = redis.call('HMGET', KEYS[1], 'state', 'group', 'sl', 'sp', 'sd')
+local f = redis.call('HMGET', KEYS[1], 'state', 'group', 'sl', 'sp', 'sd', 'cb')
 local state = f[1]
 if not state then return '' end
 local from
@@ -41,7 +42,7 @@ end
 local now = shaper_now(ARGV[1])
 redis.call('ZADD', KEYS[6], math.floor(now / 1000000), ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'archived')
-callback_due(KEYS[1], ARGV[3])
+callback_due(KEYS[1], ARGV[3], f[6] and KEYS[8])
 redis.call('HDEL', KEYS[1], 'group')
 local lane = f[3] or ''
 local n = redis.call('HINCRBY', KEYS[2], from .. lane, -1)

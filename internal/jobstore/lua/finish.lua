@@ -39,19 +39,24 @@
 --    Lua pattern of such an ID, the cancel mark's prefix
 -- ARGV[18] -> the channel that announces jobs made final (see
 --    AnnounceFinal; "" = none)
---    then per item, 12 values:
+-- ARGV[19] -> index in KEYS of the upstream's callback due set (0 = none
+--    declared: the set the task's cb field names)
+--    then per item, 13 values:
 --    id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
 --    "d" dead), encoded message to store, "1" when a result follows (else
 --    "0"), result, score in the completed set ("" = delete the task) or in
 --    the retry set, "1" when a retry is a failure (else "0"), index in KEYS
 --    of the uniqueness lock to release (0 = none), and a lease score the
 --    task's lease must not be later than ("" = any: a recovery's check),
---    and a deferring retry's sd mark (what it waits for)
+--    a deferring retry's sd mark (what it waits for), and "1" when the job
+--    has a callback (else "0"; an item without a lane reads it from the
+--    task, as it does its lane)
 --
 -- Returns one integer per item: 1 finished, 0 not active.
 --
 -- A job with a callback that ends succeeded (kept) or dead has its
--- delivery recorded here too (callback.lua).
+-- delivery recorded here too (callback.lua): only then is its cb field
+-- read.
 --
 -- Needs remember.lua, trim.lua and callback.lua before it (see lua.go).
 local active, lease, completed, retry, archived = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -102,21 +107,31 @@ local processed, failed = 0, 0
 local out = {}
 local i = 0
 local retried = false
-for b = 19, #ARGV, 12 do
+local due_key = KEYS[tonumber(ARGV[19])]
+for b = 20, #ARGV, 13 do
   i = i + 1
   local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
   local failure, unique = ARGV[b + 8], tonumber(ARGV[b + 9])
   local lapsed, waits = ARGV[b + 10], ARGV[b + 11]
   local task = KEYS[11 + g + i]
+  -- cb: the task's cb field once read (false: none), nil: not read.
+  local cb
+  if ARGV[b + 12] ~= '1' then cb = false end
   -- A caller that could not decode the job knows no lane: the task's
   -- own, where shaper's enqueue wrote them. (Read only then: this runs
   -- once per finished job.)
   if lane == '' then
-    local own = redis.call('HMGET', task, 'sl', 'sp')
+    local own = redis.call('HMGET', task, 'sl', 'sp', 'cb')
     if own[1] then
       lane, partition = own[1], own[2] or ''
     end
+    cb = own[3]
+  end
+  -- The due set of the job's callback (nil: none).
+  local function due()
+    if cb == nil then cb = redis.call('HGET', task, 'cb') end
+    if cb then return due_key or cb end
   end
   -- A recovery reads the lease first: LREM removes as it checks, so
   -- nothing changes unless the task is in both. An ordinary finish takes
@@ -162,7 +177,7 @@ for b = 19, #ARGV, 12 do
         kept[#kept + 1] = id
         redis.call('HSET', task, 'msg', msg, 'state', 'completed')
         count('succeeded:' .. lane, 1)
-        callback_due(task, id)
+        callback_due(task, id, due())
       end
     elseif outcome == 'r' then
       redis.call('ZADD', retry, score, id)
@@ -186,7 +201,7 @@ for b = 19, #ARGV, 12 do
       archiving = true
       redis.call('HSET', task, 'msg', msg, 'state', 'archived')
       redis.call('HDEL', task, 'sd')
-      callback_due(task, id)
+      callback_due(task, id, due())
       count('dead:' .. lane, 1)
       leave_backlog(partition)
       processed = processed + 1
@@ -225,7 +240,7 @@ end
 -- command per call whoever waits.
 if ARGV[18] ~= '' then
   local final, n = {}, 0
-  for b = 19, #ARGV, 12 do
+  for b = 20, #ARGV, 13 do
     n = n + 1
     if out[n] == 1 and ARGV[b + 3] ~= 'r' then
       final[#final + 1] = ARGV[b]

@@ -6,7 +6,10 @@
 --     "P:s:{Q}:", group = asynq's group prefix, task = asynq's task prefix,
 --     v, f, cal, groups = the keys of those names (see lua.go)}
 --   activate_lane(sp, fk, lane) puts lane of fairness key fk, and fk, back
---     in the rotation at the current virtual time, off the calendar
+--     in the rotation at the current virtual time, off the calendar: a set's
+--     virtual time is its lowest score (that of the member that goes next;
+--     0 for an empty set), so a member that comes back goes level with the
+--     one that would go next (see take.lua)
 --   push(sp, id, lane, fk, pk, seq, t) puts job id into its flow
 --     LANE|FK|PK at FIFO place seq (its partition ready at t, µs, unless it
 --     already waits) as asynq's aggregating task
@@ -18,16 +21,20 @@ local function space(our, group, task, v, f, cal, groups)
   return {our = our, group = group, task = task, v = v, f = f, cal = cal, groups = groups}
 end
 
+local function virtual_time(key)
+  local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #r == 0 then return 0 end
+  return tonumber(r[2])
+end
+
 local function activate_lane(sp, fk, lane)
   local lk = sp.our .. 'l:' .. fk
   if redis.call('ZSCORE', lk, lane) == false then
-    local v2 = tonumber(redis.call('HGET', sp.v, 'v:' .. fk) or '0')
-    redis.call('ZADD', lk, v2, lane)
+    redis.call('ZADD', lk, virtual_time(lk), lane)
     redis.call('ZREM', sp.cal, lane .. '|' .. fk)
   end
   if redis.call('ZSCORE', sp.f, fk) == false then
-    local v1 = tonumber(redis.call('HGET', sp.v, 'v') or '0')
-    redis.call('ZADD', sp.f, v1, fk)
+    redis.call('ZADD', sp.f, virtual_time(sp.f), fk)
   end
 end
 

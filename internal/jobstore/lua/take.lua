@@ -28,18 +28,23 @@
 -- ARGV[1] -> now override
 -- ARGV[2] -> max jobs
 -- ARGV[3] -> lookahead µs
--- ARGV[4] -> asynq lease seconds
--- ARGV[5] -> our prefix
--- ARGV[6] -> asynq group prefix
--- ARGV[7] -> asynq task prefix
--- ARGV[8] -> wait µs to answer while the queue is paused through asynq
--- ARGV[9..] -> the bucket's (leaky.Bucket.BookingArgs), then the partition
+-- ARGV[4] -> "1": a full look; "0": the caller's last take gave all it
+--    asked for and it looked fully a moment ago (see Taker), so this take
+--    leaves the due sets alone (what came due moves at a later take), and,
+--    when it gives max jobs too, does not look at what else comes due
+--    (next -1) nor at the leases (expired 0): its caller comes back at once
+-- ARGV[5] -> asynq lease seconds
+-- ARGV[6] -> our prefix
+-- ARGV[7] -> asynq group prefix
+-- ARGV[8] -> asynq task prefix
+-- ARGV[9] -> wait µs to answer while the queue is paused through asynq
+-- ARGV[10..] -> the bucket's (leaky.Bucket.BookingArgs), then the partition
 --    limits (leaky.Bucket.PartitionArgs), then o, o × (partition, its
 --    limits as PartitionArgs): overrides; then w, w × (fairness key,
 --    weight); then x, x × (lane, weight)
 --
 -- A queue paused through asynq (Inspector.PauseQueue) gives no job: the
--- take answers a block (reason 2) with a wait of ARGV[8], since asynq's
+-- take answers a block (reason 2) with a wait of ARGV[9], since asynq's
 -- unpause announces nothing.
 --
 -- Returns {now, wait, reason, next, expired, id_1, msg_1, slot_1, ...}:
@@ -49,8 +54,9 @@
 -- next (µs from now, -1 none) is when something else comes due (a
 -- scheduled job, a parked lane, a lease), 0 when the take stopped at its
 -- bound on parks or steps before examining every flow; expired is 1 when
--- some active job's lease has run out; slot_i is the µs from now until
--- job i's slot.
+-- some active job's lease has run out (a take that gives max jobs with
+-- ARGV[4] "0" answers 0, and leaves leases out of next); slot_i is the µs
+-- from now until job i's slot.
 --
 -- A job whose key is more than one of its sends ahead of a key whose
 -- proxied calls wait (call_turn.lua), or whose lane is not behind the lane
@@ -59,7 +65,7 @@
 --
 -- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua,
 -- forward.lua and calls.lua before it (see lua.go).
-local P, G, T = ARGV[5], ARGV[6], ARGV[7]
+local P, G, T = ARGV[6], ARGV[7], ARGV[8]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)
 local K_PK = P .. 'pk'
@@ -68,11 +74,12 @@ local now = shaper_now(ARGV[1])
 local max_jobs = tonumber(ARGV[2])
 local la = tonumber(ARGV[3])
 local horizon = now + la
-local lease_s = tonumber(ARGV[4])
+local lease_s = tonumber(ARGV[5])
 local now_s = now / 1000000
 
--- The upstream's bucket, its limits as paced now (leaky's library).
-local bucket, a = leaky_open(KEYS, 11, ARGV, 9, now)
+-- The upstream's bucket, its limits as paced now (leaky's library), and
+-- asynq's pause mark, read with the limits.
+local bucket, a, marks = leaky_open(KEYS, 11, ARGV, 10, now, {KEYS[10]})
 local plimits
 plimits, a = leaky_limits(ARGV, a)
 local overrides = {}
@@ -96,7 +103,8 @@ end
 
 -- Proxied calls waiting their turn (call_turn.lua, which says what cq
 -- and cw hold): keys with calls waiting and no jobs, by virtual time.
-local calls, call_lanes = call_keys(P, K_F, now), {}
+local calls, calls_live = call_keys(P, K_F, now)
+local call_lanes = {}
 
 -- named: some of the limits ls counts a cost by name.
 local function named(ls)
@@ -116,7 +124,11 @@ local function costs_of(s)
   return t
 end
 
-local firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0 or bucket.pov ~= '')
+local look = ARGV[4] == '1'
+local firsts = {}
+if look then
+  firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0 or bucket.pov ~= '')
+end
 
 local out = {now, -1, 0, -1, 0}
 local taken, parks, steps = 0, 0, 0
@@ -124,13 +136,13 @@ local stop = false
 -- more: the take stopped at its park or step bound with the ready
 -- structure not all examined; the caller must come back at once.
 local more = false
-if redis.call('EXISTS', KEYS[10]) == 1 then
+if marks[1] then
   -- Paused through asynq: nothing goes, leases are still recovered.
   stop = true
-  out[2], out[3] = tonumber(ARGV[8]), 2
+  out[2], out[3] = tonumber(ARGV[9]), 2
 end
 -- What the take changed, written once after the loop.
-local went, went_lane, lane_time, v1 = {}, {}, {}, nil
+local went, went_lane = {}, {}
 -- view: what the take knows of the first members of a sorted set it
 -- picks from (fairness keys, a key's lanes, a lane's partitions): read
 -- once, up to VIEW members, then kept in order by the take itself, whose
@@ -140,6 +152,14 @@ local went, went_lane, lane_time, v1 = {}, {}, {}, nil
 -- every tenant of a fair share) costs no read. list holds the first
 -- members in ZRANGE's order as the take has made it, {member, score}
 -- each; full: it holds all of them.
+--
+-- A set that held one member when the take read it, and still does,
+-- keeps that member's score as it is in Redis when the take moves it on
+-- within the virtual times (fairness keys, lanes: vt) or to a time not
+-- after now (partitions): its score orders it against nothing, and one
+-- that joins it comes in at that score (flow.lua's virtual time), or, for
+-- a partition, at a later now. So the common case, one key, one lane, no
+-- partitions, writes none of these sets.
 local VIEW = 16
 local views = {}
 -- before: a member of score sa and name ma comes before one of sb, mb in
@@ -154,18 +174,21 @@ local function before(sa, ma, sb, mb)
 end
 local function flush(key, v)
   local z = {}
+  local only = v.sole and #v.list == 1 and v.list[1][1]
   for m, sc in pairs(v.dirty) do
-    z[#z + 1] = sc
-    z[#z + 1] = m
+    if m ~= only or (not v.vt and sc > now) then
+      z[#z + 1] = sc
+      z[#z + 1] = m
+    end
   end
   if #z > 0 then redis.call('ZADD', key, 'XX', unpack(z)) end
   v.dirty = {}
 end
-local function view(key)
+local function view(key, vt)
   local v = views[key]
   if v and (#v.list > 0 or v.full) then return v end
   if not v then
-    v = {dirty = {}}
+    v = {dirty = {}, vt = vt}
     views[key] = v
   end
   flush(key, v)
@@ -173,6 +196,7 @@ local function view(key)
   v.list = {}
   for i = 1, #r, 2 do v.list[#v.list + 1] = {r[i], tonumber(r[i + 1])} end
   v.full = #v.list < VIEW
+  if v.sole == nil then v.sole = #v.list == 1 and not calls_live end
   return v
 end
 -- top: the first member and its score (nil: the set is empty).
@@ -222,18 +246,16 @@ end
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
-    local fv = view(K_F)
+    local fv = view(K_F, true)
     local fk, s1 = top(fv)
     if fk == nil then stop = true break end
     local lk = P .. 'l:' .. fk
-    local lv = view(lk)
+    local lv = view(lk, true)
     local lane, s2 = top(lv)
     -- Lanes and fairness keys retire lazily, when the take finds them
     -- empty.
     local function retire_key()
       drop_first(K_F, fv)
-      redis.call('HDEL', K_V, 'v:' .. fk)
-      lane_time[fk] = nil
     end
     if lane == nil then
       retire_key()
@@ -311,7 +333,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       end
       local t = redis.call('ZSCORE', lk, l)
       return t and tonumber(t)
-    end, lane_time[fk] or tonumber(redis.call('HGET', K_V, 'v:' .. fk) or '0'), now, call_lanes) then
+    end, s2, now, call_lanes) then
       -- A key whose calls wait is behind, or a call of this key waits in
       -- a lane not ahead of this job's: the call gets the slot.
       out[2], out[3] = CALL_YIELD, 1
@@ -347,15 +369,14 @@ while not stop and taken < max_jobs and steps < 2000 do
     end
     -- To asynq's active state; the list, the leases and the counters are
     -- written once for the whole take, below.
-    redis.call('HSET', tk, 'state', 'active')
-    redis.call('HDEL', tk, 'group')
+    -- (Its group field goes empty, not away, in the same write: asynq
+    -- reads "" as no group.)
+    redis.call('HSET', tk, 'state', 'active', 'group', '')
     went[#went + 1] = id
     went_lane[lane] = (went_lane[lane] or 0) + 1
-    -- Fair share: the key and the lane each move on by 1/weight; the
-    -- virtual times are written once, below.
-    v1 = s1
+    -- Fair share: the key and the lane each move on by 1/weight (written
+    -- once, below).
     rescore(fv, s1 + 1 / (weights[fk] or 1))
-    lane_time[fk] = s2
     rescore(lv, s2 + 1 / (lweights[lane] or 1))
     out[#out + 1] = id
     out[#out + 1] = f[2]
@@ -385,12 +406,6 @@ if #went > 0 then
     count(KEYS[4], 'pending:' .. lane, -n)
     count(KEYS[4], 'active:' .. lane, n)
   end
-  local hv = {'v', v1}
-  for fk, t in pairs(lane_time) do
-    hv[#hv + 1] = 'v:' .. fk
-    hv[#hv + 1] = t
-  end
-  redis.call('HSET', K_V, unpack(hv))
 end
 
 leaky_commit(bucket, now)
@@ -400,19 +415,21 @@ local next = -1
 local function sooner(t)
   if t and (next < 0 or t < next) then next = t end
 end
--- (What forward_due read still stands unless something of it moved.)
-for z, name in pairs({[5] = 'scheduled', [6] = 'retry'}) do
-  local first = firsts[name]
-  if first == nil then first = first_score(KEYS[z]) end
-  if first then sooner(math.max(0, math.floor(first * 1000000) - now)) end
-end
-local cal = firsts.cal
-if cal == nil then cal = first_score(K_CAL) end
-if cal then sooner(math.max(0, cal - now)) end
-local lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
-if #lease > 0 then
-  local exp = tonumber(lease[2]) * 1000000
-  if exp <= now then out[5] = 1 else sooner(exp - now) end
+if look or taken < max_jobs then
+  -- (What forward_due read still stands unless something of it moved.)
+  for z, name in pairs({[5] = 'scheduled', [6] = 'retry'}) do
+    local first = firsts[name]
+    if first == nil then first = first_score(KEYS[z]) end
+    if first then sooner(math.max(0, math.floor(first * 1000000) - now)) end
+  end
+  local cal = firsts.cal
+  if cal == nil then cal = first_score(K_CAL) end
+  if cal then sooner(math.max(0, cal - now)) end
+  local lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+  if #lease > 0 then
+    local exp = tonumber(lease[2]) * 1000000
+    if exp <= now then out[5] = 1 else sooner(exp - now) end
+  end
 end
 if more then sooner(0) end
 out[4] = next
