@@ -14,6 +14,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/httplimit"
+	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/pushback"
 	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/leaky"
@@ -106,9 +107,14 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 		w.Header().Set(headerQueueTime, strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64))
 	}
 	waitObserved := false
+	fk := jobstore.FairKey(e.up, caller(r).Tenant, c.partition)
+	lease := ""
+	if e.up.Concurrency > 0 {
+		lease = id
+	}
 	for {
 		remaining := time.Until(deadline)
-		res, err := e.bucket.ReserveIn(ctx, c.costs, c.partition, limits, leaky.MaxWait(max(remaining, 0)))
+		res, refused, err := s.reserveCall(ctx, e, c, fk, lease, limits, remaining)
 		if err != nil {
 			if ctx.Err() != nil {
 				return "canceled"
@@ -117,19 +123,14 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 		}
 		if !res.OK {
 			pause := res.RetryAfter
-			switch res.Reason {
-			case leaky.ReasonConcurrency:
+			if res.Reason == leaky.ReasonConcurrency {
 				pause = min(pause, 10*time.Millisecond)
-			case leaky.ReasonPartition:
-			default:
-				// Beyond the wait: the slot after it is RetryAfter away.
-				queueTime()
-				s.answerSlotRefused(w, e, res.RetryAfter, res.Reason.String())
-				return "429"
 			}
-			if time.Until(deadline) < pause {
+			if refused || time.Until(deadline) < pause {
+				// Beyond the wait: a call waiting as long gets a slot
+				// RetryAfter later.
 				queueTime()
-				s.answerSlotRefused(w, e, pause, res.Reason.String())
+				s.answerSlotRefused(w, e, pause, reasonText(res.Reason))
 				return "429"
 			}
 			if sleepCtx(ctx, pause) != nil {

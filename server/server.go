@@ -82,6 +82,10 @@ type Config struct {
 	// PacerNow replaces Redis's clock for the proxy's pacing, as
 	// leaky.Config.Now does: for tests only.
 	PacerNow func() time.Time
+	// Horizon is work.horizon, how far ahead workers book their jobs'
+	// slots; a proxied call books as far ahead, no further. Default
+	// shaper.DefaultHorizon.
+	Horizon time.Duration
 }
 
 // Server is the HTTP API. Build it with New; Handler serves it.

@@ -101,6 +101,7 @@ func buildAPI(rdb redis.UniversalClient, cfg *config.Config, keys []config.APIKe
 		Metrics:       m,
 		Registry:      reg,
 		CallbackHosts: cfg.Callbacks.AllowedHosts,
+		Horizon:       time.Duration(cfg.Work.Horizon),
 	}
 	for _, k := range keys {
 		sc.Keys = append(sc.Keys, server.Key{Name: k.Name, Tenant: k.Tenant, Admin: k.Admin, Secret: k.Secret})

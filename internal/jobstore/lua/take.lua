@@ -58,8 +58,13 @@
 -- ARGV[4] "0" answers 0, and leaves leases out of next); slot_i is the µs
 -- from now until job i's slot.
 --
--- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua
--- and forward.lua before it (see lua.go).
+-- A job whose key is more than one of its sends ahead of a key whose
+-- proxied calls wait (call_turn.lua), or whose lane is not behind the lane
+-- of a call of its own key that waits, is not taken: the take stops, with
+-- a wait of CALL_YIELD, and the call books the slot (calls.lua).
+--
+-- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua,
+-- forward.lua and calls.lua before it (see lua.go).
 local P, G, T = ARGV[6], ARGV[7], ARGV[8]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)
@@ -95,6 +100,11 @@ local nl = tonumber(ARGV[a])
 for i = 1, nl do
   lweights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
 end
+
+-- Proxied calls waiting their turn (call_turn.lua, which says what cq
+-- and cw hold): keys with calls waiting and no jobs, by virtual time.
+local calls, calls_live = call_keys(P, K_F, now)
+local call_lanes = {}
 
 -- named: some of the limits ls counts a cost by name.
 local function named(ls)
@@ -186,7 +196,7 @@ local function view(key, vt)
   v.list = {}
   for i = 1, #r, 2 do v.list[#v.list + 1] = {r[i], tonumber(r[i + 1])} end
   v.full = #v.list < VIEW
-  if v.sole == nil then v.sole = #v.list == 1 end
+  if v.sole == nil then v.sole = #v.list == 1 and not calls_live end
   return v
 end
 -- top: the first member and its score (nil: the set is empty).
@@ -313,6 +323,20 @@ while not stop and taken < max_jobs and steps < 2000 do
     local lw = leaky_lease_wait(bucket, id, now)
     if lw then
       out[2], out[3] = lw, 3
+      stop = true
+      break
+    end
+    if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) or call_lane_first(P, K_V, fk, lane, s2, function(l)
+      if lv.dirty[l] then return lv.dirty[l] end
+      for _, e in ipairs(lv.list) do
+        if e[1] == l then return e[2] end
+      end
+      local t = redis.call('ZSCORE', lk, l)
+      return t and tonumber(t)
+    end, s2, now, call_lanes) then
+      -- A key whose calls wait is behind, or a call of this key waits in
+      -- a lane not ahead of this job's: the call gets the slot.
+      out[2], out[3] = CALL_YIELD, 1
       stop = true
       break
     end

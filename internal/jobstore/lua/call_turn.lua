@@ -1,0 +1,227 @@
+-- call_turn.lua books a proxied call's send slot in its turn of fair share
+-- between fairness keys: the same share the take gives jobs (take.lua), so
+-- a tenant's calls and jobs together get its share of the upstream while
+-- the other tenants wait, with jobs or with calls.
+--
+-- A call's key (the fairness key a job of its tenant and partition would
+-- have) has a virtual time: its start in f while it has jobs waiting (then
+-- its jobs and calls share it), else its place in cq while its calls wait,
+-- else the least-served key's that waits (idling earns no credit), and
+-- never more than two of its sends ahead of that one.
+-- A key with calls waiting is marked in cw (until when) and cq (its
+-- virtual time), so that other keys' calls yield to it as to one with
+-- jobs. A call books only when its key is not ahead of the least-served
+-- other waiting key by more than one of its own sends (1/weight), or when
+-- the upstream has a slot free now that nobody took (work-conserving);
+-- each booking moves its key on by 1/weight, as the take does for a job,
+-- and, when the key has jobs waiting, its lane within the key by 1/lane
+-- weight (the lane's start in l:FK, or the calls' own lane time in cv,
+-- field FK|LANE). A call is not held back by its own key's jobs: the take
+-- yields to it when its lane is not ahead of the lane it would serve
+-- (calls.lua); cl:FK marks the lanes of a key's waiting calls. A call books only a slot within the lookahead (the
+-- take's horizon and a margin, so that a call in its turn finds a slot
+-- the take has not booked): it never books far ahead, so a change of
+-- limits drains it as it drains jobs.
+--
+-- KEYS[1] -> v (the upstream's hash of the take; not written)
+-- KEYS[2] -> f (fairness keys with jobs -> virtual start)
+-- KEYS[3] -> cq (keys with calls waiting -> virtual time)
+-- KEYS[4] -> cw (keys with calls waiting -> µs until their mark lapses)
+-- KEYS[5] -> cv (FK|LANE -> the calls' virtual time in a lane without jobs)
+-- KEYS[6..] -> the upstream bucket's BookingKeys
+-- ARGV[1] -> now override in µs ("" = Redis TIME)
+-- ARGV[2] -> lookahead µs: the latest slot to book
+-- ARGV[3] -> the call's remaining wait µs
+-- ARGV[4] -> lease id ("" = none)
+-- ARGV[5] -> the call's fairness key
+-- ARGV[6] -> our prefix P:s:{Q}: (the lanes' zsets, l:FK)
+-- ARGV[7] -> the call's lane
+-- ARGV[8] -> the lane's weight
+-- ARGV[9] -> µs a call's mark outlives this attempt
+-- ARGV[10..] -> w, w × (fairness key, weight) (others weigh 1); then the
+--   bucket's BookingArgs, the partition's limits as PartitionArgs, the
+--   partition, c, c × (cost name, amount)
+--
+-- Returns {ok, wait, reason, refused, now, prev_1, next_1, ..., prev_n,
+-- next_n, then prev and next of each partition limit (none when an
+-- operator's override replaced them)}: booked (ok 1), wait is the µs from
+-- now to the slot; not booked, the call comes back in wait µs (reason 1 a
+-- limit, 2 a block, 3 concurrency, 4 its partition, 5 its turn), or when
+-- refused is 1 its slot (as estimated) lies beyond its wait, and wait is
+-- by how much.
+local K_V, K_F, K_CQ, K_CW, K_CV = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local now = shaper_now(ARGV[1])
+local la, remaining = tonumber(ARGV[2]), tonumber(ARGV[3])
+local lease, fk, P, lane = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local lweight, stale = tonumber(ARGV[8]), tonumber(ARGV[9])
+local weights = {}
+local nw = tonumber(ARGV[10])
+for i = 1, nw do
+  weights[ARGV[9 + 2 * i]] = tonumber(ARGV[10 + 2 * i])
+end
+local function weight(k) return weights[k] or 1 end
+local ba = 11 + 2 * nw
+local b, a = leaky_open(KEYS, 6, ARGV, ba, now)
+local n = tonumber(ARGV[ba + 4])
+local plim
+plim, a = leaky_limits(ARGV, a)
+local pk = ARGV[a]
+local over = leaky_partition_override(b, pk)
+if over then plim = over end
+if pk == '' then plim = {} end
+local costs = {}
+local nc = tonumber(ARGV[a + 1])
+for i = 1, nc do
+  costs[ARGV[a + 2 * i]] = tonumber(ARGV[a + 1 + 2 * i])
+end
+
+-- The partition's own limits first, as the take and ReserveIn do: a call
+-- they hold back does not compete for the upstream's slots, so it leaves
+-- no mark.
+local part = leaky_partition(b, pk, plim, now)
+local pslot = leaky_partition_earliest(part, costs, now)
+if pslot > now then
+  if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
+  return {0, pslot - now, 4, 0, now}
+end
+local slot, why = leaky_earliest(b, costs, now)
+if slot - now > remaining then
+  return {0, slot - now - remaining, why, 1, now}
+end
+
+-- Marks of calls whose replica stopped coming back (it died, or the
+-- caller left) lapse.
+local gone = redis.call('ZRANGEBYSCORE', K_CW, '-inf', now, 'LIMIT', 0, 64)
+if #gone > 0 then
+  redis.call('ZREM', K_CW, unpack(gone))
+  redis.call('ZREM', K_CQ, unpack(gone))
+end
+
+-- The others waiting: the first members of f and cq but fk.
+local others = {}
+local least, least_call
+local function read(key, jobs)
+  local r = redis.call('ZRANGE', key, 0, 15, 'WITHSCORES')
+  for i = 1, #r, 2 do
+    local k, sc = r[i], tonumber(r[i + 1])
+    if not jobs then
+      -- A key with jobs too is where its jobs are.
+      local js = redis.call('ZSCORE', K_F, k)
+      if js then sc = tonumber(js) end
+    end
+    if k ~= fk then
+      if others[k] == nil or sc < others[k] then others[k] = sc end
+      if least == nil or sc < least then least = sc end
+      if not jobs and (least_call == nil or sc < least_call) then least_call = sc end
+    end
+  end
+end
+read(K_F, true)
+read(K_CQ, false)
+local infs = redis.call('ZSCORE', K_F, fk)
+local s
+local live = redis.call('ZSCORE', K_CQ, fk)
+local q = 1 / weight(fk)
+if infs then
+  s = tonumber(infs)
+elseif live then
+  -- Its calls wait still: its place holds.
+  s = tonumber(live)
+else
+  s = least or 0
+end
+-- A key is never more than two of its sends ahead of the least-served
+-- one: the gate below keeps it within one while others wait, so a lead
+-- beyond is service while nobody else waited, or virtual times that
+-- started again (the take's restart at 0 when no key waits): no penalty.
+if least and s > least + 2 * q then s = least + 2 * q end
+local ttl = math.ceil((stale + la) / 1000) + 60000
+-- reply: the call comes back in wait µs, its key marked as waiting until
+-- then and stale µs more.
+local K_CL = P .. 'cl:' .. fk
+local function marks(until_, pttl)
+  redis.call('ZADD', K_CQ, s, fk)
+  redis.call('ZADD', K_CW, 'GT', until_, fk)
+  redis.call('ZADD', K_CL, 'GT', until_, lane)
+  redis.call('PEXPIRE', K_CQ, pttl)
+  redis.call('PEXPIRE', K_CW, pttl)
+  redis.call('PEXPIRE', K_CL, pttl)
+end
+local function reply(wait, reason)
+  marks(now + wait + stale, ttl + math.ceil(wait / 1000))
+  return {0, wait, reason, 0, now}
+end
+
+-- Ahead of a key whose calls wait, or (unless the upstream has a slot
+-- free now that no job took) of one whose jobs wait.
+local ahead = (least_call and s > least_call + q + 1e-9) or (least and s > least + q + 1e-9 and slot > now)
+if ahead then
+  -- Not this key's turn: the others' sends until it is, at the bucket's
+  -- pace of requests (or of this call's costs, without a request limit).
+  local sends = 0
+  for k, sc in pairs(others) do
+    if sc < s - q then sends = sends + (s - q - sc) * weight(k) end
+  end
+  local spacing = 0
+  for _, l in ipairs(b.lim) do
+    local c = 1
+    if l.cost ~= '' then c = costs[l.cost] or 0 end
+    if l.interval * c > spacing then spacing = l.interval * c end
+  end
+  local est = slot - now + math.ceil(sends * spacing)
+  if est > remaining then return {0, est - remaining, 5, 1, now} end
+  return reply(math.min(math.max(math.ceil(sends * spacing / 2), 2000), 50000), 5)
+end
+if slot - now > la then
+  return reply(slot - now - la, why)
+end
+if lease ~= '' then
+  local lw = leaky_lease_wait(b, lease, now)
+  if lw then return reply(math.min(lw, 10000), 3) end
+end
+local out = {1, slot - now, why, 0, now}
+local prev, pprev = {}, {}
+for i = 1, n do prev[i] = b.lim[i].tat end
+for j = 1, #plim do pprev[j] = part.tat[j] end
+leaky_book(b, slot, costs, lease)
+leaky_partition_book(part, slot, costs, now)
+leaky_commit(b, now)
+for i = 1, n do
+  out[#out + 1] = prev[i]
+  out[#out + 1] = b.lim[i].tat
+end
+if not over then
+  for j = 1, #plim do
+    out[#out + 1] = pprev[j]
+    out[#out + 1] = part.tat[j]
+  end
+end
+
+-- The key's turn is spent, as a job's would be.
+local ns = s + q
+if infs then
+  redis.call('ZADD', K_F, 'XX', ns, fk)
+  -- And its lane within the key: the lane's own start while the key has
+  -- jobs of that lane, else the calls' lane time (cv, FK|LANE), never
+  -- behind the key's lane virtual time.
+  local lk = P .. 'l:' .. fk
+  local ls = redis.call('ZSCORE', lk, lane)
+  if ls then
+    redis.call('ZADD', lk, 'XX', tonumber(ls) + 1 / lweight, lane)
+  else
+    -- (The lanes' virtual time is their lowest start; the calls' lane is
+    -- held within two of its sends of it, as keys are above.)
+    local lm = redis.call('ZRANGE', lk, 0, 0, 'WITHSCORES')
+    local lv = tonumber(lm[2] or '0')
+    local lt = tonumber(redis.call('HGET', K_CV, fk .. '|' .. lane) or '0')
+    lt = math.min(math.max(lt, lv), lv + 2 / lweight)
+    redis.call('HSET', K_CV, fk .. '|' .. lane, lt + 1 / lweight)
+  end
+end
+-- Its mark stays until the slot and a moment after: a key whose callers
+-- call again once answered waits still, and the take keeps yielding to
+-- it while it is behind.
+s = ns
+marks(slot + stale, ttl)
+if infs then redis.call('PEXPIRE', K_CV, 600000) end
+return out
