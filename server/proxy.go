@@ -72,6 +72,8 @@ type proxyEntry struct {
 	// as one to a job does.
 	adaptive bool
 
+	marks *waitMarks
+
 	mu        sync.Mutex
 	stated    []leaky.Limit // what the upstream last stated to this replica
 	learnedAt time.Time
@@ -124,6 +126,7 @@ func (s *Server) newProxies(ups []shaper.Upstream) error {
 			e.adaptive = e.adaptive || l.Adaptive
 		}
 		e.spacing = pushback.Spacing(ls, b.Guard())
+		e.marks = s.newWaitMarks(e)
 		s.proxies[u.Name] = e
 		s.m.InitProxy(u.Name)
 	}

@@ -68,6 +68,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, e *proxyEntry, pa
 			Detail: fmt.Sprintf("the call cannot be proxied to %s: %s", name, p.list[0].Message), Errors: p.list})
 		return
 	}
+	// Admission and the booking wait for a busy Redis within the call's
+	// own wait (proxy_store.go).
+	r = s.withCallBudget(r, time.Now().Add(c.maxWait))
 	if ok, refused := s.admitCall(w, r); !ok {
 		code = refused
 		return
@@ -87,21 +90,10 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 	ctx := r.Context()
 	start := time.Now()
 	deadline := start.Add(c.maxWait)
-	id := newWaiterID()
 	bg := context.WithoutCancel(ctx)
-	// The fleet sees the call waiting; this also finds Redis gone before
-	// anything else does.
-	wctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	err := e.space.Waiting(wctx, s.rdb, id, c.maxWait, e.up.Proxy.MaxWait)
-	cancel()
-	if err != nil {
-		return s.pacingDown(w, r, err)
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(bg, time.Second)
-		e.space.DoneWaiting(dctx, s.rdb, id)
-		cancel()
-	}()
+	// The fleet sees the call waiting once it waits (proxy_mark.go).
+	mark := &waitMark{s: s, e: e, deadline: deadline}
+	defer mark.done(bg)
 	limits := e.up.PartitionLimitsFor(c.partition)
 	queueTime := func() {
 		w.Header().Set(headerQueueTime, strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64))
@@ -109,7 +101,11 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 	waitObserved := false
 	for {
 		remaining := time.Until(deadline)
-		res, err := e.bucket.ReserveIn(ctx, c.costs, c.partition, limits, leaky.MaxWait(max(remaining, 0)))
+		var res *leaky.Reservation
+		err := s.book(ctx, deadline, func(ctx context.Context) (err error) {
+			res, err = e.bucket.ReserveIn(ctx, c.costs, c.partition, limits, leaky.MaxWait(max(remaining, 0)))
+			return err
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return "canceled"
@@ -133,11 +129,13 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 				s.answerSlotRefused(w, e, pause, res.Reason.String())
 				return "429"
 			}
+			mark.waits(ctx, pause)
 			if sleepCtx(ctx, pause) != nil {
 				return "canceled"
 			}
 			continue
 		}
+		mark.waits(ctx, res.Delay)
 		if err := res.Wait(ctx); err != nil {
 			if ctx.Err() != nil {
 				// Wait gave the slot back: nothing is sent.
@@ -178,6 +176,7 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 			if !again.IsZero() && again.Before(deadline) {
 				resp.Body.Close()
 				e.bucket.Release(bg, res)
+				mark.waits(ctx, time.Until(again))
 				if sleepCtx(ctx, time.Until(again)) != nil {
 					return "canceled"
 				}
@@ -331,7 +330,9 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 		return
 	}
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := relayBuffers.Get().(*[]byte)
+	defer relayBuffers.Put(bp)
+	buf := *bp
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
