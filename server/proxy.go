@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -344,10 +345,15 @@ func outboundHeaders(in http.Header, configured map[string]string) http.Header {
 // hopHeaders are the hop-by-hop headers of h: those RFC 9110 §7.6.1 names
 // (and Proxy-Authorization, this hop's credential) and any its Connection
 // header lists.
+// The map returned is shared when Connection names nothing more (most
+// calls): the caller only reads it.
 func hopHeaders(h http.Header) map[string]bool {
-	drop := map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Te": true,
-		"Transfer-Encoding": true, "Upgrade": true, "Trailer": true, "Proxy-Authorization": true, "Proxy-Authenticate": true}
-	for _, v := range h.Values("Connection") {
+	conn := h.Values("Connection")
+	if len(conn) == 0 {
+		return fixedHopHeaders
+	}
+	drop := maps.Clone(fixedHopHeaders)
+	for _, v := range conn {
 		for _, name := range strings.Split(v, ",") {
 			if name = strings.TrimSpace(name); name != "" {
 				drop[textproto.CanonicalMIMEHeaderKey(name)] = true
@@ -356,6 +362,10 @@ func hopHeaders(h http.Header) map[string]bool {
 	}
 	return drop
 }
+
+// fixedHopHeaders are the hop-by-hop headers whatever Connection says.
+var fixedHopHeaders = map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Te": true,
+	"Transfer-Encoding": true, "Upgrade": true, "Trailer": true, "Proxy-Authorization": true, "Proxy-Authenticate": true}
 
 // answerSlotRefused is shaper's 429 for a call whose slot lies beyond its
 // wait: nothing was sent, and after says when a call waiting as long

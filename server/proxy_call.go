@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -213,15 +212,7 @@ func (s *Server) pacingDown(w http.ResponseWriter, r *http.Request, err error) s
 // send sends the call on its slot. It sends nothing, answering
 // errSlotGone, when the slot slipped past its guard first.
 func (s *Server) send(ctx context.Context, e *proxyEntry, c callSpec, body []byte, res *leaky.Reservation) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, c.method, c.target.String(), bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header = c.header
-	req.ContentLength = int64(len(body))
-	if len(body) == 0 && !c.hasBody {
-		req.Body = http.NoBody
-	}
+	req := outboundRequest(ctx, c, body)
 	if res.TooLate() {
 		return nil, errSlotGone
 	}

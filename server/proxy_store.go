@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/shaperhq/shaper/leaky"
@@ -56,7 +55,3 @@ func (s *Server) book(ctx context.Context, deadline time.Time, fn func(ctx conte
 	}
 	return err
 }
-
-// relayBuffers are the buffers answers are relayed through, kept between
-// calls rather than allocated (and zeroed) for each.
-var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

@@ -467,8 +467,8 @@ func commandCalls(rs *redisproc.Server) (map[string]int64, error) {
 }
 
 // throughput runs o.concurrency callers against t for o.duration and
-// returns the calls answered per second.
-func throughput(ctx context.Context, o options, client *http.Client, t target) (float64, error) {
+// returns the calls answered per second, and how many.
+func throughput(ctx context.Context, o options, client *http.Client, t target) (float64, int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var done atomic.Int64
@@ -492,9 +492,9 @@ func throughput(ctx context.Context, o options, client *http.Client, t target) (
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return 0, firstErr
+		return 0, 0, firstErr
 	}
-	return float64(done.Load()) / time.Since(start).Seconds(), nil
+	return float64(done.Load()) / time.Since(start).Seconds(), done.Load(), nil
 }
 
 func throughputSection(ctx context.Context, out io.Writer, o options, client *http.Client, targets []target, rs *redisproc.Server) error {
@@ -503,6 +503,8 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 	// CPU per call, µs: the proxy's own process, and Redis's.
 	procCPU := map[string][]float64{}
 	redisCPU := map[string][]float64{}
+	// Script calls (round trips) per call: what batching shares.
+	scripts := map[string][]float64{}
 	for round := range o.rounds {
 		// Each round starts one later in the list, so no target always
 		// goes first.
@@ -510,12 +512,16 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 		for i := range targets {
 			t := targets[(i+round)%len(targets)]
 			pc0, rc0 := procCPUOf(t), cpuOf(rs.Pid())
-			r, err := throughput(ctx, o, client, t)
+			cmds0, _ := commandCalls(rs)
+			r, n, err := throughput(ctx, o, client, t)
 			if err != nil {
 				return err
 			}
-			calls := r * o.duration.Seconds()
+			calls := float64(n)
 			pc1, rc1 := procCPUOf(t), cpuOf(rs.Pid())
+			if cmds1, err := commandCalls(rs); err == nil && t.proc != nil {
+				scripts[t.name] = append(scripts[t.name], float64(cmds1["evalsha"]-cmds0["evalsha"])/calls)
+			}
 			procCPU[t.name] = append(procCPU[t.name], float64(pc1-pc0)/float64(time.Microsecond)/calls)
 			redisCPU[t.name] = append(redisCPU[t.name], float64(rc1-rc0)/float64(time.Microsecond)/calls)
 			got[t.name] = r
@@ -537,6 +543,11 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 		}
 		fmt.Fprintf(out, "| %s | %.0f | %.2f× (%.2f–%.2f) | %s | %.1f µs |\n", t.name, stats.Median(rates[t.name]), stats.Median(rs), slices.Min(rs), slices.Max(rs),
 			pc, stats.Median(redisCPU[t.name]))
+	}
+	for _, t := range targets {
+		if ss := scripts[t.name]; len(ss) > 0 && stats.Median(ss) > 0 {
+			fmt.Fprintf(out, "\n%s: %.2f Redis script calls (EVALSHA) per call at %d callers, median over rounds.\n", t.name, stats.Median(ss), o.concurrency)
+		}
 	}
 	fmt.Fprintln(out)
 	return nil

@@ -1,0 +1,36 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"sync"
+)
+
+// outboundRequest is the call as the upstream gets it, built on the
+// target URL read once (readCall) rather than printed and parsed again
+// for every send, as http.NewRequest would.
+func outboundRequest(ctx context.Context, c callSpec, body []byte) *http.Request {
+	req := &http.Request{
+		Method:        c.method,
+		URL:           c.target,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        c.header,
+		Host:          c.target.Host,
+		ContentLength: int64(len(body)),
+		Body:          http.NoBody,
+	}
+	if len(body) > 0 {
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		// The transport may send the body again on a fresh connection.
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+	return req.WithContext(ctx)
+}
+
+// relayBuffers are the buffers answers are relayed through, kept between
+// calls rather than allocated (and zeroed) for each.
+var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
