@@ -545,7 +545,7 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 			pc, stats.Median(redisCPU[t.name]))
 	}
 	for _, t := range targets {
-		if ss := scripts[t.name]; len(ss) > 0 && stats.Median(ss) > 0 {
+		if ss := scripts[t.name]; len(ss) > 0 && stats.Median(ss) >= 0.01 {
 			fmt.Fprintf(out, "\n%s: %.2f Redis script calls (EVALSHA) per call at %d callers, median over rounds.\n", t.name, stats.Median(ss), o.concurrency)
 		}
 	}
