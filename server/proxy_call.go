@@ -311,7 +311,7 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 	h := w.Header()
 	drop := hopHeaders(resp.Header)
 	for k, vs := range resp.Header {
-		if !drop[http.CanonicalHeaderKey(k)] {
+		if !drop.has(http.CanonicalHeaderKey(k)) {
 			h[k] = vs
 		}
 	}
@@ -321,8 +321,9 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 		return
 	}
 	rc := http.NewResponseController(w)
-	bp := relayBuffers.Get().(*[]byte)
-	defer relayBuffers.Put(bp)
+	// A buffer kept between calls, not allocated (and zeroed) for each.
+	bp := e.bufs.Get().(*[]byte)
+	defer e.bufs.Put(bp)
 	buf := *bp
 	for {
 		n, err := resp.Body.Read(buf)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"sync"
 )
 
 // outboundRequest is the call as the upstream gets it, built on the
@@ -30,7 +29,3 @@ func outboundRequest(ctx context.Context, c callSpec, body []byte) *http.Request
 	}
 	return req.WithContext(ctx)
 }
-
-// relayBuffers are the buffers answers are relayed through, kept between
-// calls rather than allocated (and zeroed) for each.
-var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
