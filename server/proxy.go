@@ -72,6 +72,9 @@ type proxyEntry struct {
 	// as one to a job does.
 	adaptive bool
 
+	marks *waitMarks
+	bufs  sync.Pool // *[]byte: the buffers answers are relayed through
+
 	mu        sync.Mutex
 	stated    []leaky.Limit // what the upstream last stated to this replica
 	learnedAt time.Time
@@ -124,6 +127,8 @@ func (s *Server) newProxies(ups []shaper.Upstream) error {
 			e.adaptive = e.adaptive || l.Adaptive
 		}
 		e.spacing = pushback.Spacing(ls, b.Guard())
+		e.marks = s.newWaitMarks(e)
+		e.bufs.New = func() any { b := make([]byte, relayBufBytes); return &b }
 		s.proxies[u.Name] = e
 		s.m.InitProxy(u.Name)
 	}
@@ -324,7 +329,7 @@ func outboundHeaders(in http.Header, configured map[string]string) http.Header {
 	drop := hopHeaders(in)
 	for k, vs := range in {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if drop[ck] || ck == "Authorization" || ck == "X-Api-Key" || ck == "Host" || ck == "Content-Length" ||
+		if drop.has(ck) || ck == "Authorization" || ck == "X-Api-Key" || ck == "Host" || ck == "Content-Length" ||
 			strings.HasPrefix(ck, "Shaper-") {
 			continue
 		}
@@ -342,17 +347,35 @@ func outboundHeaders(in http.Header, configured map[string]string) http.Header {
 // hopHeaders are the hop-by-hop headers of h: those RFC 9110 §7.6.1 names
 // (and Proxy-Authorization, this hop's credential) and any its Connection
 // header lists.
-func hopHeaders(h http.Header) map[string]bool {
-	drop := map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Te": true,
-		"Transfer-Encoding": true, "Upgrade": true, "Trailer": true, "Proxy-Authorization": true, "Proxy-Authenticate": true}
+func hopHeaders(h http.Header) hopSet {
+	var listed hopSet
 	for _, v := range h.Values("Connection") {
 		for _, name := range strings.Split(v, ",") {
 			if name = strings.TrimSpace(name); name != "" {
-				drop[textproto.CanonicalMIMEHeaderKey(name)] = true
+				if listed == nil {
+					listed = hopSet{}
+				}
+				listed[textproto.CanonicalMIMEHeaderKey(name)] = true
 			}
 		}
 	}
-	return drop
+	return listed
+}
+
+// hopSet is the names a Connection header lists (nil for none, as for
+// most calls, so that nothing is allocated for them).
+type hopSet map[string]bool
+
+// has reports whether the canonical name is hop-by-hop: a name RFC 9110
+// §7.6.1 gives (or Proxy-Authorization, this hop's credential), or one
+// Connection listed.
+func (d hopSet) has(name string) bool {
+	switch name {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade", "Trailer",
+		"Proxy-Authorization", "Proxy-Authenticate":
+		return true
+	}
+	return d[name]
 }
 
 // answerSlotRefused is shaper's 429 for a call whose slot lies beyond its

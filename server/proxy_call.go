@@ -68,6 +68,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, e *proxyEntry, pa
 			Detail: fmt.Sprintf("the call cannot be proxied to %s: %s", name, p.list[0].Message), Errors: p.list})
 		return
 	}
+	// Admission and the booking wait for a busy Redis within the call's
+	// own wait (proxy_store.go).
+	r = s.withCallBudget(r, time.Now().Add(c.maxWait))
 	if ok, refused := s.admitCall(w, r); !ok {
 		code = refused
 		return
@@ -87,21 +90,10 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 	ctx := r.Context()
 	start := time.Now()
 	deadline := start.Add(c.maxWait)
-	id := newWaiterID()
 	bg := context.WithoutCancel(ctx)
-	// The fleet sees the call waiting; this also finds Redis gone before
-	// anything else does.
-	wctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	err := e.space.Waiting(wctx, s.rdb, id, c.maxWait, e.up.Proxy.MaxWait)
-	cancel()
-	if err != nil {
-		return s.pacingDown(w, r, err)
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(bg, time.Second)
-		e.space.DoneWaiting(dctx, s.rdb, id)
-		cancel()
-	}()
+	// The fleet sees the call waiting once it waits (proxy_mark.go).
+	mark := &waitMark{s: s, e: e, deadline: deadline}
+	defer mark.done(bg)
 	limits := e.up.PartitionLimitsFor(c.partition)
 	queueTime := func() {
 		w.Header().Set(headerQueueTime, strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64))
@@ -110,11 +102,16 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 	fk := jobstore.FairKey(e.up, caller(r).Tenant, c.partition)
 	lease := ""
 	if e.up.Concurrency > 0 {
-		lease = id
+		lease = newWaiterID()
 	}
 	for {
 		remaining := time.Until(deadline)
-		res, refused, err := s.reserveCall(ctx, e, c, fk, lease, limits, remaining)
+		var res *leaky.Reservation
+		refused := false
+		err := s.book(ctx, deadline, func(ctx context.Context) (err error) {
+			res, refused, err = s.reserveCall(ctx, e, c, fk, lease, limits, remaining)
+			return err
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return "canceled"
@@ -133,11 +130,13 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 				s.answerSlotRefused(w, e, pause, reasonText(res.Reason))
 				return "429"
 			}
+			mark.waits(ctx, pause)
 			if sleepCtx(ctx, pause) != nil {
 				return "canceled"
 			}
 			continue
 		}
+		mark.waits(ctx, res.Delay)
 		if err := res.Wait(ctx); err != nil {
 			if ctx.Err() != nil {
 				// Wait gave the slot back: nothing is sent.
@@ -178,6 +177,7 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 			if !again.IsZero() && again.Before(deadline) {
 				resp.Body.Close()
 				e.bucket.Release(bg, res)
+				mark.waits(ctx, time.Until(again))
 				if sleepCtx(ctx, time.Until(again)) != nil {
 					return "canceled"
 				}
@@ -214,16 +214,7 @@ func (s *Server) pacingDown(w http.ResponseWriter, r *http.Request, err error) s
 // send sends the call on its slot. It sends nothing, answering
 // errSlotGone, when the slot slipped past its guard first.
 func (s *Server) send(ctx context.Context, e *proxyEntry, c callSpec, body []byte, res *leaky.Reservation) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, c.method, c.target.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header = c.header
-	req.ContentLength = int64(len(body))
-	req.Body, req.GetBody = c.held.open()
-	if len(body) == 0 && !c.hasBody {
-		req.Body = http.NoBody
-	}
+	req := outboundRequest(ctx, c, body)
 	if res.TooLate() {
 		return nil, errSlotGone
 	}

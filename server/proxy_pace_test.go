@@ -169,7 +169,7 @@ func TestProxyRedisDown(t *testing.T) {
 		t.Skip("a Redis of its own stopped: runs in make test")
 	}
 	own := redistest.New(t)
-	f := newProxyFixtureOn(t, own.Client(t), &recorder{}, nil)
+	f := newProxyFixtureOn(t, serveClient(t, own), &recorder{}, nil)
 	if resp, _ := f.call("GET", "/proxy/api/v1/x", ""); resp.StatusCode != 200 {
 		t.Fatalf("with Redis: got %d, want 200", resp.StatusCode)
 	}

@@ -62,7 +62,7 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 	h := w.Header()
 	drop := hopHeaders(resp.Header)
 	for k, vs := range resp.Header {
-		if !drop[http.CanonicalHeaderKey(k)] {
+		if !drop.has(http.CanonicalHeaderKey(k)) {
 			h[k] = vs
 		}
 	}
@@ -77,7 +77,10 @@ func (s *Server) relay(w http.ResponseWriter, e *proxyEntry, c callSpec, resp *h
 			return
 		}
 	}
-	buf := make([]byte, relayBufBytes)
+	// A buffer kept between calls, not allocated (and zeroed) for each.
+	bp := e.bufs.Get().(*[]byte)
+	defer e.bufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {

@@ -48,6 +48,9 @@ func FuzzRead(f *testing.F) {
 		}
 
 		r := Read(h, now)
+		if all := readAll(h, now); !reflect.DeepEqual(r, all) {
+			t.Fatalf("the scan for rate-limit names changed the reading:\n%+v\n%+v", r, all)
+		}
 		if again := Read(h, now); !reflect.DeepEqual(r, again) {
 			t.Fatalf("two reads differ:\n%+v\n%+v", r, again)
 		}

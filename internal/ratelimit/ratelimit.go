@@ -125,6 +125,15 @@ const unitRequests = "requests"
 // Read reads the rate-limit headers of h; now converts dates and Unix times
 // into durations.
 func Read(h http.Header, now time.Time) Reading {
+	if !namesLimits(h) {
+		return Reading{}
+	}
+	return readAll(h, now)
+}
+
+// readAll is Read without the scan that skips answers with no
+// rate-limit header.
+func readAll(h http.Header, now time.Time) Reading {
 	var r Reading
 	r.RetryAfter, _ = wire.ParseRetryAfter(h.Get("Retry-After"), now)
 	named := r.readPolicyField(h)
@@ -619,6 +628,28 @@ func parseReset(v string, now time.Time) (time.Duration, bool) {
 // until is how long from now to t, 0 if t is past.
 func until(t, now time.Time) time.Duration {
 	return max(t.Sub(now), 0)
+}
+
+// namesLimits reports whether h has a header Read looks at: Retry-After,
+// or one whose name holds "ratelimit" or "rate-limit" in any case (every
+// form above does). Most answers have none, and cost only this scan of
+// their names.
+func namesLimits(h http.Header) bool {
+	for k := range h {
+		if strings.EqualFold(k, "Retry-After") || containsFold(k, "ratelimit") || containsFold(k, "rate-limit") {
+			return true
+		}
+	}
+	return false
+}
+
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
 }
 
 func hasPrefixFold(s, prefix string) bool {

@@ -55,6 +55,7 @@ type options struct {
 	duration     time.Duration
 	concurrency  int
 	nginx        bool
+	profileDir   string
 }
 
 func parseFlags(args []string) (options, error) {
@@ -67,6 +68,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "throughput: time per target per round")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "throughput: callers at once")
 	fs.BoolVar(&o.nginx, "nginx", true, "throughput: include nginx proxy_pass when nginx is installed")
+	fs.StringVar(&o.profileDir, "profile", "", "write shaper serve's CPU profile to this directory as serve.pprof")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -111,6 +113,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	sh, err := fleet.Build(ctx, dir)
 	if err != nil {
 		return err
+	}
+	if o.profileDir != "" {
+		sh.ProfileInto(o.profileDir)
 	}
 	rs, err := redisproc.Start()
 	if err != nil {
@@ -163,7 +168,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		case "latency":
 			err = latencySection(ctx, out, o, client, direct, shaperT, rs)
 		case "throughput":
-			err = throughputSection(ctx, out, o, client, targets)
+			err = throughputSection(ctx, out, o, client, targets, rs)
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", s, err)
@@ -462,8 +467,8 @@ func commandCalls(rs *redisproc.Server) (map[string]int64, error) {
 }
 
 // throughput runs o.concurrency callers against t for o.duration and
-// returns the calls answered per second.
-func throughput(ctx context.Context, o options, client *http.Client, t target) (float64, error) {
+// returns the calls answered per second, and how many.
+func throughput(ctx context.Context, o options, client *http.Client, t target) (float64, int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var done atomic.Int64
@@ -487,24 +492,38 @@ func throughput(ctx context.Context, o options, client *http.Client, t target) (
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return 0, firstErr
+		return 0, 0, firstErr
 	}
-	return float64(done.Load()) / time.Since(start).Seconds(), nil
+	return float64(done.Load()) / time.Since(start).Seconds(), done.Load(), nil
 }
 
-func throughputSection(ctx context.Context, out io.Writer, o options, client *http.Client, targets []target) error {
+func throughputSection(ctx context.Context, out io.Writer, o options, client *http.Client, targets []target, rs *redisproc.Server) error {
 	rates := map[string][]float64{}
 	ratios := map[string][]float64{}
+	// CPU per call, µs: the proxy's own process, and Redis's.
+	procCPU := map[string][]float64{}
+	redisCPU := map[string][]float64{}
+	// Script calls (round trips) per call: what batching shares.
+	scripts := map[string][]float64{}
 	for round := range o.rounds {
 		// Each round starts one later in the list, so no target always
 		// goes first.
 		got := map[string]float64{}
 		for i := range targets {
 			t := targets[(i+round)%len(targets)]
-			r, err := throughput(ctx, o, client, t)
+			pc0, rc0 := procCPUOf(t), cpuOf(rs.Pid())
+			cmds0, _ := commandCalls(rs)
+			r, n, err := throughput(ctx, o, client, t)
 			if err != nil {
 				return err
 			}
+			calls := float64(n)
+			pc1, rc1 := procCPUOf(t), cpuOf(rs.Pid())
+			if cmds1, err := commandCalls(rs); err == nil && t.proc != nil {
+				scripts[t.name] = append(scripts[t.name], float64(cmds1["evalsha"]-cmds0["evalsha"])/calls)
+			}
+			procCPU[t.name] = append(procCPU[t.name], float64(pc1-pc0)/float64(time.Microsecond)/calls)
+			redisCPU[t.name] = append(redisCPU[t.name], float64(rc1-rc0)/float64(time.Microsecond)/calls)
 			got[t.name] = r
 			rates[t.name] = append(rates[t.name], r)
 		}
@@ -514,12 +533,59 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 	}
 	fmt.Fprintf(out, "### Throughput at an unlimited upstream\n\n")
 	fmt.Fprintf(out, "%d rounds × %v per target, %d callers at once, targets in turn; medians over rounds.\n\n", o.rounds, o.duration, o.concurrency)
-	fmt.Fprintln(out, "| path | calls/s | ratio to ReverseProxy: median (min–max), paired by round |")
-	fmt.Fprintln(out, "| --- | ---: | ---: |")
+	fmt.Fprintln(out, "| path | calls/s | ratio to ReverseProxy: median (min–max), paired by round | proxy CPU per call | Redis CPU per call |")
+	fmt.Fprintln(out, "| --- | ---: | ---: | ---: | ---: |")
 	for _, t := range targets {
 		rs := ratios[t.name]
-		fmt.Fprintf(out, "| %s | %.0f | %.2f× (%.2f–%.2f) |\n", t.name, stats.Median(rates[t.name]), stats.Median(rs), slices.Min(rs), slices.Max(rs))
+		pc := "–"
+		if t.proc != nil {
+			pc = fmt.Sprintf("%.0f µs", stats.Median(procCPU[t.name]))
+		}
+		fmt.Fprintf(out, "| %s | %.0f | %.2f× (%.2f–%.2f) | %s | %.1f µs |\n", t.name, stats.Median(rates[t.name]), stats.Median(rs), slices.Min(rs), slices.Max(rs),
+			pc, stats.Median(redisCPU[t.name]))
+	}
+	for _, t := range targets {
+		if ss := scripts[t.name]; len(ss) > 0 && stats.Median(ss) >= 0.01 {
+			fmt.Fprintf(out, "\n%s: %.2f Redis script calls (EVALSHA) per call at %d callers, median over rounds.\n", t.name, stats.Median(ss), o.concurrency)
+		}
 	}
 	fmt.Fprintln(out)
 	return nil
+}
+
+// procCPUOf is the CPU time t's proxy process has used so far (its
+// workers' too, for nginx's master), zero for the upstream itself.
+func procCPUOf(t target) time.Duration {
+	if t.proc == nil {
+		return 0
+	}
+	return cpuOf(t.proc.Pid())
+}
+
+// cpuOf is a process's CPU time with its children's (nginx's workers),
+// zero when it cannot be read.
+func cpuOf(pid int) time.Duration {
+	d, err := fleet.CPUOf(pid)
+	if err != nil {
+		return 0
+	}
+	return d + childrenCPU(pid)
+}
+
+// childrenCPU is the CPU time of pid's running children (nginx's
+// workers), which /proc counts apart from their parent's until reaped.
+func childrenCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(pid) + "/children")
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, f := range strings.Fields(string(b)) {
+		if c, err := strconv.Atoi(f); err == nil {
+			if d, err := fleet.CPUOf(c); err == nil {
+				sum += d
+			}
+		}
+	}
+	return sum
 }
