@@ -233,6 +233,9 @@ const (
 	// that books through BookingLua answers it to its caller, which calls
 	// Refresh and tries again.
 	ReasonStale Reason = codeStale
+	// ReasonTurn: a proxied call's fairness key is ahead of another key
+	// that waits, so it is not its turn (the job store's call_turn.lua).
+	ReasonTurn Reason = codeTurn
 )
 
 func (r Reason) String() string {
@@ -249,6 +252,8 @@ func (r Reason) String() string {
 		return "partition"
 	case ReasonStale:
 		return "stale limits"
+	case ReasonTurn:
+		return "its tenant's fair share"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }

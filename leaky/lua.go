@@ -5,13 +5,17 @@ import (
 	"github.com/shaperhq/shaper/internal/script"
 )
 
-// Reason codes shared by the scripts and the Go model.
+// Reason codes shared by the scripts and the Go model. Every script that
+// answers a reason, this package's or another's through BookingLua, uses
+// these numbers: 4 is ReasonPartition, 6 ReasonTurn (the job store's
+// call_turn.lua); a new one takes the next free number.
 const (
 	codeNone        = 0
 	codeLimit       = 1
 	codeBlocked     = 2
 	codeConcurrency = 3
 	codeStale       = 5
+	codeTurn        = 6
 )
 
 // reserveScript books send slots for one or more reservations on a bucket,

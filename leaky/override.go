@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -101,7 +102,13 @@ type Override struct {
 	Earlier []Phase
 	// Partitions counts the partitions with limits of their own.
 	Partitions int64
+	// read orders this process's readings (ReadOverride): a later one
+	// has a higher number; 0 for an Override that was not read.
+	read uint64
 }
+
+// readings numbers ReadOverride's answers in the order they arrive.
+var readings atomic.Uint64
 
 // Generation names the state of the limits in force: the change that set
 // them, or 0 for the configured limits.
@@ -271,7 +278,9 @@ func (b *Bucket) ReadOverride(ctx context.Context) (Override, error) {
 	if err != nil {
 		return Override{}, fmt.Errorf("read limits of %s: %w", b.name, err)
 	}
-	return parseOverride(m)
+	o, err := parseOverride(m)
+	o.read = readings.Add(1)
+	return o, err
 }
 
 func parseOverride(m map[string]string) (Override, error) {
@@ -408,12 +417,15 @@ func (b *Bucket) change(ctx context.Context, next string) (Override, error) {
 // Apply makes the bucket pace at what o says at now (see Override.Pace):
 // in this process, without writing to Redis. It reports whether that
 // changed the limits paced at, and when to apply again (a draining phase
-// ends; zero for never). An o older than one applied before (fewer
-// Changes: a reading that a Refresh overtook) counts as that one.
+// ends; zero for never). An o read before one applied already (a reading
+// that a Refresh overtook) counts as that one. Readings are ordered by
+// when this process read them, not by their count of changes, which may
+// go back if Redis loses its last writes (a failover): the latest
+// reading is what the scripts compare against.
 func (b *Bucket) Apply(o Override, now time.Time) (bool, time.Time, error) {
 	b.applyMu.Lock()
 	defer b.applyMu.Unlock()
-	if b.applied != nil && o.Changes < b.applied.Changes {
+	if b.applied != nil && o.read < b.applied.read {
 		o = *b.applied
 	}
 	limits, gen, draining, until := o.Pace(b.cfg.Limits, b.cfg.MaxWait, b.cfg.Guard, now)

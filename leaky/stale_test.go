@@ -90,3 +90,48 @@ func TestStaleLimitsBookNothing(t *testing.T) {
 		t.Fatalf("applying an older reading: changed %v, %v, generation %d; want no change", ch, err, viaReserve.Config().Generation)
 	}
 }
+
+// TestRefreshAfterTheCountWentBack: Redis lost its last changes (a
+// failover losing writes, a restart without persistence) after a process
+// heard of them, so the next change's count is lower than the one the
+// process holds. Its bookings answer stale; the Refresh that follows
+// applies what it reads, and booking goes on.
+func TestRefreshAfterTheCountWentBack(t *testing.T) {
+	ctx := context.Background()
+	clock := newFrozenClock()
+	rdb := srv.Client(t)
+	name := uniqueName(t)
+	cfg := BucketConfig{Limits: []Limit{PerSecond(100)}, Guard: 10 * time.Millisecond, MaxWait: 250 * time.Millisecond}
+	b, err := New(rdb, Config{Now: clock.Now}).Bucket(name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rate := range []int64{50, 40} {
+		o, err := b.PutLimits(ctx, []Limit{PerSecond(rate)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.Apply(o, clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Redis forgets both changes, then an operator makes a third.
+	if err := rdb.Del(ctx, b.opKey(), b.dynKey()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	o, err := b.PutLimits(ctx, []Limit{PerSecond(30)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Changes >= 2 {
+		t.Fatalf("the change after the loss counts %d; the test wants a count gone back", o.Changes)
+	}
+	clock.Advance(2 * time.Second)
+	r, err := b.Reserve(ctx, nil, MaxWait(time.Second))
+	if err != nil || !r.OK {
+		t.Fatalf("reserve after the count went back: got %+v, %v; want booked under the new limits", r, err)
+	}
+	if got := b.Config().Limits; !slices.Equal(got, []Limit{PerSecond(30)}) {
+		t.Errorf("pacing at %v, want the new 30/s", got)
+	}
+}

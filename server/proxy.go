@@ -94,8 +94,12 @@ func (s *Server) newProxies(ups []shaper.Upstream) error {
 		if err != nil {
 			return fmt.Errorf("server: upstream %s: base URL: %w", u.Name, err)
 		}
-		// A call's lease lives through its request, as a job's does.
-		b, err := jobstore.Bucket(s.pacer, u, u.Timeout+10*time.Second, u.Proxy.MaxWait)
+		// A call's lease lives through its request, as a job's does. A
+		// call books no further ahead than a job (callLookahead), so the
+		// bucket's max wait is the workers' horizon, as theirs is: a
+		// change of limits then drains the old ones for as long on serve
+		// as on work (docs/limits.md).
+		b, err := jobstore.Bucket(s.pacer, u, u.Timeout+10*time.Second, s.callLookahead())
 		if err != nil {
 			return fmt.Errorf("server: upstream %s: %w", u.Name, err)
 		}

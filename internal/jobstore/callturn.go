@@ -27,7 +27,7 @@ var callTurnScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("call
 
 // ReasonTurn: a call's fairness key is ahead of another key that waits,
 // by more than one of its sends; it comes back when the others had theirs.
-const ReasonTurn leaky.Reason = 5
+const ReasonTurn = leaky.ReasonTurn
 
 // CallMark is how long a waiting call's mark outlives the time it said it
 // would come back (or its booking, for the key's other calls): a replica

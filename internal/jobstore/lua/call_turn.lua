@@ -46,7 +46,7 @@
 -- next_n, then prev and next of each partition limit (none when an
 -- operator's override replaced them)}: booked (ok 1), wait is the µs from
 -- now to the slot; not booked, the call comes back in wait µs (reason 1 a
--- limit, 2 a block, 3 concurrency, 4 its partition, 5 its turn), or when
+-- limit, 2 a block, 3 concurrency, 4 its partition, 5 stale limits, 6 its turn), or when
 -- refused is 1 its slot (as estimated) lies beyond its wait, and wait is
 -- by how much.
 local K_V, K_F, K_CQ, K_CW, K_CV = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -169,8 +169,8 @@ if ahead then
     if l.interval * c > spacing then spacing = l.interval * c end
   end
   local est = slot - now + math.ceil(sends * spacing)
-  if est > remaining then return {0, est - remaining, 5, 1, now} end
-  return reply(math.min(math.max(math.ceil(sends * spacing / 2), 2000), 50000), 5)
+  if est > remaining then return {0, est - remaining, 6, 1, now} end
+  return reply(math.min(math.max(math.ceil(sends * spacing / 2), 2000), 50000), 6)
 end
 if slot - now > la then
   return reply(slot - now - la, why)

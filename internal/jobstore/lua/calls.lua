@@ -20,7 +20,7 @@ local CALL_YIELD = 5000
 
 local function call_keys(our, f, now)
   local out = {}
-  local live = #redis.call('ZRANGEBYSCORE', our .. 'cw', '(' .. now, '+inf', 'LIMIT', 0, 1) > 0
+  local live = #redis.call('ZRANGEBYSCORE', our .. 'cw', '(' .. shaper_int(now), '+inf', 'LIMIT', 0, 1) > 0
   if not live then return out, false end
   local r = redis.call('ZRANGE', our .. 'cq', 0, 3, 'WITHSCORES')
   for i = 1, #r, 2 do
@@ -42,7 +42,7 @@ end
 local function call_lane_first(our, v, fk, lane, s2, lane_at, fk_lane_v, now, cache)
   local ls = cache[fk]
   if ls == nil then
-    ls = redis.call('ZRANGEBYSCORE', our .. 'cl:' .. fk, '(' .. now, '+inf')
+    ls = redis.call('ZRANGEBYSCORE', our .. 'cl:' .. fk, '(' .. shaper_int(now), '+inf')
     cache[fk] = ls
   end
   for _, l in ipairs(ls) do

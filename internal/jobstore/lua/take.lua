@@ -30,7 +30,8 @@
 -- ARGV[3] -> lookahead µs
 -- ARGV[4] -> "1": a full look; "0": the caller's last take gave all it
 --    asked for and it looked fully a moment ago (see Taker), so this take
---    leaves the due sets alone (what came due moves at a later take), and,
+--    leaves the due sets alone (what came due moves at a later take;
+--    but where partitions are limited, the calendar is read still), and,
 --    when it gives max jobs too, does not look at what else comes due
 --    (next -1) nor at the leases (expired 0): its caller comes back at once
 -- ARGV[5] -> asynq lease seconds
@@ -126,8 +127,12 @@ end
 
 local look = ARGV[4] == '1'
 local firsts = {}
-if look then
-  firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, #plimits > 0 or no > 0 or bucket.pov ~= '')
+-- Where partitions are limited, a lane whose every partition was parked
+-- waits on the calendar: it is brought back at every take, so that one
+-- partition's backlog never holds another's jobs back.
+local parted = #plimits > 0 or no > 0 or bucket.pov ~= ''
+if look or parted then
+  firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, parted)
 end
 
 local out = {now, -1, 0, -1, 0}
