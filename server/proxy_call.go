@@ -100,16 +100,18 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 	}
 	waitObserved := false
 	fk := jobstore.FairKey(e.up, caller(r).Tenant, c.partition)
-	lease := ""
+	// The call's name in its key's line of waiting calls, and its
+	// concurrency lease when the upstream caps concurrency.
+	id, lease := newWaiterID(), ""
 	if e.up.Concurrency > 0 {
-		lease = newWaiterID()
+		lease = id
 	}
 	for {
 		remaining := time.Until(deadline)
 		var res *leaky.Reservation
 		refused := false
 		err := s.book(ctx, deadline, func(ctx context.Context) (err error) {
-			res, refused, err = s.reserveCall(ctx, e, c, fk, lease, limits, remaining)
+			res, refused, err = s.reserveCall(ctx, e, c, fk, id, lease, limits, remaining)
 			return err
 		})
 		if err != nil {

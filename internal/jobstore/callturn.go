@@ -55,6 +55,9 @@ type Call struct {
 	Lookahead, Remaining time.Duration
 	// Lease is the call's concurrency lease id, when the bucket has a cap.
 	Lease string
+	// ID names the call, the same on each attempt: its place in its
+	// key's line of waiting calls.
+	ID string
 	// Now overrides Redis's clock (tests).
 	Now func() time.Time
 }
@@ -102,7 +105,7 @@ func (s Space) bookCall(ctx context.Context, rdb redis.Scripter, c Call, plan le
 	keys := append([]string{s.vKey(), s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}, plan.Keys...)
 	args := make([]any, 0, 16+len(plan.Args)+len(pargs)+2*len(c.Costs)+2*len(u.Fairness.Weights))
 	args = append(args, script.NowArg(c.Now), c.Lookahead.Microseconds(), max(c.Remaining, 0).Microseconds(), c.Lease,
-		c.FairKey, s.our, lane, max(u.Lanes[lane], 1), CallMark.Microseconds())
+		c.FairKey, s.our, lane, max(u.Lanes[lane], 1), CallMark.Microseconds(), c.ID)
 	args = append(args, len(u.Fairness.Weights))
 	for _, k := range sortedKeys(u.Fairness.Weights) {
 		args = append(args, k, u.Fairness.Weights[k])

@@ -81,8 +81,8 @@ func TestCallsKeepALoweredLimit(t *testing.T) {
 			slots = append(slots, now+j.Slot.Delay.Microseconds())
 		}
 		// Calls of tenant a, as many as will book.
-		for range 20 {
-			tn, err := s.BookCall(ctx, rdb, Call{Upstream: u, Bucket: serve, FairKey: "a",
+		for i := range 20 {
+			tn, err := s.BookCall(ctx, rdb, Call{Upstream: u, Bucket: serve, FairKey: "a", ID: fmt.Sprintf("c%d-%d", now, i),
 				Lookahead: horizon, Remaining: 30 * time.Second, Now: clock})
 			if err != nil {
 				t.Fatal(err)

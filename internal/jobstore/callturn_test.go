@@ -35,6 +35,7 @@ type callSim struct {
 }
 
 type simCaller struct {
+	id    string // its calls' id, one after the other
 	fk    string
 	lane  string
 	next  int64 // µs when it calls (or comes back)
@@ -61,7 +62,7 @@ func newCallSim(t *testing.T, name string, u shaper.Upstream) *callSim {
 	now := time.Now().UnixMicro()
 	sim := &callSim{t: t, u: u, s: s, b: b, tk: tk, now: now, start: now, jobsOf: map[string]string{}, laneOf: map[string]string{}, slots: map[string]int{}, lanes: map[string]int{}}
 	sim.booked = func(c *simCaller) (bool, time.Duration, time.Duration, bool) {
-		tn, err := s.BookCall(context.Background(), rdb, Call{Upstream: u, Bucket: b, FairKey: c.fk, Lane: c.lane,
+		tn, err := s.BookCall(context.Background(), rdb, Call{Upstream: u, Bucket: b, FairKey: c.fk, Lane: c.lane, ID: c.id,
 			Lookahead: 250 * time.Millisecond, Remaining: 30 * time.Second,
 			Now: func() time.Time { return time.UnixMicro(sim.now) }})
 		if err != nil {
@@ -141,7 +142,7 @@ func (m *callSim) run(callers []*simCaller, from, to, step time.Duration) {
 func callers(fk string, n int) []*simCaller {
 	out := make([]*simCaller, n)
 	for i := range out {
-		out[i] = &simCaller{fk: fk}
+		out[i] = &simCaller{fk: fk, id: fmt.Sprintf("%s-%d-%p", fk, i, &out)}
 	}
 	return out
 }

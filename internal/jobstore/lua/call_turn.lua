@@ -22,6 +22,11 @@
 -- take's horizon and a margin, so that a call in its turn finds a slot
 -- the take has not booked): it never books far ahead, so a change of
 -- limits drains it as it drains jobs.
+-- Since a waiting call has booked nothing, a key's waiting calls stand in
+-- a line (ln:FK: call id -> µs it joined; ld: FK|id -> µs its place
+-- lapses unless it comes back), so that a call knows the calls of its
+-- key ahead of it: a call whose slot, after one send of theirs each, lies
+-- beyond its wait is refused at once rather than once it finds out.
 --
 -- KEYS[1] -> v (the upstream's hash of the take; not written)
 -- KEYS[2] -> f (fairness keys with jobs -> virtual start)
@@ -38,7 +43,8 @@
 -- ARGV[7] -> the call's lane
 -- ARGV[8] -> the lane's weight
 -- ARGV[9] -> µs a call's mark outlives this attempt
--- ARGV[10..] -> w, w × (fairness key, weight) (others weigh 1); then the
+-- ARGV[10] -> the call's id (its place in its key's line)
+-- ARGV[11..] -> w, w × (fairness key, weight) (others weigh 1); then the
 --   bucket's BookingArgs, the partition's limits as PartitionArgs, the
 --   partition, c, c × (cost name, amount)
 --
@@ -54,13 +60,14 @@ local now = shaper_now(ARGV[1])
 local la, remaining = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease, fk, P, lane = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local lweight, stale = tonumber(ARGV[8]), tonumber(ARGV[9])
+local id = ARGV[10]
 local weights = {}
-local nw = tonumber(ARGV[10])
+local nw = tonumber(ARGV[11])
 for i = 1, nw do
-  weights[ARGV[9 + 2 * i]] = tonumber(ARGV[10 + 2 * i])
+  weights[ARGV[10 + 2 * i]] = tonumber(ARGV[11 + 2 * i])
 end
 local function weight(k) return weights[k] or 1 end
-local ba = 11 + 2 * nw
+local ba = 12 + 2 * nw
 local b, a = leaky_open(KEYS, 6, ARGV, ba, now)
 local n = tonumber(ARGV[ba + 4])
 local plim
@@ -85,8 +92,41 @@ if pslot > now then
   return {0, pslot - now, 4, 0, now}
 end
 local slot, why = leaky_earliest(b, costs, now)
-if slot - now > remaining then
-  return {0, slot - now - remaining, why, 1, now}
+
+-- One send's spacing at the bucket's pace of requests (or of this call's
+-- costs, without a request limit).
+local spacing = 0
+for _, l in ipairs(b.lim) do
+  local c = 1
+  if l.cost ~= '' then c = costs[l.cost] or 0 end
+  if l.interval * c > spacing then spacing = l.interval * c end
+end
+-- The calls of this key ahead of this one in its line, those that still
+-- come back: each takes one send before this call's.
+local K_LN, K_LD = P .. 'ln:' .. fk, P .. 'ld'
+local lapsed = redis.call('ZRANGEBYSCORE', K_LD, '-inf', now, 'LIMIT', 0, 64)
+for _, m in ipairs(lapsed) do
+  local bar = string.find(m, '|', 1, true)
+  redis.call('ZREM', P .. 'ln:' .. string.sub(m, 1, bar - 1), string.sub(m, bar + 1))
+end
+if #lapsed > 0 then redis.call('ZREM', K_LD, unpack(lapsed)) end
+local joined = redis.call('ZSCORE', K_LN, id)
+local before
+if joined then
+  before = redis.call('ZCOUNT', K_LN, '-inf', '(' .. joined)
+else
+  before = redis.call('ZCARD', K_LN)
+end
+local function leave()
+  if joined then
+    redis.call('ZREM', K_LN, id)
+    redis.call('ZREM', K_LD, fk .. '|' .. id)
+  end
+end
+local inline = slot - now + before * spacing
+if inline > remaining then
+  leave()
+  return {0, inline - remaining, why, 1, now}
 end
 
 -- Marks of calls whose replica stopped coming back (it died, or the
@@ -149,6 +189,12 @@ local function marks(until_, pttl)
 end
 local function reply(wait, reason)
   marks(now + wait + stale, ttl + math.ceil(wait / 1000))
+  -- Its place in the line holds while it comes back.
+  if not joined then redis.call('ZADD', K_LN, now, id) end
+  redis.call('ZADD', K_LD, now + wait + stale, fk .. '|' .. id)
+  local pttl = ttl + math.ceil(wait / 1000)
+  redis.call('PEXPIRE', K_LN, pttl)
+  redis.call('PEXPIRE', K_LD, pttl)
   return {0, wait, reason, 0, now}
 end
 
@@ -158,18 +204,15 @@ local ahead = (least_call and s > least_call + q + 1e-9) or (least and s > least
 if ahead then
   -- Not this key's turn: the others' sends until it is, at the bucket's
   -- pace of requests (or of this call's costs, without a request limit).
-  local sends = 0
+  local sends = before
   for k, sc in pairs(others) do
     if sc < s - q then sends = sends + (s - q - sc) * weight(k) end
   end
-  local spacing = 0
-  for _, l in ipairs(b.lim) do
-    local c = 1
-    if l.cost ~= '' then c = costs[l.cost] or 0 end
-    if l.interval * c > spacing then spacing = l.interval * c end
-  end
   local est = slot - now + math.ceil(sends * spacing)
-  if est > remaining then return {0, est - remaining, 6, 1, now} end
+  if est > remaining then
+    leave()
+    return {0, est - remaining, 6, 1, now}
+  end
   return reply(math.min(math.max(math.ceil(sends * spacing / 2), 2000), 50000), 6)
 end
 if slot - now > la then
@@ -180,6 +223,7 @@ if lease ~= '' then
   if lw then return reply(math.min(lw, 10000), 3) end
 end
 local out = {1, slot - now, why, 0, now}
+leave()
 local prev, pprev = {}, {}
 for i = 1, n do prev[i] = b.lim[i].tat end
 for j = 1, #plim do pprev[j] = part.tat[j] end
