@@ -71,6 +71,9 @@ func TestProxySlotBeyondWait(t *testing.T) {
 // TestProxyHangUp: a caller that hangs up before its slot is never sent,
 // and its slot goes to the next.
 func TestProxyHangUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out real slots: runs in make test")
+	}
 	const period = 1500 * time.Millisecond
 	f := newProxyFixture(t, slow(period))
 	if resp, _ := f.call("GET", "/proxy/api/v1/x", ""); resp.StatusCode != 200 {
@@ -325,6 +328,9 @@ func TestProxyLearnsStatedLimits(t *testing.T) {
 // operator's override of a partition on an upstream with no configured
 // partition limits.
 func TestProxyFollowsOperatorLimits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a replica to hear a change: runs in make test")
+	}
 	f := newProxyFixture(t, func(u *shaper.Upstream) { u.Limits = []leaky.Limit{{Rate: 1000, Per: time.Second}} })
 	other := elsewhere(t, f.rdb, f.upstream())
 	ctx := context.Background()

@@ -68,6 +68,9 @@ func (e *env) finishMany(from, to, batch int, outcome Outcome, b Bounds) {
 // 16,000 jobs leaves at most 2000 (plus one batch) and Redis's memory
 // after 16,000 at most 1 MB above what it was after 8,000.
 func TestFinishKeepsAtMost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("16,000 finished jobs: runs in make test")
+	}
 	for _, tc := range []struct {
 		name    string
 		outcome Outcome

@@ -168,6 +168,9 @@ func (m *callSim) share(a string, part, tol float64) {
 // calls: 4 callers of a against b's 500 queued jobs, b's one caller
 // against a's 1,000 jobs, 4 callers against 1, and by weight (b weighs 3).
 func TestCallsTakeTheirFairShare(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seven simulated seconds of takes and calls, five times: runs in make test")
+	}
 	u := shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)}}
 	step := 5 * time.Millisecond
 	t.Run("a's calls against b's jobs", func(t *testing.T) {

@@ -114,6 +114,9 @@ func TestRememberDeadAndCancelled(t *testing.T) {
 // TestRememberCompact is issue 12's bound: a record costs at most 120 B of
 // Redis memory, by MEMORY USAGE of its keys and by used_memory.
 func TestRememberCompact(t *testing.T) {
+	if testing.Short() {
+		t.Skip("thousands of remembered keys: runs in make test")
+	}
 	ctx := context.Background()
 	e := newEnv(t, "q")
 	b := Bounds{Completed: 1, Remember: remembering(e, time.Hour, 0)}
