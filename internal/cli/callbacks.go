@@ -15,17 +15,21 @@ import (
 	"github.com/shaperhq/shaper/server"
 )
 
-// newDeliverer is the callback deliverer of a worker replica, nil when no
-// callback can exist (callbacks.allowed_hosts is empty): then a replica
-// looks at no due set at all. It delivers the callbacks of every
-// configured upstream's jobs, whichever upstreams the replica drains; q
-// reads them and stays the caller's.
-func newDeliverer(rdb redis.UniversalClient, q *queue.Queue, cfg *config.Config, secrets config.CallbackSecrets, m *metrics.Metrics, log *slog.Logger) (*callback.Deliverer, error) {
+// newDeliverer is the callback deliverer of a worker replica (or of dev),
+// nil when no callback can exist (callbacks.allowed_hosts is empty): then
+// a replica looks at no due set at all. It delivers the callbacks of every
+// configured upstream's jobs, whichever upstreams the replica drains,
+// reading them through a queue of its own that done closes.
+func newDeliverer(rdb redis.UniversalClient, cfg *config.Config, secrets config.CallbackSecrets, m *metrics.Metrics, log *slog.Logger) (cd *callback.Deliverer, done func(), err error) {
 	cb := cfg.Callbacks
 	if len(cb.AllowedHosts) == 0 {
-		return nil, nil
+		return nil, func() {}, nil
 	}
-	return callback.New(rdb, callback.Config{
+	q, err := queue.New(rdb, queue.Config{Upstreams: cfg.AllUpstreams(), Prefix: cfg.Redis.Prefix})
+	if err != nil {
+		return nil, nil, err
+	}
+	cd, err = callback.New(rdb, callback.Config{
 		Queue:        q,
 		Upstreams:    cfg.UpstreamNames(),
 		Prefix:       cfg.Redis.Prefix,
@@ -41,6 +45,11 @@ func newDeliverer(rdb redis.UniversalClient, q *queue.Queue, cfg *config.Config,
 		Metrics: m,
 		Logger:  log.With("component", "callbacks"),
 	})
+	if err != nil {
+		q.Close()
+		return nil, nil, err
+	}
+	return cd, func() { q.Close() }, nil
 }
 
 // runDeliverer runs cd (when not nil) beside run, both on ctx: when either

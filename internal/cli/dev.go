@@ -23,7 +23,6 @@ import (
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/fakeupstream"
-	"github.com/shaperhq/shaper/queue"
 )
 
 type devOptions struct {
@@ -152,15 +151,11 @@ func devRun(ctx context.Context, f *Factory, opts *devOptions) error {
 	}
 	// Callbacks to this machine are delivered, signed with a secret the
 	// banner prints, so a newcomer can watch one arrive.
-	cq, err := queue.New(rdb, queue.Config{Upstreams: cfg.AllUpstreams(), Prefix: cfg.Redis.Prefix})
+	cd, closeDeliverer, err := newDeliverer(rdb, cfg, secrets, m, log)
 	if err != nil {
 		return err
 	}
-	defer cq.Close()
-	cd, err := newDeliverer(rdb, cq, cfg, secrets, m, log)
-	if err != nil {
-		return err
-	}
+	defer closeDeliverer()
 	ln, err := net.Listen("tcp", opts.listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", opts.listen, err)

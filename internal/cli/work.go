@@ -21,7 +21,6 @@ import (
 	"github.com/shaperhq/shaper/config"
 	"github.com/shaperhq/shaper/dispatcher"
 	"github.com/shaperhq/shaper/metrics"
-	"github.com/shaperhq/shaper/queue"
 )
 
 type workOptions struct {
@@ -96,15 +95,11 @@ func workRun(ctx context.Context, f *Factory, opts *workOptions) error {
 	if err != nil {
 		return err
 	}
-	cq, err := queue.New(rdb, queue.Config{Upstreams: cfg.AllUpstreams(), Prefix: cfg.Redis.Prefix})
+	cd, closeDeliverer, err := newDeliverer(rdb, cfg, secrets, m, log)
 	if err != nil {
 		return err
 	}
-	defer cq.Close()
-	cd, err := newDeliverer(rdb, cq, cfg, secrets, m, log)
-	if err != nil {
-		return err
-	}
+	defer closeDeliverer()
 
 	// The metrics listener outlives d.Run's shutdown a little, and is
 	// stopped and waited for on the way out.
