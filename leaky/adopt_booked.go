@@ -7,7 +7,8 @@ import (
 // Plan is a bucket's BookingKeys and BookingArgs under one set of its
 // limits, kept with that set so that a slot another package's script books
 // with them can be adopted with what Cancel needs to give it back
-// (AdoptBooked).
+// (AdoptBooked); a caller that keeps a plan builds it again when
+// BookingVersion no longer says its Version.
 type Plan struct {
 	Keys []string
 	Args []any

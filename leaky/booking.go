@@ -51,14 +51,6 @@ func (b *Bucket) bookingArgs(s *limitSet, leaseAfterSlot time.Duration) []any {
 	return append(out, s.changes)
 }
 
-// Booking is BookingKeys and BookingArgs of one set of limits, and its
-// BookingVersion: a caller that keeps them builds them again when
-// BookingVersion no longer says version.
-func (b *Bucket) Booking(leaseAfterSlot time.Duration) (keys []string, args []any, version uint64) {
-	s := b.cur()
-	return b.bookingKeys(s), b.bookingArgs(s, leaseAfterSlot), s.version
-}
-
 // PartitionArgs are the ARGV that leaky_limits reads for a partition's
 // limits, shaped under the bucket's guard; their state is kept beside the
 // bucket's, one TAT per partition and limit (PartitionTAT).

@@ -432,7 +432,8 @@ func NewTaker(rdb redis.Scripter, s Space, cfg TakerConfig) (*Taker, error) {
 // build makes the keys and ARGV of a take under the bucket's limits now.
 func (t *Taker) build() (*takeArgs, error) {
 	s, cfg, u := t.s, t.cfg, t.cfg.Upstream
-	bk, ba, version := cfg.Bucket.Booking(cfg.ConcurrencyLease)
+	plan := cfg.Bucket.Plan(cfg.ConcurrencyLease)
+	bk, ba, version := plan.Keys, plan.Args, plan.Version()
 	// The bucket's keys come last: the stated limits' TATs run to the end.
 	keys := append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
 		s.a.Scheduled(), s.a.Retry(), s.a.Active(), s.a.Lease(), s.a.Groups(), s.a.Paused()},
