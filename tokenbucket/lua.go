@@ -21,11 +21,14 @@ import "github.com/redis/go-redis/v9"
 // milliseconds, so expiry can never forget tokens that are still spent. A
 // denied request writes nothing.
 //
-// Both return, per request, the bucket's level after the decision in µs:
-// positive when the request was allowed and negated when it was denied. A
-// level of zero cannot occur: an allowed request adds at least one
-// interval, and a denied one meets a bucket with less room than its cost.
-// Every header input follows from it and the cost (see decode).
+// Both return, per request, the bucket's level before the decision in µs:
+// as it is (zero or more) when the request was allowed, negated when it was
+// denied. A denied request meets a bucket with less room than its cost, and
+// no cost exceeds the capacity, so its level is positive and the two cases
+// never meet. Every header input follows from it and the cost (see decode).
+// An allowed request on a full bucket, nearly every decision over a large
+// key space, answers 0: fewer bytes, and an integer go-redis boxes without
+// allocating.
 
 // allowOneScript decides one request on one bucket: the lone caller's
 // script, one GET and at most one SET.
@@ -36,7 +39,7 @@ import "github.com/redis/go-redis/v9"
 //	ARGV[3] -> cost
 //	ARGV[4] -> now override in µs (absent: Redis TIME)
 //
-// Returns the level as a plain integer.
+// Returns the level before the decision as a plain integer.
 var allowOneScript = redis.NewScript(`
 local interval = tonumber(ARGV[1])
 local now = ARGV[4]
@@ -53,7 +56,7 @@ if after > tonumber(ARGV[2]) * interval then
   return -level
 end
 redis.call('SET', KEYS[1], string.format('%d', now + after), 'PX', string.format('%d', math.floor((after + interval + 999) / 1000)))
-return after
+return level
 `)
 
 // allowScript decides the requests of a batch, so requests gathered from
@@ -70,8 +73,8 @@ return after
 //	             cost 1, else their costs in order, comma-separated; absent
 //	             for one request of cost 1 (so those buckets go last)
 //
-// Returns an array of one level per request, bucket by bucket and in order
-// within a bucket.
+// Returns an array of one level per request (before that request's
+// decision), bucket by bucket and in order within a bucket.
 var allowScript = redis.NewScript(`
 local interval = tonumber(ARGV[1])
 local span = tonumber(ARGV[2]) * interval
@@ -85,6 +88,10 @@ end
 local tats = redis.call('MGET', unpack(KEYS))
 local out = {}
 local n = 0
+-- The last TAT and TTL written, and their strings: buckets decided alike
+-- (every new bucket that takes one token, say) are written with the same
+-- values, which are then formatted once.
+local lastTat, tatStr, lastTTL, ttlStr
 for i = 1, #KEYS do
   local level = (tonumber(tats[i]) or now) - now
   if level < 0 then level = 0 end
@@ -106,9 +113,9 @@ for i = 1, #KEYS do
     if after > span then
       out[n] = -level
     else
+      out[n] = level
       level = after
       took = true
-      out[n] = after
     end
     if units > 0 then
       units = units - 1
@@ -120,7 +127,15 @@ for i = 1, #KEYS do
     end
   end
   if took then
-    redis.call('SET', KEYS[i], string.format('%d', now + level), 'PX', string.format('%d', math.floor((level + interval + 999) / 1000)))
+    local tat = now + level
+    if tat ~= lastTat then
+      lastTat, tatStr = tat, string.format('%d', tat)
+    end
+    local ttl = math.floor((level + interval + 999) / 1000)
+    if ttl ~= lastTTL then
+      lastTTL, ttlStr = ttl, string.format('%d', ttl)
+    end
+    redis.call('SET', KEYS[i], tatStr, 'PX', ttlStr)
   end
 end
 return out

@@ -146,8 +146,8 @@ func (l *Limiter) one(ctx context.Context, req request) (shaper.Result, error) {
 		return shaper.Result{}, err
 	}
 	level, ok := v.(int64)
-	if !ok || level == 0 {
-		return shaper.Result{}, fmt.Errorf("token bucket: script reply %v, want a non-zero integer", v)
+	if !ok {
+		return shaper.Result{}, fmt.Errorf("token bucket: script reply %v, want an integer", v)
 	}
 	return l.decode(level, req.cost), nil
 }
@@ -171,13 +171,23 @@ func (l *Limiter) key(k string) string {
 	return l.prefix + ":tb:{" + k + "}"
 }
 
+// hasBrace tells whether key contains '{' or '}', in one pass.
+func hasBrace(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c == '{' || c == '}' {
+			return true
+		}
+	}
+	return false
+}
+
 func checkArgs(l Limit, key string, n int64) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("token bucket: empty key: %w", shaper.ErrInvalid)
 	case len(key) > MaxKeyLen:
 		return fmt.Errorf("token bucket: key of %d bytes: at most %d: %w", len(key), MaxKeyLen, shaper.ErrInvalid)
-	case strings.IndexByte(key, '{') >= 0 || strings.IndexByte(key, '}') >= 0:
+	case hasBrace(key):
 		return fmt.Errorf("token bucket: key %q contains '{' or '}': %w", key, shaper.ErrInvalid)
 	case n < 1:
 		return fmt.Errorf("token bucket: cost %d: must be at least 1: %w", n, shaper.ErrInvalid)
@@ -220,8 +230,8 @@ func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string)
 	// by bucket in one slice: bucket b is sorted[first[b]:first[b+1]].
 	index := make(map[string]int32, len(calls))
 	of := make([]int32, len(calls))
-	var keys []string
-	var first []int
+	keys := make([]string, 0, len(calls))
+	first := make([]int, 0, len(calls)+1)
 	for i, c := range calls {
 		b, ok := index[c.Req.key]
 		if !ok {
@@ -250,9 +260,9 @@ func (l *Limiter) plan(calls []*script.Call[request, shaper.Result], now string)
 	var groups [][]int
 	switch l.sharding {
 	case script.OneNode:
-		groups = [][]int{nil}
+		groups = [][]int{make([]int, len(keys))}
 		for b := range keys {
-			groups[0] = append(groups[0], b)
+			groups[0][b] = b
 		}
 	case script.BySlot:
 		slotOf := make(map[uint16]int)
@@ -369,8 +379,8 @@ func (l *Limiter) decodeAll(calls []*script.Call[request, shaper.Result], v any)
 	}
 	for i, x := range arr {
 		level, ok := x.(int64)
-		if !ok || level == 0 {
-			return fmt.Errorf("token bucket: script reply value %d is %v, want a non-zero integer", i, x)
+		if !ok {
+			return fmt.Errorf("token bucket: script reply value %d is %v, want an integer", i, x)
 		}
 		calls[i].Res = l.decode(level, calls[i].Req.cost)
 	}
@@ -378,11 +388,13 @@ func (l *Limiter) decodeAll(calls []*script.Call[request, shaper.Result], v any)
 }
 
 // decode turns the script's answer to one request into its result. The
-// answer is the bucket's level after the decision (TAT minus now),
-// negated for a denial; since the GCRA arithmetic only ever compares the TAT
+// answer is the bucket's level before the decision (TAT minus now, at
+// least 0), negated for a denial; an allowed request leaves the level cost
+// intervals higher. Since the GCRA arithmetic only ever compares the TAT
 // with now, the level alone gives the same numbers gcra.Allow would.
 func (l *Limiter) decode(level, cost int64) shaper.Result {
-	if level > 0 {
+	if level >= 0 {
+		level += cost * l.params.Interval
 		return toResult(l.limit, true, gcra.Remaining(level, 0, l.params), 0, level)
 	}
 	level = -level
