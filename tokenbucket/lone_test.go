@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/shaperhq/shaper/internal/script"
 )
 
 // commandCalls is how many times each command ran since the last CONFIG
@@ -60,5 +62,30 @@ func TestLoneCallerCommands(t *testing.T) {
 		if got[cmd] != n {
 			t.Fatalf("commands for two lone decisions: got %v, want %v", got, want)
 		}
+	}
+}
+
+// TestFullBucketAnswersZero: both scripts answer an allowed request with
+// the bucket's level before it, so a full bucket (an absent key, nearly
+// every decision over many keys) answers 0, which go-redis boxes without
+// allocating; a denial answers the negated level, which is never 0.
+func TestFullBucketAnswersZero(t *testing.T) {
+	noLeaks(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	lim := newLimiter(t, rdb, hourly(1), Config{})
+	p := lim.params
+	v, err := allowOneScript.Run(ctx, rdb, []string{lim.key("one")}, p.Interval, p.Capacity, 1).Result()
+	if err != nil || v != int64(0) {
+		t.Fatalf("lone script on a full bucket: got %v, %v; want 0", v, err)
+	}
+	v, err = allowOneScript.Run(ctx, rdb, []string{lim.key("one")}, p.Interval, p.Capacity, 1).Result()
+	if n, ok := v.(int64); err != nil || !ok || n >= 0 {
+		t.Fatalf("lone script on an empty bucket: got %v, %v; want a negative level", v, err)
+	}
+	v, err = allowScript.Run(ctx, rdb, []string{lim.key("a"), lim.key("b")}, p.Interval, p.Capacity, "", "-2").Result()
+	got, err2 := script.Ints(v, 3)
+	if err != nil || err2 != nil || got[0] != 0 || got[1] >= 0 || got[2] != 0 {
+		t.Fatalf("batch script, two requests on a and one on b: got %v, %v, %v; want [0 <0 0]", v, err, err2)
 	}
 }
