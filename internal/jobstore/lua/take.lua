@@ -115,9 +115,13 @@ local function named(ls)
   return false
 end
 
+-- (A job without costs shares one empty table, read only, so the common
+-- case builds none.)
+local NO_COSTS = {}
 local function costs_of(s)
+  if not s or s == '' then return NO_COSTS end
   local t = {}
-  if s then
+  do
     for k, v in string.gmatch(s, '([^=,]+)=(%d+)') do
       t[k] = tonumber(v)
     end
@@ -232,6 +236,14 @@ end
 -- flows: what the take has read of a flow, from its head, a few jobs per
 -- read (as many as the take may still give, and the one after); the jobs
 -- it takes leave the flow at the end of the take, all at once.
+-- parked: the parks of flows (K_PK, read only by status) the take made,
+-- flow -> µs, written in one ZADD after the loop; a flow that empties
+-- leaves it (gone: flows to take out of K_PK, in one ZREM).
+local parked, gone = {}, {}
+local function unpark(g)
+  parked[g] = nil
+  gone[#gone + 1] = g
+end
 local flows = {}
 local function flow_head(g)
   local fl = flows[g]
@@ -248,6 +260,26 @@ local function flow_head(g)
   end
   return fl
 end
+-- Lanes and fairness keys retire lazily, when the take finds them empty.
+-- (These helpers are built once per take, not once per job.)
+local function retire_key(fv)
+  drop_first(K_F, fv)
+end
+local function retire_lane(lk, lv, fv)
+  drop_first(lk, lv)
+  if empty(lk) then retire_key(fv) end
+end
+-- lane_at: the take's own view of lane l's start in the current key's
+-- lanes (cur_lk, cur_lv), for call_lane_first.
+local cur_lk, cur_lv
+local function lane_at(l)
+  if cur_lv.dirty[l] then return cur_lv.dirty[l] end
+  for _, e in ipairs(cur_lv.list) do
+    if e[1] == l then return e[2] end
+  end
+  local t = redis.call('ZSCORE', cur_lk, l)
+  return t and tonumber(t)
+end
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
@@ -257,29 +289,20 @@ while not stop and taken < max_jobs and steps < 2000 do
     local lk = P .. 'l:' .. fk
     local lv = view(lk, true)
     local lane, s2 = top(lv)
-    -- Lanes and fairness keys retire lazily, when the take finds them
-    -- empty.
-    local function retire_key()
-      drop_first(K_F, fv)
-    end
     if lane == nil then
-      retire_key()
+      retire_key(fv)
       break
     end
     local rk = P .. 'r:' .. lane .. '|' .. fk
     local rv = view(rk)
     local pk, elig = top(rv)
-    local function retire_lane()
-      drop_first(lk, lv)
-      if empty(lk) then retire_key() end
-    end
     if pk == nil then
-      retire_lane()
+      retire_lane(lk, lv, fv)
       break
     end
     if elig > now then
       -- Every partition of this lane is parked: calendar it.
-      retire_lane()
+      retire_lane(lk, lv, fv)
       redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
       firsts.cal = nil
       break
@@ -291,7 +314,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     if id == nil then
       drop_first(rk, rv)
       redis.call('SREM', K_GROUPS, g)
-      redis.call('ZREM', K_PK, g)
+      unpark(g)
       break
     end
     local tk = T .. id
@@ -320,7 +343,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- not booked ahead: booking the upstream at a partition's later
       -- slot would leave the upstream idle until then.
       rescore(rv, pslot)
-      redis.call('ZADD', K_PK, pslot, g)
+      parked[g] = pslot
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
       break
@@ -331,14 +354,8 @@ while not stop and taken < max_jobs and steps < 2000 do
       stop = true
       break
     end
-    if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) or call_lane_first(P, K_V, fk, lane, s2, function(l)
-      if lv.dirty[l] then return lv.dirty[l] end
-      for _, e in ipairs(lv.list) do
-        if e[1] == l then return e[2] end
-      end
-      local t = redis.call('ZSCORE', lk, l)
-      return t and tonumber(t)
-    end, s2, now, call_lanes) then
+    cur_lk, cur_lv = lk, lv
+    if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) or call_lane_first(P, K_V, fk, lane, s2, lane_at, s2, now, call_lanes) then
       -- A key whose calls wait is behind, or a call of this key waits in
       -- a lane not ahead of this job's: the call gets the slot.
       out[2], out[3] = CALL_YIELD, 1
@@ -356,7 +373,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     if nxt == nil then
       redis.call('SREM', K_GROUPS, g)
       drop_first(rk, rv)
-      redis.call('ZREM', K_PK, g)
+      unpark(g)
     else
       -- The partition can go again when its limits allow its next job's
       -- costs (a job without a limit's cost is not held by it).
@@ -368,9 +385,7 @@ while not stop and taken < max_jobs and steps < 2000 do
         e = leaky_partition_earliest(part, nc, now)
       end
       rescore(rv, e)
-      if e > now then
-        redis.call('ZADD', K_PK, e, g)
-      end
+      if e > now then parked[g] = e end
     end
     -- To asynq's active state; the list, the leases and the counters are
     -- written once for the whole take, below.
@@ -392,6 +407,15 @@ end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
 for key, v in pairs(views) do
   flush(key, v)
+end
+if #gone > 0 then redis.call('ZREM', K_PK, unpack(gone)) end
+do
+  local z = {}
+  for g, t in pairs(parked) do
+    z[#z + 1] = t
+    z[#z + 1] = g
+  end
+  if #z > 0 then redis.call('ZADD', K_PK, unpack(z)) end
 end
 for g, fl in pairs(flows) do
   if #fl.took > 0 then
