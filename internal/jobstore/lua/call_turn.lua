@@ -101,9 +101,47 @@ for _, l in ipairs(b.lim) do
   if l.cost ~= '' then c = costs[l.cost] or 0 end
   if l.interval * c > spacing then spacing = l.interval * c end
 end
+local K_LN, K_LD = P .. 'ln:' .. fk, P .. 'ld'
+
+-- Books the slot (and the partition's) and returns the reply.
+local function book()
+  local out = {1, slot - now, why, 0, now}
+  local prev, pprev = {}, {}
+  for i = 1, n do prev[i] = b.lim[i].tat end
+  for j = 1, #plim do pprev[j] = part.tat[j] end
+  leaky_book(b, slot, costs, lease)
+  leaky_partition_book(part, slot, costs, now)
+  leaky_commit(b, now)
+  for i = 1, n do
+    out[#out + 1] = prev[i]
+    out[#out + 1] = b.lim[i].tat
+  end
+  if not over then
+    for j = 1, #plim do
+      out[#out + 1] = pprev[j]
+      out[#out + 1] = part.tat[j]
+    end
+  end
+  return out
+end
+
+-- Alone with room: the upstream has a slot free now (nothing holds it
+-- back), no key waits with jobs (f is empty) or with calls (cq is empty:
+-- no marks), and no call of this key stands in line (ln:FK is empty; so
+-- this one does not). Nobody's turn is at stake, so the call books the
+-- slot without the line, the marks or their lapse scans, and its key's
+-- virtual time does not move: service while the upstream had room and
+-- nobody waited earns no penalty (a key that starts to wait starts at
+-- the least-served one's time). A slot in the future is contention, even
+-- with nobody marked yet (callers that each hold a booked slot): that
+-- takes the way below, which marks it, so that keys take turns.
+if slot == now and redis.call('EXISTS', K_F, K_CQ, K_LN) == 0 and
+    (lease == '' or not leaky_lease_wait(b, lease, now)) then
+  return book()
+end
+
 -- The calls of this key ahead of this one in its line, those that still
 -- come back: each takes one send before this call's.
-local K_LN, K_LD = P .. 'ln:' .. fk, P .. 'ld'
 local lapsed = redis.call('ZRANGEBYSCORE', K_LD, '-inf', now, 'LIMIT', 0, 64)
 for _, m in ipairs(lapsed) do
   local bar = string.find(m, '|', 1, true)
@@ -222,24 +260,8 @@ if lease ~= '' then
   local lw = leaky_lease_wait(b, lease, now)
   if lw then return reply(math.min(lw, 10000), 3) end
 end
-local out = {1, slot - now, why, 0, now}
 leave()
-local prev, pprev = {}, {}
-for i = 1, n do prev[i] = b.lim[i].tat end
-for j = 1, #plim do pprev[j] = part.tat[j] end
-leaky_book(b, slot, costs, lease)
-leaky_partition_book(part, slot, costs, now)
-leaky_commit(b, now)
-for i = 1, n do
-  out[#out + 1] = prev[i]
-  out[#out + 1] = b.lim[i].tat
-end
-if not over then
-  for j = 1, #plim do
-    out[#out + 1] = pprev[j]
-    out[#out + 1] = part.tat[j]
-  end
-end
+local out = book()
 
 -- The key's turn is spent, as a job's would be.
 local ns = s + q
@@ -264,8 +286,16 @@ if infs then
 end
 -- Its mark stays until the slot and a moment after: a key whose callers
 -- call again once answered waits still, and the take keeps yielding to
--- it while it is behind.
+-- it while it is behind. Unless the slot was free now, nobody else
+-- waits, with jobs or calls, and none of its own calls stands in line:
+-- then its mark goes, so that its next call is alone with room (above)
+-- again.
 s = ns
+if slot == now and not infs and next(others) == nil and redis.call('EXISTS', K_LN) == 0 then
+  redis.call('ZREM', K_CQ, fk)
+  redis.call('ZREM', K_CW, fk)
+  return out
+end
 marks(slot + stale, ttl)
 if infs then redis.call('PEXPIRE', K_CV, 600000) end
 return out
