@@ -34,21 +34,24 @@
 -- KEYS[4] -> cw (keys with calls waiting -> µs until their mark lapses)
 -- KEYS[5] -> cv (FK|LANE -> the calls' virtual time in a lane without jobs)
 -- KEYS[6..] -> the upstream bucket's BookingKeys
--- ARGV[1] -> now override in µs ("" = Redis TIME)
--- ARGV[2] -> lookahead µs: the latest slot to book
--- ARGV[3] -> the call's remaining wait µs
--- ARGV[4] -> lease id ("" = none)
--- ARGV[5] -> the call's fairness key
--- ARGV[6] -> our prefix P:s:{Q}: (the lanes' zsets, l:FK)
--- ARGV[7] -> the call's lane
--- ARGV[8] -> the lane's weight
--- ARGV[9] -> µs a call's mark outlives this attempt
--- ARGV[10] -> the call's id (its place in its key's line)
--- ARGV[11..] -> w, w × (fairness key, weight) (others weigh 1); then the
+-- ARGV[1] -> how many calls to book, in order (a replica's concurrent
+--   calls share one script call); then for each call the count of its
+--   arguments and the arguments, A below:
+-- A[1] -> now override in µs ("" = Redis TIME)
+-- A[2] -> lookahead µs: the latest slot to book
+-- A[3] -> the call's remaining wait µs
+-- A[4] -> lease id ("" = none)
+-- A[5] -> the call's fairness key
+-- A[6] -> our prefix P:s:{Q}: (the lanes' zsets, l:FK)
+-- A[7] -> the call's lane
+-- A[8] -> the lane's weight
+-- A[9] -> µs a call's mark outlives this attempt
+-- A[10] -> the call's id (its place in its key's line)
+-- A[11..] -> w, w × (fairness key, weight) (others weigh 1); then the
 --   bucket's BookingArgs, the partition's limits as PartitionArgs, the
 --   partition, c, c × (cost name, amount)
 --
--- Returns {ok, wait, reason, refused, now, prev_1, next_1, ..., prev_n,
+-- Returns one reply per call, in order: {ok, wait, reason, refused, now, prev_1, next_1, ..., prev_n,
 -- next_n, then prev and next of each partition limit (none when an
 -- operator's override replaced them)}: booked (ok 1), wait is the µs from
 -- now to the slot; not booked, the call comes back in wait µs (reason 1 a
@@ -56,30 +59,41 @@
 -- refused is 1 its slot (as estimated) lies beyond its wait, and wait is
 -- by how much.
 local K_V, K_F, K_CQ, K_CW, K_CV = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local now = shaper_now(ARGV[1])
-local la, remaining = tonumber(ARGV[2]), tonumber(ARGV[3])
-local lease, fk, P, lane = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local lweight, stale = tonumber(ARGV[8]), tonumber(ARGV[9])
-local id = ARGV[10]
+-- One reading of Redis's clock for the whole batch.
+local clock
+local function call_now(override)
+  if override ~= '' then return tonumber(override) end
+  if not clock then clock = shaper_now('') end
+  return clock
+end
+
+-- One call's turn, A its arguments (the body is not indented, to keep
+-- its history readable).
+local function turn(A)
+local now = call_now(A[1])
+local la, remaining = tonumber(A[2]), tonumber(A[3])
+local lease, fk, P, lane = A[4], A[5], A[6], A[7]
+local lweight, stale = tonumber(A[8]), tonumber(A[9])
+local id = A[10]
 local weights = {}
-local nw = tonumber(ARGV[11])
+local nw = tonumber(A[11])
 for i = 1, nw do
-  weights[ARGV[10 + 2 * i]] = tonumber(ARGV[11 + 2 * i])
+  weights[A[10 + 2 * i]] = tonumber(A[11 + 2 * i])
 end
 local function weight(k) return weights[k] or 1 end
 local ba = 12 + 2 * nw
-local b, a = leaky_open(KEYS, 6, ARGV, ba, now)
-local n = tonumber(ARGV[ba + 4])
+local b, a = leaky_open(KEYS, 6, A, ba, now)
+local n = tonumber(A[ba + 4])
 local plim
-plim, a = leaky_limits(ARGV, a)
-local pk = ARGV[a]
+plim, a = leaky_limits(A, a)
+local pk = A[a]
 local over = leaky_partition_override(b, pk)
 if over then plim = over end
 if pk == '' then plim = {} end
 local costs = {}
-local nc = tonumber(ARGV[a + 1])
+local nc = tonumber(A[a + 1])
 for i = 1, nc do
-  costs[ARGV[a + 2 * i]] = tonumber(ARGV[a + 1 + 2 * i])
+  costs[A[a + 2 * i]] = tonumber(A[a + 1 + 2 * i])
 end
 
 -- The partition's own limits first, as the take and ReserveIn do: a call
@@ -299,3 +313,12 @@ end
 marks(slot + stale, ttl)
 if infs then redis.call('PEXPIRE', K_CV, 600000) end
 return out
+end
+
+local replies, at = {}, 2
+for i = 1, tonumber(ARGV[1]) do
+  local cnt = tonumber(ARGV[at])
+  replies[i] = turn({unpack(ARGV, at + 1, at + cnt)})
+  at = at + 1 + cnt
+end
+return replies
