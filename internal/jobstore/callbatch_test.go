@@ -58,7 +58,9 @@ func TestCallsBookedTogetherAsInTurn(t *testing.T) {
 
 // TestCallBookerSharesScriptCalls: 32 calls booking at once through one
 // CallBooker, at an upstream with room, each get a slot of their own, in
-// fewer script calls than calls.
+// fewer script calls than calls, and all are alone with room (slots a
+// batch books one after the other within a millisecond): none leaves its
+// key marked.
 func TestCallBookerSharesScriptCalls(t *testing.T) {
 	m := newCallSim(t, "batch-share", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(100000)}})
 	bk := NewCallBooker(srv.Client(t), m.s)
@@ -87,5 +89,8 @@ func TestCallBookerSharesScriptCalls(t *testing.T) {
 	t.Logf("%d calls, %d script calls, %d distinct slots", n, used, len(slots))
 	if used >= n {
 		t.Errorf("%d calls at once took %d script calls, want them shared", n, used)
+	}
+	if k, _ := srv.Client(t).Exists(context.Background(), m.s.callQueueKey(), m.s.callMarkKey()).Result(); k != 0 {
+		t.Errorf("calls alone with room left marks (%d keys)", k)
 	}
 }

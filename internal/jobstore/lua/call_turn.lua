@@ -139,17 +139,23 @@ local function book()
   return out
 end
 
--- Alone with room: the upstream has a slot free now (nothing holds it
--- back), no key waits with jobs (f is empty) or with calls (cq is empty:
--- no marks), and no call of this key stands in line (ln:FK is empty; so
--- this one does not). Nobody's turn is at stake, so the call books the
--- slot without the line, the marks or their lapse scans, and its key's
--- virtual time does not move: service while the upstream had room and
--- nobody waited earns no penalty (a key that starts to wait starts at
--- the least-served one's time). A slot in the future is contention, even
--- with nobody marked yet (callers that each hold a booked slot): that
--- takes the way below, which marks it, so that keys take turns.
-if slot == now and redis.call('EXISTS', K_F, K_CQ, K_LN) == 0 and
+-- Room: a slot within ROOM µs of now, so the upstream is not what holds
+-- calls back. At a pace whose spacing is shorter (over 1,000 sends a
+-- second) the calls of one batch, on one clock, book one after the other
+-- within it; at a slower pace only a slot free now is room.
+local ROOM = 1000
+
+-- Alone with room: no key waits with jobs (f is empty) or with calls (cq
+-- is empty: no marks), and no call of this key stands in line (ln:FK is
+-- empty; so this one does not). Nobody's turn is at stake, so the call
+-- books the slot without the line, the marks or their lapse scans, and
+-- its key's virtual time does not move: service while the upstream had
+-- room and nobody waited earns no penalty (a key that starts to wait
+-- starts at the least-served one's time). A slot further ahead is
+-- contention, even with nobody marked yet (callers that each hold a
+-- booked slot): that takes the way below, which marks it, so that keys
+-- take turns.
+if slot - now < ROOM and redis.call('EXISTS', K_F, K_CQ, K_LN) == 0 and
     (lease == '' or not leaky_lease_wait(b, lease, now)) then
   return book()
 end
@@ -300,12 +306,11 @@ if infs then
 end
 -- Its mark stays until the slot and a moment after: a key whose callers
 -- call again once answered waits still, and the take keeps yielding to
--- it while it is behind. Unless the slot was free now, nobody else
--- waits, with jobs or calls, and none of its own calls stands in line:
--- then its mark goes, so that its next call is alone with room (above)
--- again.
+-- it while it is behind. Unless the slot was room, nobody else waits,
+-- with jobs or calls, and none of its own calls stands in line: then its
+-- mark goes, so that its next call is alone with room (above) again.
 s = ns
-if slot == now and not infs and next(others) == nil and redis.call('EXISTS', K_LN) == 0 then
+if slot - now < ROOM and not infs and next(others) == nil and redis.call('EXISTS', K_LN) == 0 then
   redis.call('ZREM', K_CQ, fk)
   redis.call('ZREM', K_CW, fk)
   return out
