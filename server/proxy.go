@@ -73,7 +73,9 @@ type proxyEntry struct {
 	adaptive bool
 
 	marks *waitMarks
-	bufs  sync.Pool // *[]byte: the buffers answers are relayed through
+	// booker books the calls' slots, concurrent calls together.
+	booker *jobstore.CallBooker
+	bufs   sync.Pool // *[]byte: the buffers answers are relayed through
 
 	mu        sync.Mutex
 	stated    []leaky.Limit // what the upstream last stated to this replica
@@ -132,6 +134,7 @@ func (s *Server) newProxies(ups []shaper.Upstream) error {
 		}
 		e.spacing = pushback.Spacing(ls, b.Guard())
 		e.marks = s.newWaitMarks(e)
+		e.booker = jobstore.NewCallBooker(s.rdb, e.space)
 		e.bufs.New = func() any { b := make([]byte, relayBufBytes); return &b }
 		s.proxies[u.Name] = e
 		s.m.InitProxy(u.Name)

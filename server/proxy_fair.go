@@ -20,11 +20,12 @@ func (s *Server) callLookahead() time.Duration {
 }
 
 // reserveCall is one attempt to book call c's slot in its fairness key's
-// turn (jobstore.Space.BookCall): a reservation OK when booked; else not
+// turn (jobstore.Space.BookCall, batched with the replica's other calls
+// booking at once): a reservation OK when booked; else not
 // OK with RetryAfter (refused: how far beyond the call's wait its slot
 // lies, answered 429 at once; not refused: when to come back).
 func (s *Server) reserveCall(ctx context.Context, e *proxyEntry, c callSpec, fk, id, lease string, limits []leaky.Limit, remaining time.Duration) (res *leaky.Reservation, refused bool, err error) {
-	t, err := e.space.BookCall(ctx, s.rdb, jobstore.Call{
+	t, err := e.booker.Book(ctx, jobstore.Call{
 		Upstream: e.up, Bucket: e.bucket, LeaseAfterSlot: e.up.Timeout + 10*time.Second,
 		FairKey: fk, Lane: c.lane, Partition: c.partition, PartitionLimits: limits, Costs: c.costs,
 		Lookahead: s.callLookahead(), Remaining: remaining, Lease: lease, ID: id, Now: s.cfg.PacerNow,

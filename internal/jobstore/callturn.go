@@ -74,11 +74,24 @@ type Turn struct {
 }
 
 // BookCall books call c's slot if it is its turn and within its
-// lookahead (see call_turn.lua), in one script call.
+// lookahead (see call_turn.lua), in one script call of its own. A
+// CallBooker books concurrent calls together.
 func (s Space) BookCall(ctx context.Context, rdb redis.Scripter, c Call) (Turn, error) {
+	return bookCall(ctx, c, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
+		ts, err := s.runCalls(ctx, rdb, []callReq{{c, plan}})
+		if err != nil {
+			return Turn{}, err
+		}
+		return ts[0].turn, ts[0].err
+	})
+}
+
+// bookCall books c through book, again under fresh limits after an
+// operator changed them.
+func bookCall(ctx context.Context, c Call, book func(context.Context, Call, leaky.Plan) (Turn, error)) (Turn, error) {
 	for range 3 {
 		plan := c.Bucket.Plan(c.LeaseAfterSlot)
-		t, err := s.bookCall(ctx, rdb, c, plan)
+		t, err := book(ctx, c, plan)
 		if err != nil || t.Reason != leaky.ReasonStale {
 			return t, err
 		}
@@ -92,7 +105,19 @@ func (s Space) BookCall(ctx context.Context, rdb redis.Scripter, c Call) (Turn, 
 	return Turn{Wait: 10 * time.Millisecond, Reason: leaky.ReasonStale}, nil
 }
 
-func (s Space) bookCall(ctx context.Context, rdb redis.Scripter, c Call, plan leaky.Plan) (Turn, error) {
+// callReq is one call to book under plan; callRes what became of it.
+type callReq struct {
+	c    Call
+	plan leaky.Plan
+}
+
+type callRes struct {
+	turn Turn
+	err  error
+}
+
+// args are call c's arguments to call_turn.lua (A there).
+func (s Space) callArgs(c Call, plan leaky.Plan) ([]any, error) {
 	u := c.Upstream
 	lane := c.Lane
 	if lane == "" {
@@ -100,9 +125,8 @@ func (s Space) bookCall(ctx context.Context, rdb redis.Scripter, c Call, plan le
 	}
 	pargs, err := c.Bucket.PartitionArgs(c.PartitionLimits)
 	if err != nil {
-		return Turn{}, fmt.Errorf("book call on %s: partition limits: %w", s.Upstream, err)
+		return nil, fmt.Errorf("book call on %s: partition limits: %w", s.Upstream, err)
 	}
-	keys := append([]string{s.vKey(), s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}, plan.Keys...)
 	args := make([]any, 0, 16+len(plan.Args)+len(pargs)+2*len(c.Costs)+2*len(u.Fairness.Weights))
 	args = append(args, script.NowArg(c.Now), c.Lookahead.Microseconds(), max(c.Remaining, 0).Microseconds(), c.Lease,
 		c.FairKey, s.our, lane, max(u.Lanes[lane], 1), CallMark.Microseconds(), c.ID)
@@ -116,12 +140,50 @@ func (s Space) bookCall(ctx context.Context, rdb redis.Scripter, c Call, plan le
 	for _, name := range sortedCosts(c.Costs) {
 		args = append(args, name, c.Costs[name])
 	}
+	return args, nil
+}
+
+// runCalls books calls, in order, in one script call; they share plan
+// keys (one bucket under one set of limits). An error is the script
+// call's; a call's own (its arguments, its reply) is in its result.
+func (s Space) runCalls(ctx context.Context, rdb redis.Scripter, calls []callReq) ([]callRes, error) {
+	out := make([]callRes, len(calls))
+	keys := append([]string{s.vKey(), s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}, calls[0].plan.Keys...)
+	args := []any{0}
+	var sent []int
+	for i, r := range calls {
+		a, err := s.callArgs(r.c, r.plan)
+		if err != nil {
+			out[i].err = err
+			continue
+		}
+		args = append(args, len(a))
+		args = append(args, a...)
+		sent = append(sent, i)
+	}
+	if len(sent) == 0 {
+		return out, nil
+	}
+	args[0] = len(sent)
 	issued := time.Now()
 	v, err := script.Run(ctx, rdb, "jobstore.call_turn", callTurnScript, keys, args...)
 	if err != nil {
-		return Turn{}, err
+		return nil, err
 	}
 	received := time.Now()
+	replies, ok := v.([]any)
+	if !ok || len(replies) != len(sent) {
+		return nil, fmt.Errorf("script jobstore.call_turn: malformed reply %v", v)
+	}
+	for j, i := range sent {
+		out[i].turn, out[i].err = adoptTurn(calls[i], replies[j], issued, received)
+	}
+	return out, nil
+}
+
+// adoptTurn reads one call's reply.
+func adoptTurn(r callReq, v any, issued, received time.Time) (Turn, error) {
+	c, plan := r.c, r.plan
 	out, err := script.Ints(v, -1)
 	n := plan.Limits()
 	if err != nil || len(out) < 5 || (out[0] == 1 && len(out) != 5+2*n && len(out) != 5+2*n+2*len(c.PartitionLimits)) {
@@ -130,9 +192,9 @@ func (s Space) bookCall(ctx context.Context, rdb redis.Scripter, c Call, plan le
 	if out[0] != 1 {
 		return Turn{Wait: time.Duration(out[1]) * time.Microsecond, Reason: leaky.Reason(out[2]), Refused: out[3] == 1}, nil
 	}
-	r := c.Bucket.AdoptBooked(plan, out[4], out[1], c.Lease, out[5:5+2*n], c.Partition, c.PartitionLimits, out[5+2*n:], issued, received)
-	r.Reason = leaky.Reason(out[2])
-	return Turn{Slot: r, Reason: r.Reason}, nil
+	res := c.Bucket.AdoptBooked(plan, out[4], out[1], c.Lease, out[5:5+2*n], c.Partition, c.PartitionLimits, out[5+2*n:], issued, received)
+	res.Reason = leaky.Reason(out[2])
+	return Turn{Slot: res, Reason: res.Reason}, nil
 }
 
 func sortedCosts(c leaky.Costs) []string {

@@ -34,21 +34,24 @@
 -- KEYS[4] -> cw (keys with calls waiting -> µs until their mark lapses)
 -- KEYS[5] -> cv (FK|LANE -> the calls' virtual time in a lane without jobs)
 -- KEYS[6..] -> the upstream bucket's BookingKeys
--- ARGV[1] -> now override in µs ("" = Redis TIME)
--- ARGV[2] -> lookahead µs: the latest slot to book
--- ARGV[3] -> the call's remaining wait µs
--- ARGV[4] -> lease id ("" = none)
--- ARGV[5] -> the call's fairness key
--- ARGV[6] -> our prefix P:s:{Q}: (the lanes' zsets, l:FK)
--- ARGV[7] -> the call's lane
--- ARGV[8] -> the lane's weight
--- ARGV[9] -> µs a call's mark outlives this attempt
--- ARGV[10] -> the call's id (its place in its key's line)
--- ARGV[11..] -> w, w × (fairness key, weight) (others weigh 1); then the
+-- ARGV[1] -> how many calls to book, in order (a replica's concurrent
+--   calls share one script call); then for each call the count of its
+--   arguments and the arguments, A below:
+-- A[1] -> now override in µs ("" = Redis TIME)
+-- A[2] -> lookahead µs: the latest slot to book
+-- A[3] -> the call's remaining wait µs
+-- A[4] -> lease id ("" = none)
+-- A[5] -> the call's fairness key
+-- A[6] -> our prefix P:s:{Q}: (the lanes' zsets, l:FK)
+-- A[7] -> the call's lane
+-- A[8] -> the lane's weight
+-- A[9] -> µs a call's mark outlives this attempt
+-- A[10] -> the call's id (its place in its key's line)
+-- A[11..] -> w, w × (fairness key, weight) (others weigh 1); then the
 --   bucket's BookingArgs, the partition's limits as PartitionArgs, the
 --   partition, c, c × (cost name, amount)
 --
--- Returns {ok, wait, reason, refused, now, prev_1, next_1, ..., prev_n,
+-- Returns one reply per call, in order: {ok, wait, reason, refused, now, prev_1, next_1, ..., prev_n,
 -- next_n, then prev and next of each partition limit (none when an
 -- operator's override replaced them)}: booked (ok 1), wait is the µs from
 -- now to the slot; not booked, the call comes back in wait µs (reason 1 a
@@ -56,30 +59,41 @@
 -- refused is 1 its slot (as estimated) lies beyond its wait, and wait is
 -- by how much.
 local K_V, K_F, K_CQ, K_CW, K_CV = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local now = shaper_now(ARGV[1])
-local la, remaining = tonumber(ARGV[2]), tonumber(ARGV[3])
-local lease, fk, P, lane = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local lweight, stale = tonumber(ARGV[8]), tonumber(ARGV[9])
-local id = ARGV[10]
+-- One reading of Redis's clock for the whole batch.
+local clock
+local function call_now(override)
+  if override ~= '' then return tonumber(override) end
+  if not clock then clock = shaper_now('') end
+  return clock
+end
+
+-- One call's turn, A its arguments (the body is not indented, to keep
+-- its history readable).
+local function turn(A)
+local now = call_now(A[1])
+local la, remaining = tonumber(A[2]), tonumber(A[3])
+local lease, fk, P, lane = A[4], A[5], A[6], A[7]
+local lweight, stale = tonumber(A[8]), tonumber(A[9])
+local id = A[10]
 local weights = {}
-local nw = tonumber(ARGV[11])
+local nw = tonumber(A[11])
 for i = 1, nw do
-  weights[ARGV[10 + 2 * i]] = tonumber(ARGV[11 + 2 * i])
+  weights[A[10 + 2 * i]] = tonumber(A[11 + 2 * i])
 end
 local function weight(k) return weights[k] or 1 end
 local ba = 12 + 2 * nw
-local b, a = leaky_open(KEYS, 6, ARGV, ba, now)
-local n = tonumber(ARGV[ba + 4])
+local b, a = leaky_open(KEYS, 6, A, ba, now)
+local n = tonumber(A[ba + 4])
 local plim
-plim, a = leaky_limits(ARGV, a)
-local pk = ARGV[a]
+plim, a = leaky_limits(A, a)
+local pk = A[a]
 local over = leaky_partition_override(b, pk)
 if over then plim = over end
 if pk == '' then plim = {} end
 local costs = {}
-local nc = tonumber(ARGV[a + 1])
+local nc = tonumber(A[a + 1])
 for i = 1, nc do
-  costs[ARGV[a + 2 * i]] = tonumber(ARGV[a + 1 + 2 * i])
+  costs[A[a + 2 * i]] = tonumber(A[a + 1 + 2 * i])
 end
 
 -- The partition's own limits first, as the take and ReserveIn do: a call
@@ -101,9 +115,53 @@ for _, l in ipairs(b.lim) do
   if l.cost ~= '' then c = costs[l.cost] or 0 end
   if l.interval * c > spacing then spacing = l.interval * c end
 end
+local K_LN, K_LD = P .. 'ln:' .. fk, P .. 'ld'
+
+-- Books the slot (and the partition's) and returns the reply.
+local function book()
+  local out = {1, slot - now, why, 0, now}
+  local prev, pprev = {}, {}
+  for i = 1, n do prev[i] = b.lim[i].tat end
+  for j = 1, #plim do pprev[j] = part.tat[j] end
+  leaky_book(b, slot, costs, lease)
+  leaky_partition_book(part, slot, costs, now)
+  leaky_commit(b, now)
+  for i = 1, n do
+    out[#out + 1] = prev[i]
+    out[#out + 1] = b.lim[i].tat
+  end
+  if not over then
+    for j = 1, #plim do
+      out[#out + 1] = pprev[j]
+      out[#out + 1] = part.tat[j]
+    end
+  end
+  return out
+end
+
+-- Room: a slot within ROOM µs of now, so the upstream is not what holds
+-- calls back. At a pace whose spacing is shorter (over 1,000 sends a
+-- second) the calls of one batch, on one clock, book one after the other
+-- within it; at a slower pace only a slot free now is room.
+local ROOM = 1000
+
+-- Alone with room: no key waits with jobs (f is empty) or with calls (cq
+-- is empty: no marks), and no call of this key stands in line (ln:FK is
+-- empty; so this one does not). Nobody's turn is at stake, so the call
+-- books the slot without the line, the marks or their lapse scans, and
+-- its key's virtual time does not move: service while the upstream had
+-- room and nobody waited earns no penalty (a key that starts to wait
+-- starts at the least-served one's time). A slot further ahead is
+-- contention, even with nobody marked yet (callers that each hold a
+-- booked slot): that takes the way below, which marks it, so that keys
+-- take turns.
+if slot - now < ROOM and redis.call('EXISTS', K_F, K_CQ, K_LN) == 0 and
+    (lease == '' or not leaky_lease_wait(b, lease, now)) then
+  return book()
+end
+
 -- The calls of this key ahead of this one in its line, those that still
 -- come back: each takes one send before this call's.
-local K_LN, K_LD = P .. 'ln:' .. fk, P .. 'ld'
 local lapsed = redis.call('ZRANGEBYSCORE', K_LD, '-inf', now, 'LIMIT', 0, 64)
 for _, m in ipairs(lapsed) do
   local bar = string.find(m, '|', 1, true)
@@ -222,24 +280,8 @@ if lease ~= '' then
   local lw = leaky_lease_wait(b, lease, now)
   if lw then return reply(math.min(lw, 10000), 3) end
 end
-local out = {1, slot - now, why, 0, now}
 leave()
-local prev, pprev = {}, {}
-for i = 1, n do prev[i] = b.lim[i].tat end
-for j = 1, #plim do pprev[j] = part.tat[j] end
-leaky_book(b, slot, costs, lease)
-leaky_partition_book(part, slot, costs, now)
-leaky_commit(b, now)
-for i = 1, n do
-  out[#out + 1] = prev[i]
-  out[#out + 1] = b.lim[i].tat
-end
-if not over then
-  for j = 1, #plim do
-    out[#out + 1] = pprev[j]
-    out[#out + 1] = part.tat[j]
-  end
-end
+local out = book()
 
 -- The key's turn is spent, as a job's would be.
 local ns = s + q
@@ -264,8 +306,24 @@ if infs then
 end
 -- Its mark stays until the slot and a moment after: a key whose callers
 -- call again once answered waits still, and the take keeps yielding to
--- it while it is behind.
+-- it while it is behind. Unless the slot was room, nobody else waits,
+-- with jobs or calls, and none of its own calls stands in line: then its
+-- mark goes, so that its next call is alone with room (above) again.
 s = ns
+if slot - now < ROOM and not infs and next(others) == nil and redis.call('EXISTS', K_LN) == 0 then
+  redis.call('ZREM', K_CQ, fk)
+  redis.call('ZREM', K_CW, fk)
+  return out
+end
 marks(slot + stale, ttl)
 if infs then redis.call('PEXPIRE', K_CV, 600000) end
 return out
+end
+
+local replies, at = {}, 2
+for i = 1, tonumber(ARGV[1]) do
+  local cnt = tonumber(ARGV[at])
+  replies[i] = turn({unpack(ARGV, at + 1, at + cnt)})
+  at = at + 1 + cnt
+end
+return replies

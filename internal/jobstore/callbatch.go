@@ -1,0 +1,69 @@
+package jobstore
+
+import (
+	"context"
+	"slices"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/script"
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// CallBooker books the proxied calls of one upstream in fair share
+// (BookCall), those of a replica that book at once together: one script
+// call books several, in the order they came, each in its own turn and
+// with its own answer, as if each had run alone one after the other.
+type CallBooker struct {
+	s     Space
+	rdb   redis.Scripter
+	batch *script.Batcher[callReq, callRes]
+}
+
+// NewCallBooker returns a CallBooker for the calls of s's upstream.
+func NewCallBooker(rdb redis.Scripter, s Space) *CallBooker {
+	b := &CallBooker{s: s, rdb: rdb}
+	b.batch = script.NewBatcher(script.BatchOptions{}, b.run)
+	return b
+}
+
+// Book books call c's slot if it is its turn and within its lookahead,
+// as BookCall does, in a script call it may share with other calls.
+func (b *CallBooker) Book(ctx context.Context, c Call) (Turn, error) {
+	return bookCall(ctx, c, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
+		r, err := b.batch.Do(ctx, callReq{c, plan})
+		if err != nil {
+			return Turn{}, err
+		}
+		return r.turn, r.err
+	})
+}
+
+// run books a batch: one script call for each set of plan keys among
+// them (one, unless the limits changed under the batch).
+func (b *CallBooker) run(ctx context.Context, calls []*script.Call[callReq, callRes]) {
+	for len(calls) > 0 {
+		keys := calls[0].Req.plan.Keys
+		var group, rest []*script.Call[callReq, callRes]
+		for _, c := range calls {
+			if slices.Equal(c.Req.plan.Keys, keys) {
+				group = append(group, c)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+		reqs := make([]callReq, len(group))
+		for i, c := range group {
+			reqs[i] = c.Req
+		}
+		out, err := b.s.runCalls(ctx, b.rdb, reqs)
+		for i, c := range group {
+			if err != nil {
+				c.Err = err
+				continue
+			}
+			c.Res = out[i]
+		}
+		calls = rest
+	}
+}

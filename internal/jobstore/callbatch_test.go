@@ -1,0 +1,96 @@
+package jobstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/leaky"
+)
+
+// TestCallsBookedTogetherAsInTurn: eight calls of one key booked in one
+// script call, at an upstream of 10/s, each willing to wait 250 ms, are
+// decided as if each came alone after the one before (as in
+// TestCallsKnowTheLineAhead): one booked, two to wait their turn in line,
+// five refused.
+func TestCallsBookedTogetherAsInTurn(t *testing.T) {
+	m := newCallSim(t, "batch-line", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(10)}})
+	rdb := srv.Client(t)
+	plan := m.b.Plan(0)
+	var reqs []callReq
+	for i := range 8 {
+		reqs = append(reqs, callReq{Call{Upstream: m.u, Bucket: m.b, FairKey: "a", ID: fmt.Sprintf("c%d", i),
+			Lookahead: 50 * time.Millisecond, Remaining: 250 * time.Millisecond,
+			Now: func() time.Time { return time.UnixMicro(m.now) }}, plan})
+	}
+	if err := callTurnScript.Load(context.Background(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	evals := evalCalls(t)
+	out, err := m.s.runCalls(context.Background(), rdb, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := evalCalls(t) - evals; n != 1 {
+		t.Errorf("eight calls booked together took %d script calls, want 1", n)
+	}
+	var got []string
+	for i, r := range out {
+		switch {
+		case r.err != nil:
+			t.Fatalf("call %d: %v", i, r.err)
+		case r.turn.Slot != nil:
+			got = append(got, "booked")
+		case r.turn.Refused:
+			got = append(got, "refused")
+		default:
+			got = append(got, "waits")
+		}
+	}
+	want := []string{"booked", "waits", "waits", "refused", "refused", "refused", "refused", "refused"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("eight calls together: %v, want %v", got, want)
+	}
+}
+
+// TestCallBookerSharesScriptCalls: 32 calls booking at once through one
+// CallBooker, at an upstream with room, each get a slot of their own, in
+// fewer script calls than calls, and all are alone with room (slots a
+// batch books one after the other within a millisecond): none leaves its
+// key marked.
+func TestCallBookerSharesScriptCalls(t *testing.T) {
+	m := newCallSim(t, "batch-share", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(100000)}})
+	bk := NewCallBooker(srv.Client(t), m.s)
+	const n = 32
+	evals := evalCalls(t)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	slots := map[int64]bool{}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tn, err := bk.Book(context.Background(), Call{Upstream: m.u, Bucket: m.b, FairKey: "a", ID: fmt.Sprintf("c%d", i),
+				Lookahead: time.Second, Remaining: time.Second})
+			if err != nil || tn.Slot == nil {
+				t.Errorf("call %d: %+v %v, want a slot", i, tn, err)
+				return
+			}
+			mu.Lock()
+			slots[tn.Slot.Now.Add(tn.Slot.Delay).UnixMicro()] = true
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	used := evalCalls(t) - evals
+	t.Logf("%d calls, %d script calls, %d distinct slots", n, used, len(slots))
+	if used >= n {
+		t.Errorf("%d calls at once took %d script calls, want them shared", n, used)
+	}
+	if k, _ := srv.Client(t).Exists(context.Background(), m.s.callQueueKey(), m.s.callMarkKey()).Result(); k != 0 {
+		t.Errorf("calls alone with room left marks (%d keys)", k)
+	}
+}
