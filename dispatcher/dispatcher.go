@@ -91,6 +91,10 @@ type upstream struct {
 	taker *jobstore.Taker
 	slots chan struct{} // one per worker; a taken job holds one
 	wake  chan struct{} // buffered 1: look for work now
+	// handoff passes a taken job to a worker goroutine that is idle
+	// after its last job (unbuffered: a send succeeds only when one
+	// waits); see worker.
+	handoff chan jobstore.Taken
 	// starved is set while the fetch loop waits for a free worker or a
 	// concurrency lease: a job finishing then pokes it.
 	starved atomic.Bool
@@ -171,7 +175,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	}
 	u := &upstream{cfg: uc, bucket: bucket, space: jobstore.For(d.cfg.Prefix, uc.Name), bounds: jobstore.For(d.cfg.Prefix, uc.Name).FinishBounds(uc, queue.IdempotentIDPattern),
 		store: jobstore.AsynqKeys(jobstore.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
-		wake: make(chan struct{}, 1), inFlight: map[string]bool{}, sweepAt: map[jobstore.Zset]time.Time{}}
+		wake: make(chan struct{}, 1), handoff: make(chan jobstore.Taken), inFlight: map[string]bool{}, sweepAt: map[jobstore.Zset]time.Time{}}
 	u.setSpacing(configuredLimits(u))
 	d.setLimitGauges(u, configuredLimits(u))
 	u.taker, err = jobstore.NewTaker(d.rdb, u.space, jobstore.TakerConfig{Upstream: uc, Bucket: bucket,

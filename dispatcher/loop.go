@@ -241,21 +241,11 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			u.slots <- struct{}{}
 			u.hold(j.ID, true)
 			workers.Add(1)
-			go func() {
-				defer workers.Done()
-				defer func() {
-					u.hold(j.ID, false)
-					<-u.slots
-					// A starved loop is woken once a quarter of the
-					// workers are free (or by its timer), so that a take
-					// carries several jobs rather than one each time a
-					// worker frees.
-					if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/4) {
-						u.poke()
-					}
-				}()
-				d.work(sendCtx, u, j)
-			}()
+			select {
+			case u.handoff <- j:
+			default:
+				go d.worker(ctx, sendCtx, u, j, workers)
+			}
 		}
 		if tk.Expired {
 			if d.recover(ctx, u, tk.Now) == 0 {
@@ -292,6 +282,47 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 		d.idle(ctx, u, wait)
 		u.starved.Store(false)
 	}
+}
+
+// workerIdle is how long a worker goroutine waits for its next job before
+// it ends.
+const workerIdle = 10 * time.Second
+
+// worker runs job j, then each job handed to it (u.handoff) until none
+// comes within workerIdle or ctx (the fetch loop's) ends. A goroutine kept
+// for the next job keeps the stack the last one grew (the Redis client's
+// and net/http's calls are deep), which a goroutine started per job grows
+// anew each time.
+func (d *Dispatcher) worker(ctx, sendCtx context.Context, u *upstream, j jobstore.Taken, workers *sync.WaitGroup) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		d.job(sendCtx, u, j, workers)
+		idle.Reset(workerIdle)
+		select {
+		case j = <-u.handoff:
+		case <-idle.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// job runs one taken job and frees what it held.
+func (d *Dispatcher) job(ctx context.Context, u *upstream, j jobstore.Taken, workers *sync.WaitGroup) {
+	defer workers.Done()
+	defer func() {
+		u.hold(j.ID, false)
+		<-u.slots
+		// A starved loop is woken once a quarter of the workers are free
+		// (or by its timer), so that a take carries several jobs rather
+		// than one each time a worker frees.
+		if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/4) {
+			u.poke()
+		}
+	}()
+	d.work(ctx, u, j)
 }
 
 // idle sleeps up to d, or until the upstream is poked.
@@ -499,17 +530,21 @@ func (d *Dispatcher) work(ctx context.Context, u *upstream, t jobstore.Taken) {
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 		msg = &jobstore.Message{Type: queue.TaskType, ID: t.ID, Queue: u.store.Queue(), Payload: t.Msg}
 		job := queue.Job{ID: t.ID, Upstream: name}
-		d.end(ctx, u, t, msg, &job, dead("undecodable task message: %v", err))
+		d.end(ctx, u, t, msg, &job, nil, dead("undecodable task message: %v", err))
 		return
 	}
 	job, err := queue.DecodeJob(msg.ID, msg.Payload)
 	if err != nil {
 		job = queue.Job{ID: t.ID, Upstream: name}
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-		d.end(ctx, u, t, msg, &job, dead("undecodable job: %v", err))
+		d.end(ctx, u, t, msg, &job, nil, dead("undecodable job: %v", err))
 		return
 	}
-	d.end(ctx, u, t, msg, &job, d.run(ctx, u, t, msg, &job))
+	// The job as stored, before the send puts its sensitive headers back
+	// or a handler changes it: a success keeps it (less its request)
+	// without decoding the payload again.
+	stored := job
+	d.end(ctx, u, t, msg, &job, &stored, d.run(ctx, u, t, msg, &job))
 }
 
 // run sends a job when its slot comes and decides its outcome.
@@ -583,7 +618,8 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t jobstore.Taken, msg
 // end records a job's outcome in Redis, with its response, and releases
 // what the job held. While Redis is unreachable it keeps trying, up to
 // outcomeWait, so that an answered job is not sent again.
-func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg *jobstore.Message, job *queue.Job, o outcome) {
+// stored is the job as decoded from msg (nil: it could not be).
+func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg *jobstore.Message, job, stored *queue.Job, o outcome) {
 	name := u.cfg.Name
 	bg := context.WithoutCancel(ctx)
 	if o.kind == outRequeue {
@@ -614,7 +650,12 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg
 	}
 	switch o.kind {
 	case outSucceeded:
-		f.Outcome, f.Retention, f.Msg = jobstore.Succeeded, u.cfg.ResultRetention, queue.SucceededMessage(msg)
+		f.Outcome, f.Retention = jobstore.Succeeded, u.cfg.ResultRetention
+		if stored != nil {
+			f.Msg = queue.SucceededJobMessage(msg, stored)
+		} else {
+			f.Msg = queue.SucceededMessage(msg)
+		}
 	case outHandBack:
 		f.Outcome, f.RetryAt, f.WaitsFor = jobstore.Retry, time.Now().Add(o.delay), o.waitsFor
 	case outRetry:

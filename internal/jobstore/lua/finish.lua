@@ -97,6 +97,17 @@ local function bump(day, total, n)
   end
 end
 
+-- set_task writes a finished task's fields, and its result when one
+-- follows, in one HSET (one command a job, not two); a task deleted on
+-- finishing stores no result.
+local function set_task(task, has_result, result, ...)
+  if has_result == '1' then
+    redis.call('HSET', task, 'result', result, ...)
+  else
+    redis.call('HSET', task, ...)
+  end
+end
+
 local rem = remembering(ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17])
 local gone_max = tonumber(ARGV[9])
 local g = 0
@@ -157,9 +168,6 @@ for b = 20, #ARGV, 13 do
     out[i] = 0
   else
     count('active:' .. lane, -1)
-    if has_result == '1' then
-      redis.call('HSET', task, 'result', result)
-    end
     if outcome == 's' then
       processed = processed + 1
       leave_backlog(partition)
@@ -175,7 +183,7 @@ for b = 20, #ARGV, 13 do
       else
         kept[#kept + 1] = score
         kept[#kept + 1] = id
-        redis.call('HSET', task, 'msg', msg, 'state', 'completed')
+        set_task(task, has_result, result, 'msg', msg, 'state', 'completed')
         count('succeeded:' .. lane, 1)
         callback_due(task, id, due())
       end
@@ -183,7 +191,7 @@ for b = 20, #ARGV, 13 do
       redis.call('ZADD', retry, score, id)
       retried = true
       if failure == '1' then
-        redis.call('HSET', task, 'msg', msg, 'state', 'retry')
+        set_task(task, has_result, result, 'msg', msg, 'state', 'retry')
         redis.call('HDEL', task, 'sd')
         count('retry:' .. lane, 1)
         processed = processed + 1
@@ -193,13 +201,13 @@ for b = 20, #ARGV, 13 do
         -- a failure, in the retry set and after (see flow.lua's
         -- waited_as); it goes when an attempt fails, the task dies or is
         -- retried (a cancel keeps it: see revive.lua).
-        redis.call('HSET', task, 'msg', msg, 'state', 'retry', 'sd', waits)
+        set_task(task, has_result, result, 'msg', msg, 'state', 'retry', 'sd', waits)
         count('deferred:' .. lane, 1)
       end
     else
       redis.call('ZADD', archived, now, id)
       archiving = true
-      redis.call('HSET', task, 'msg', msg, 'state', 'archived')
+      set_task(task, has_result, result, 'msg', msg, 'state', 'archived')
       redis.call('HDEL', task, 'sd')
       callback_due(task, id, due())
       count('dead:' .. lane, 1)
