@@ -23,7 +23,10 @@ type CallBooker struct {
 // NewCallBooker returns a CallBooker for the calls of s's upstream.
 func NewCallBooker(rdb redis.Scripter, s Space) *CallBooker {
 	b := &CallBooker{s: s, rdb: rdb}
-	b.batch = script.NewBatcher(script.BatchOptions{}, b.run)
+	// A call already in a running batch may be booked there: its caller,
+	// gone or not, gets the answer, so that a booked slot and lease are
+	// given back rather than held until they lapse.
+	b.batch = script.NewBatcher(script.BatchOptions{WaitSent: true}, b.run)
 	return b
 }
 

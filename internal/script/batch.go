@@ -28,6 +28,7 @@ type Batcher[Q, R any] struct {
 	run         func(ctx context.Context, calls []*Call[Q, R])
 	maxBatch    int
 	maxInFlight int
+	waitSent    bool
 
 	mu       sync.Mutex
 	pending  []*Call[Q, R]
@@ -66,6 +67,12 @@ type BatchOptions struct {
 	// writes the next batch; two overlap those, and more only split the
 	// queue into smaller batches.
 	MaxInFlight int
+	// WaitSent makes a caller whose context ends while its call is in a
+	// running batch wait for that batch (bounded by its deadlines, see
+	// NewBatcher) and get its result, so that what the call did in Redis
+	// is known to the caller and can be undone (a booked slot given back).
+	// Without it Do returns ctx.Err() at once, as for a call not yet sent.
+	WaitSent bool
 }
 
 // ErrBatchPanicked is what the other calls of a batch get when the batch
@@ -81,7 +88,7 @@ var ErrBatchPanicked = errors.New("batch function panicked")
 // cannot hold a leader past every deadline in its batch. Each caller still
 // stops waiting when its own context ends.
 func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls []*Call[Q, R])) *Batcher[Q, R] {
-	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight}
+	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight, waitSent: opts.WaitSent}
 	if b.maxBatch <= 0 {
 		b.maxBatch = 128
 	}
@@ -93,7 +100,8 @@ func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls
 
 // Do runs req in the next batch and returns its result. When ctx ends
 // before the result arrives, Do returns ctx.Err(); if the request was
-// already sent it may still take effect in Redis.
+// already sent it may still take effect in Redis, unless WaitSent is set:
+// then a request already in a running batch waits for its result.
 func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	b.mu.Lock()
 	if b.inFlight < b.maxInFlight && len(b.pending) == 0 {
@@ -136,6 +144,12 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	case done:
 		b.mu.Unlock()
 		return c.Res, c.Err
+	case taken:
+		if b.waitSent {
+			b.mu.Unlock()
+			<-c.wake // the batch's leader sends done when it ends
+			return c.Res, c.Err
+		}
 	case leading:
 		// Promoted just as the caller gave up: pass the lead on so the
 		// queue does not stall behind a caller who has left.

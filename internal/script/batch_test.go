@@ -151,6 +151,50 @@ func TestWaitingCallersShareOneBatch(t *testing.T) {
 	}
 }
 
+// TestWaitSentGivesTheResultToACallerWhoLeft: with WaitSent, a caller
+// whose context ends while its call is in a running batch gets that
+// batch's result (so it can undo what the call did), not ctx.Err().
+func TestWaitSentGivesTheResultToACallerWhoLeft(t *testing.T) {
+	noLeaks(t)
+	for _, wait := range []bool{false, true} {
+		g := &gate{started: make(chan struct{}, 16), release: make(chan struct{})}
+		b := NewBatcher(BatchOptions{MaxInFlight: 1, WaitSent: wait}, g.run)
+		var wg sync.WaitGroup
+		wg.Go(func() { b.Do(context.Background(), 1) })
+		<-g.started // the first caller leads alone
+		ctx, cancel := context.WithCancel(context.Background())
+		type out struct {
+			r   int
+			err error
+		}
+		outc := make(chan out, 1)
+		wg.Go(func() { b.Do(context.Background(), 3) }) // leads the next batch
+		waitPending(b, 1)
+		go func() { r, err := b.Do(ctx, 2); outc <- out{r, err} }()
+		waitPending(b, 2)
+		g.release <- struct{}{}
+		<-g.started // calls 3 and 2 are now in one running batch, 3 leading
+		cancel()
+		if !wait {
+			if o := <-outc; !errors.Is(o.err, context.Canceled) {
+				t.Fatalf("without WaitSent: got %v, %v, want context.Canceled at once", o.r, o.err)
+			}
+			g.release <- struct{}{}
+		} else {
+			select {
+			case o := <-outc:
+				t.Fatalf("with WaitSent: the caller who left got %v, %v before its batch ended", o.r, o.err)
+			case <-time.After(20 * time.Millisecond):
+			}
+			g.release <- struct{}{}
+			if o := <-outc; o.err != nil || o.r != 4 {
+				t.Fatalf("with WaitSent: got %v, %v, want the batch's result 4", o.r, o.err)
+			}
+		}
+		wg.Wait()
+	}
+}
+
 func TestCancelledWaiterIsSkipped(t *testing.T) {
 	noLeaks(t)
 	g := &gate{started: make(chan struct{}, 16), release: make(chan struct{})}
