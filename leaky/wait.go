@@ -58,6 +58,9 @@ func (r *Reservation) lateness() time.Duration { return r.bucket.cfg.Guard / 2 }
 // checks the clock in a loop, yielding to other goroutines, instead of
 // trusting a timer: it costs up to spin of one CPU per wait.
 func sleepUntil(ctx context.Context, t time.Time, spin time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err // ended already: a slot due now is not slept into either
+	}
 	if d := time.Until(t) - spin; d > 0 {
 		tm := time.NewTimer(d)
 		select {
