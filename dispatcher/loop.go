@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -544,6 +545,7 @@ func (d *Dispatcher) work(ctx context.Context, u *upstream, t jobstore.Taken) {
 	// or a handler changes it: a success keeps it (less its request)
 	// without decoding the payload again.
 	stored := job
+	stored.Cost = maps.Clone(job.Cost) // a handler may change its own
 	d.end(ctx, u, t, msg, &job, &stored, d.run(ctx, u, t, msg, &job))
 }
 
