@@ -138,3 +138,65 @@ func testCallBatch(t *testing.T, step int64) {
 		t.Errorf("the call after the batch: %s, after the same calls one by one: %s", answer(b), answer(a))
 	}
 }
+
+// TestCallBatchAloneAsksOnce: calls alone with room in one batch, of two
+// fairness keys, ask Redis whether anyone waits (EXISTS f cq ln:FK) once
+// for the batch and once more for the second key's line, not once per
+// call; and after a call of the batch takes the full turn (which marks
+// its key waiting), the next call asks again.
+func TestCallBatchAloneAsksOnce(t *testing.T) {
+	m := newCallSim(t, "batch-alone", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(100000)}})
+	rdb := srv.Client(t)
+	if err := callTurnScript.Load(context.Background(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The same bucket with a cap of one call in flight.
+	capped, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName(m.u.Name), leaky.BucketConfig{Limits: m.u.Limits, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := func(b *leaky.Bucket, calls ...[2]string) []callRes {
+		plan := b.Plan(time.Second)
+		var reqs []callReq
+		for i, c := range calls {
+			reqs = append(reqs, callReq{Call{Upstream: m.u, Bucket: b, FairKey: c[0], Lease: c[1], ID: fmt.Sprintf("%s%d", c[0], i),
+				Lookahead: time.Second, Remaining: time.Second,
+				Now: func() time.Time { return time.UnixMicro(m.now) }}, plan})
+		}
+		out, err := m.s.runCalls(context.Background(), rdb, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range out {
+			if r.err != nil {
+				t.Fatalf("call %d: %v", i, r.err)
+			}
+		}
+		return out
+	}
+	before := commandCounts(t)["exists"]
+	for i, r := range batch(m.b, [2]string{"a"}, [2]string{"b"}, [2]string{"a"}, [2]string{"b"}, [2]string{"a"}, [2]string{"b"}) {
+		if r.turn.Slot == nil {
+			t.Fatalf("call %d: %+v, want a slot", i, r.turn)
+		}
+	}
+	if n := commandCounts(t)["exists"] - before; n != 2 {
+		t.Errorf("6 calls alone with room, of 2 keys, asked EXISTS %d times, want 2", n)
+	}
+
+	// a books and holds the one lease; b, capped, takes the full turn and
+	// waits marked; a again (its lease held) asks and finds b's mark.
+	m.now += 10000
+	before = commandCounts(t)["exists"]
+	out := batch(capped, [2]string{"a", "l1"}, [2]string{"b", "l2"}, [2]string{"a", "l1"})
+	if out[0].turn.Slot == nil || out[1].turn.Slot != nil || out[1].turn.Reason != leaky.ReasonConcurrency {
+		t.Fatalf("a then b at a cap of 1: %+v, %+v; want a booked, b to wait for concurrency", out[0].turn, out[1].turn)
+	}
+	// a's, b's (its own line), and a's again after b's turn.
+	if n := commandCounts(t)["exists"] - before; n != 3 {
+		t.Errorf("a, b capped, a: asked EXISTS %d times, want 3 (a's after b's turn again)", n)
+	}
+	if k, _ := rdb.Exists(context.Background(), m.s.callQueueKey()).Result(); k != 1 {
+		t.Errorf("b's mark: cq exists %d, want 1", k)
+	}
+}

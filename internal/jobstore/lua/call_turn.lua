@@ -122,6 +122,20 @@ local function partition_book(p, slot, costs)
   end
 end
 
+-- Keys a call alone with room found empty (f, cq, ln:FK), so that the
+-- next such call of the batch asks only about the others: a call that
+-- takes the full turn (which may write them) forgets them all.
+local empty = {}
+local function none_exist(keys)
+  local ask = {}
+  for _, k in ipairs(keys) do
+    if not empty[k] then ask[#ask + 1] = k end
+  end
+  if #ask > 0 and redis.call('EXISTS', unpack(ask)) > 0 then return false end
+  for _, k in ipairs(ask) do empty[k] = true end
+  return true
+end
+
 -- One call's turn, A its arguments (the body is not indented, to keep
 -- its history readable).
 local function turn(A)
@@ -207,10 +221,11 @@ local ROOM = 1000
 -- contention, even with nobody marked yet (callers that each hold a
 -- booked slot): that takes the way below, which marks it, so that keys
 -- take turns.
-if slot - now < ROOM and redis.call('EXISTS', K_F, K_CQ, K_LN) == 0 and
+if slot - now < ROOM and none_exist({K_F, K_CQ, K_LN}) and
     (lease == '' or not leaky_lease_wait(b, lease, now)) then
   return book()
 end
+empty = {}
 
 -- The calls of this key ahead of this one in its line, those that still
 -- come back: each takes one send before this call's.
