@@ -2,7 +2,6 @@ package jobstore
 
 import (
 	"context"
-	"slices"
 
 	"github.com/redis/go-redis/v9"
 
@@ -42,14 +41,14 @@ func (b *CallBooker) Book(ctx context.Context, c Call) (Turn, error) {
 	})
 }
 
-// run books a batch: one script call for each set of plan keys among
-// them (one, unless the limits changed under the batch).
+// run books a batch: one script call for each plan among them (its keys
+// and args; one, unless the limits changed under the batch).
 func (b *CallBooker) run(ctx context.Context, calls []*script.Call[callReq, callRes]) {
 	for len(calls) > 0 {
-		keys := calls[0].Req.plan.Keys
+		plan := calls[0].Req.plan
 		var group, rest []*script.Call[callReq, callRes]
 		for _, c := range calls {
-			if slices.Equal(c.Req.plan.Keys, keys) {
+			if samePlan(c.Req.plan, plan) {
 				group = append(group, c)
 			} else {
 				rest = append(rest, c)

@@ -3,6 +3,7 @@ package jobstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -116,8 +117,9 @@ type callRes struct {
 	err  error
 }
 
-// args are call c's arguments to call_turn.lua (A there).
-func (s Space) callArgs(c Call, plan leaky.Plan) ([]any, error) {
+// args are call c's arguments to call_turn.lua (A there); the plan's
+// args, shared by the batch, go once before every call's.
+func (s Space) callArgs(c Call) ([]any, error) {
 	u := c.Upstream
 	lane := c.Lane
 	if lane == "" {
@@ -127,14 +129,13 @@ func (s Space) callArgs(c Call, plan leaky.Plan) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("book call on %s: partition limits: %w", s.Upstream, err)
 	}
-	args := make([]any, 0, 16+len(plan.Args)+len(pargs)+2*len(c.Costs)+2*len(u.Fairness.Weights))
+	args := make([]any, 0, 16+len(pargs)+2*len(c.Costs)+2*len(u.Fairness.Weights))
 	args = append(args, script.NowArg(c.Now), c.Lookahead.Microseconds(), max(c.Remaining, 0).Microseconds(), c.Lease,
 		c.FairKey, s.our, lane, max(u.Lanes[lane], 1), CallMark.Microseconds(), c.ID)
 	args = append(args, len(u.Fairness.Weights))
 	for _, k := range sortedKeys(u.Fairness.Weights) {
 		args = append(args, k, u.Fairness.Weights[k])
 	}
-	args = append(args, plan.Args...)
 	args = append(args, pargs...)
 	args = append(args, c.Partition, len(c.Costs))
 	for _, name := range sortedCosts(c.Costs) {
@@ -143,16 +144,17 @@ func (s Space) callArgs(c Call, plan leaky.Plan) ([]any, error) {
 	return args, nil
 }
 
-// runCalls books calls, in order, in one script call; they share plan
-// keys (one bucket under one set of limits). An error is the script
-// call's; a call's own (its arguments, its reply) is in its result.
+// runCalls books calls, in order, in one script call; they share one
+// plan (its keys and args: one bucket under one set of limits, see
+// samePlan). An error is the script call's; a call's own (its arguments,
+// its reply) is in its result.
 func (s Space) runCalls(ctx context.Context, rdb redis.Scripter, calls []callReq) ([]callRes, error) {
 	out := make([]callRes, len(calls))
 	keys := append([]string{s.vKey(), s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}, calls[0].plan.Keys...)
-	args := []any{0}
+	args := append([]any{0, len(calls[0].plan.Args)}, calls[0].plan.Args...)
 	var sent []int
 	for i, r := range calls {
-		a, err := s.callArgs(r.c, r.plan)
+		a, err := s.callArgs(r.c)
 		if err != nil {
 			out[i].err = err
 			continue
@@ -179,6 +181,12 @@ func (s Space) runCalls(ctx context.Context, rdb redis.Scripter, calls []callReq
 		out[i].turn, out[i].err = adoptTurn(calls[i], replies[j], issued, received)
 	}
 	return out, nil
+}
+
+// samePlan is whether calls under plans p and q may share a script call:
+// the same bucket keys and booking args.
+func samePlan(p, q leaky.Plan) bool {
+	return slices.Equal(p.Keys, q.Keys) && slices.Equal(p.Args, q.Args)
 }
 
 // adoptTurn reads one call's reply.

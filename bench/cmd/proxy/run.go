@@ -505,6 +505,8 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 	redisCPU := map[string][]float64{}
 	// Script calls (round trips) per call: what batching shares.
 	scripts := map[string][]float64{}
+	// Redis commands per call, by command (the bench's own INFO left out).
+	commands := map[string][]map[string]float64{}
 	for round := range o.rounds {
 		// Each round starts one later in the list, so no target always
 		// goes first.
@@ -521,6 +523,13 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 			pc1, rc1 := procCPUOf(t), cpuOf(rs.Pid())
 			if cmds1, err := commandCalls(rs); err == nil && t.proc != nil {
 				scripts[t.name] = append(scripts[t.name], float64(cmds1["evalsha"]-cmds0["evalsha"])/calls)
+				per := map[string]float64{}
+				for cmd, c := range cmds1 {
+					if d := c - cmds0[cmd]; d > 0 && cmd != "info" {
+						per[cmd] = float64(d) / calls
+					}
+				}
+				commands[t.name] = append(commands[t.name], per)
 			}
 			procCPU[t.name] = append(procCPU[t.name], float64(pc1-pc0)/float64(time.Microsecond)/calls)
 			redisCPU[t.name] = append(redisCPU[t.name], float64(rc1-rc0)/float64(time.Microsecond)/calls)
@@ -547,10 +556,40 @@ func throughputSection(ctx context.Context, out io.Writer, o options, client *ht
 	for _, t := range targets {
 		if ss := scripts[t.name]; len(ss) > 0 && stats.Median(ss) >= 0.01 {
 			fmt.Fprintf(out, "\n%s: %.2f Redis script calls (EVALSHA) per call at %d callers, median over rounds.\n", t.name, stats.Median(ss), o.concurrency)
+			fmt.Fprintf(out, "%s: Redis commands per call at %d callers, median over rounds: %s.\n", t.name, o.concurrency, commandsPerCall(commands[t.name]))
 		}
 	}
 	fmt.Fprintln(out)
 	return nil
+}
+
+// commandsPerCall is the median over rounds of the commands per call, in
+// all and by command ("12.00 (evalsha 2.00, ...)").
+func commandsPerCall(rounds []map[string]float64) string {
+	names := map[string]bool{}
+	var totals []float64
+	for _, r := range rounds {
+		var total float64
+		for cmd, v := range r {
+			names[cmd] = true
+			total += v
+		}
+		totals = append(totals, total)
+	}
+	var each []string
+	for _, cmd := range slices.Sorted(maps.Keys(names)) {
+		var vs []float64
+		for _, r := range rounds {
+			vs = append(vs, r[cmd])
+		}
+		if m := stats.Median(vs); m >= 0.005 {
+			each = append(each, fmt.Sprintf("%s %.2f", cmd, m))
+		}
+	}
+	if len(totals) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f (%s)", stats.Median(totals), strings.Join(each, ", "))
 }
 
 // procCPUOf is the CPU time t's proxy process has used so far (its

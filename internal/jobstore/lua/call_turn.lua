@@ -35,8 +35,10 @@
 -- KEYS[5] -> cv (FK|LANE -> the calls' virtual time in a lane without jobs)
 -- KEYS[6..] -> the upstream bucket's BookingKeys
 -- ARGV[1] -> how many calls to book, in order (a replica's concurrent
---   calls share one script call); then for each call the count of its
---   arguments and the arguments, A below:
+--   calls share one script call)
+-- ARGV[2] -> s, the count of the bucket's BookingArgs; ARGV[3..2+s] ->
+--   them (the same for every call of the batch); then for each call the
+--   count of its arguments and the arguments, A below:
 -- A[1] -> now override in µs ("" = Redis TIME)
 -- A[2] -> lookahead µs: the latest slot to book
 -- A[3] -> the call's remaining wait µs
@@ -48,8 +50,14 @@
 -- A[9] -> µs a call's mark outlives this attempt
 -- A[10] -> the call's id (its place in its key's line)
 -- A[11..] -> w, w × (fairness key, weight) (others weigh 1); then the
---   bucket's BookingArgs, the partition's limits as PartitionArgs, the
---   partition, c, c × (cost name, amount)
+--   partition's limits as PartitionArgs, the partition, c, c × (cost
+--   name, amount)
+--
+-- The bucket (its dynamic limits, block, TATs) and the partitions' TATs
+-- are read once per batch and kept as the calls book, each call deciding
+-- on the state the calls before it left; what changed is written once,
+-- at the end (or before a call on another clock reads it again: then on
+-- that clock).
 --
 -- Returns one reply per call, in order: {ok, wait, reason, refused, now, prev_1, next_1, ..., prev_n,
 -- next_n, then prev and next of each partition limit (none when an
@@ -67,6 +75,67 @@ local function call_now(override)
   return clock
 end
 
+-- The bucket, open for the batch on one clock (bk_now), and the
+-- partitions' TATs read so far (key -> {tat, per, dirty}).
+local SA = {unpack(ARGV, 3, 2 + tonumber(ARGV[2]))}
+local bk, bk_now
+local ptats = {}
+-- Writes what the batch booked on the bucket and the partitions.
+local function flush()
+  if not bk then return end
+  leaky_commit(bk, bk_now)
+  for key, p in pairs(ptats) do
+    if p.dirty then
+      redis.call('SET', key, shaper_int(p.tat), 'PX', math.ceil((p.tat - bk_now + p.per) / 1000))
+    end
+  end
+  bk, ptats = nil, {}
+end
+-- The bucket on the clock now, opened once per batch.
+local function bucket(now)
+  if bk and bk_now == now then return bk end
+  flush()
+  bk, bk_now = leaky_open(KEYS, 6, SA, 1, now), now
+  return bk
+end
+-- Partition pk's state under limits, as leaky_partition's, its TATs read
+-- once per batch.
+local function partition(b, pk, limits)
+  local p = {lim = limits, tat = {}, key = {}}
+  for j, l in ipairs(limits) do
+    local key = b.pprefix .. pk .. ':' .. l.id
+    local c = ptats[key]
+    if not c then
+      c = {tat = tonumber(redis.call('GET', key) or '0'), per = l.per}
+      ptats[key] = c
+    end
+    p.key[j], p.tat[j] = key, c.tat
+  end
+  return p
+end
+-- Books it, as leaky_partition_book, written by flush.
+local function partition_book(p, slot, costs)
+  for j, l in ipairs(p.lim) do
+    p.tat[j] = gcra_take(p.tat[j], slot, l.interval, leaky_cost(l, costs))
+    local c = ptats[p.key[j]]
+    c.tat, c.per, c.dirty = p.tat[j], l.per, true
+  end
+end
+
+-- Keys a call alone with room found empty (f, cq, ln:FK), so that the
+-- next such call of the batch asks only about the others: a call that
+-- takes the full turn (which may write them) forgets them all.
+local empty = {}
+local function none_exist(keys)
+  local ask = {}
+  for _, k in ipairs(keys) do
+    if not empty[k] then ask[#ask + 1] = k end
+  end
+  if #ask > 0 and redis.call('EXISTS', unpack(ask)) > 0 then return false end
+  for _, k in ipairs(ask) do empty[k] = true end
+  return true
+end
+
 -- One call's turn, A its arguments (the body is not indented, to keep
 -- its history readable).
 local function turn(A)
@@ -81,11 +150,9 @@ for i = 1, nw do
   weights[A[10 + 2 * i]] = tonumber(A[11 + 2 * i])
 end
 local function weight(k) return weights[k] or 1 end
-local ba = 12 + 2 * nw
-local b, a = leaky_open(KEYS, 6, A, ba, now)
-local n = tonumber(A[ba + 4])
-local plim
-plim, a = leaky_limits(A, a)
+local b = bucket(now)
+local n = tonumber(SA[5])
+local plim, a = leaky_limits(A, 12 + 2 * nw)
 local pk = A[a]
 local over = leaky_partition_override(b, pk)
 if over then plim = over end
@@ -99,7 +166,7 @@ end
 -- The partition's own limits first, as the take and ReserveIn do: a call
 -- they hold back does not compete for the upstream's slots, so it leaves
 -- no mark.
-local part = leaky_partition(b, pk, plim, now)
+local part = partition(b, pk, plim)
 local pslot = leaky_partition_earliest(part, costs, now)
 if pslot > now then
   if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
@@ -124,8 +191,7 @@ local function book()
   for i = 1, n do prev[i] = b.lim[i].tat end
   for j = 1, #plim do pprev[j] = part.tat[j] end
   leaky_book(b, slot, costs, lease)
-  leaky_partition_book(part, slot, costs, now)
-  leaky_commit(b, now)
+  partition_book(part, slot, costs)
   for i = 1, n do
     out[#out + 1] = prev[i]
     out[#out + 1] = b.lim[i].tat
@@ -155,10 +221,11 @@ local ROOM = 1000
 -- contention, even with nobody marked yet (callers that each hold a
 -- booked slot): that takes the way below, which marks it, so that keys
 -- take turns.
-if slot - now < ROOM and redis.call('EXISTS', K_F, K_CQ, K_LN) == 0 and
+if slot - now < ROOM and none_exist({K_F, K_CQ, K_LN}) and
     (lease == '' or not leaky_lease_wait(b, lease, now)) then
   return book()
 end
+empty = {}
 
 -- The calls of this key ahead of this one in its line, those that still
 -- come back: each takes one send before this call's.
@@ -320,10 +387,11 @@ if infs then redis.call('PEXPIRE', K_CV, 600000) end
 return out
 end
 
-local replies, at = {}, 2
+local replies, at = {}, 3 + tonumber(ARGV[2])
 for i = 1, tonumber(ARGV[1]) do
   local cnt = tonumber(ARGV[at])
   replies[i] = turn({unpack(ARGV, at + 1, at + cnt)})
   at = at + 1 + cnt
 end
+flush()
 return replies
