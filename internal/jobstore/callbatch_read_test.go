@@ -200,3 +200,45 @@ func TestCallBatchAloneAsksOnce(t *testing.T) {
 		t.Errorf("b's mark: cq exists %d, want 1", k)
 	}
 }
+
+// TestCallBatchErrorKeepsWhatWasBooked: when a call of a batch raises (a
+// Redis error, here a key of the wrong type in its turn), the script ends
+// with an error for every call, and what the calls before it booked is
+// written whole: their lease with its TTL, the bucket's TAT.
+func TestCallBatchErrorKeepsWhatWasBooked(t *testing.T) {
+	m := newCallSim(t, "batch-error", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(100000)}})
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	capped, err := leaky.New(rdb, leaky.Config{}).Bucket(QueueName(m.u.Name), leaky.BucketConfig{Limits: m.u.Limits, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb.Set(ctx, m.s.our+"ld", "not a sorted set", 0)
+	plan := capped.Plan(time.Second)
+	var reqs []callReq
+	for i, c := range [][2]string{{"a", "l1"}, {"b", "l2"}} {
+		reqs = append(reqs, callReq{Call{Upstream: m.u, Bucket: capped, FairKey: c[0], Lease: c[1], ID: fmt.Sprintf("%s%d", c[0], i),
+			Lookahead: time.Second, Remaining: time.Second,
+			Now: func() time.Time { return time.UnixMicro(m.now) }}, plan})
+	}
+	if _, err := m.s.runCalls(ctx, rdb, reqs); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("got %v, want the second call's WRONGTYPE", err)
+	}
+	keys, _ := rdb.Keys(ctx, "*batch-error*").Result()
+	var leases, tats int
+	for _, k := range keys {
+		pttl, _ := rdb.PTTL(ctx, k).Result()
+		if pttl < 0 && k != m.s.our+"ld" {
+			t.Errorf("key %s has no TTL after the failed batch", k)
+		}
+		switch typ, _ := rdb.Type(ctx, k).Result(); {
+		case strings.HasSuffix(k, "leases"):
+			leases++
+		case typ == "string" && k != m.s.our+"ld":
+			tats++
+		}
+	}
+	if leases != 1 || tats == 0 {
+		t.Errorf("after the failed batch: keys %v; want the first call's lease and the bucket's TAT written", keys)
+	}
+}

@@ -390,7 +390,15 @@ end
 local replies, at = {}, 3 + tonumber(ARGV[2])
 for i = 1, tonumber(ARGV[1]) do
   local cnt = tonumber(ARGV[at])
-  replies[i] = turn({unpack(ARGV, at + 1, at + cnt)})
+  -- A call that raises (a Redis error) ends the script with no reply for
+  -- anyone, so nothing is sent; what the calls before it booked (their
+  -- leases are written as they book) is written with its TTLs first.
+  local ok, r = pcall(turn, {unpack(ARGV, at + 1, at + cnt)})
+  if not ok then
+    flush()
+    error(r)
+  end
+  replies[i] = r
   at = at + 1 + cnt
 end
 flush()
