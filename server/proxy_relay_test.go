@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
 
@@ -63,7 +64,10 @@ func TestProxySettlesStreamedAnswer(t *testing.T) {
 		{"an event over the cap is skipped", "data: {\"pad\":\"" + strings.Repeat("x", proxySettleMaxBytes) + "\",\"usage\":{\"total_tokens\":100}}\n\n", 4096, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			f := newProxyFixture(t, tokensUpstream)
+			// A Redis of its own: the case before settles as its stream
+			// ends, which may land after this case has flushed a shared
+			// one, and charge this case's first call.
+			f := newProxyFixtureOn(t, redistest.New(t).Client(t), &recorder{}, tokensUpstream)
 			f.up.answer = func(w http.ResponseWriter, r *http.Request, n int) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				rc := http.NewResponseController(w)
