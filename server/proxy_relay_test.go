@@ -100,7 +100,7 @@ func TestProxySettlesStreamedAnswer(t *testing.T) {
 // gzipped (the caller asked for it) is relayed as it came and settles
 // from its decompressed body.
 func TestProxySettlesGzippedAnswer(t *testing.T) {
-	f := newProxyFixture(t, tokensUpstream)
+	f := newProxyFixtureOn(t, redistest.New(t).Client(t), &recorder{}, tokensUpstream) // see TestProxySettlesStreamedAnswer
 	var zipped bytes.Buffer
 	zw := gzip.NewWriter(&zipped)
 	zw.Write([]byte(`{"usage": {"total_tokens": 100}}`))
@@ -225,7 +225,7 @@ func TestProxySettlesJSONOfUnknownLength(t *testing.T) {
 		{"over the cap", proxySettleMaxBytes, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			f := newProxyFixture(t, tokensUpstream)
+			f := newProxyFixtureOn(t, redistest.New(t).Client(t), &recorder{}, tokensUpstream) // see TestProxySettlesStreamedAnswer
 			answer := `{"usage": {"total_tokens": 100}, "pad": "` + strings.Repeat("x", c.pad) + `"}`
 			f.up.answer = func(w http.ResponseWriter, r *http.Request, n int) {
 				w.Header().Set("Content-Type", "application/json")
