@@ -20,12 +20,17 @@ import (
 )
 
 // tokensUpstream is an upstream limited to 1,000 tokens per 10 s (all at
-// once), each call's tokens estimated from its max_tokens and settled from
+// once, then 1 per 10 s), each call's tokens estimated from its max_tokens and settled from
 // the answer's usage.total_tokens.
 func tokensUpstream(u *shaper.Upstream) {
 	u.Limits = []leaky.Limit{leaky.PerSecond(1000), {Rate: 1000, Per: 10 * time.Second, Cost: "tokens", Burst: 1000}}
 	u.Proxy.Cost = map[string]shaper.Settle{"tokens": {JSON: "/max_tokens"}}
 	u.Settle = map[string]shaper.Settle{"tokens": {JSON: "/usage/total_tokens"}}
+	// A wide guard (the most it may be): on a loaded machine a first
+	// call's booking (its script loaded first) can come back after the
+	// default guard allows, and a late slot is spent, its tokens with it,
+	// which would leave these tests' second call no room.
+	u.Guard = 100 * time.Millisecond
 }
 
 // openAIStream is a streamed chat completion as OpenAI sends it with
