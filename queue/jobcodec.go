@@ -189,16 +189,9 @@ func DecodeResponse(b []byte) (Response, error) {
 // not from what a Go handler may have changed of it. msg is returned as it
 // is if there is nothing to leave out or its job cannot be read.
 func SucceededMessage(msg *jobstore.Message) *jobstore.Message {
-	slim, err := DecodeJob(msg.ID, msg.Payload)
-	if err != nil || len(slim.Body) == 0 && len(slim.Headers) == 0 {
-		return msg
-	}
-	slim.Body, slim.Headers = nil, nil
-	b, err := EncodeJob(&slim)
+	job, err := DecodeJob(msg.ID, msg.Payload)
 	if err != nil {
 		return msg
 	}
-	m := *msg
-	m.Payload = b
-	return &m
+	return SucceededJobMessage(msg, &job)
 }

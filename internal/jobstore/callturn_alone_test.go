@@ -3,8 +3,6 @@ package jobstore
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,17 +15,11 @@ import (
 // lapse scans) sends.
 func turnCommands(t *testing.T) map[string]int64 {
 	t.Helper()
-	info, err := srv.Client(t).Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	all := commandCounts(t)
 	out := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"zrangebyscore", "zrange", "zadd", "pexpire", "zcard", "zcount"} {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
-				v, _, _ := strings.Cut(rest, ",")
-				out[cmd], _ = strconv.ParseInt(v, 10, 64)
-			}
+	for _, cmd := range []string{"zrangebyscore", "zrange", "zadd", "pexpire", "zcard", "zcount"} {
+		if n, ok := all[cmd]; ok {
+			out[cmd] = n
 		}
 	}
 	return out

@@ -3,7 +3,6 @@ package jobstore_test
 import (
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,13 +23,13 @@ func TestTakeWritesParksOnce(t *testing.T) {
 			p := "p" + strconv.Itoa(i)
 			r.add(job{id: p + "a", tenant: "t", partition: p}, job{id: p + "b", tenant: "t", partition: p})
 		}
-		before := cmdCalls(t, "zadd")
+		before := commandCalls(t, "zadd")
 		// One job of each partition: the second of each waits 1 ms for
 		// its partition, a park.
 		if got := r.takeIDs(100); len(got) != n {
 			t.Fatalf("%d partitions: took %v, want one job of each", n, got)
 		}
-		zadd := cmdCalls(t, "zadd") - before
+		zadd := commandCalls(t, "zadd") - before
 		if c := rdb.ZCard(ctx, r.space.ParkedKey()).Val(); c != int64(n) {
 			t.Fatalf("%d partitions: %d parks recorded, want %d", n, c, n)
 		}
@@ -40,21 +39,4 @@ func TestTakeWritesParksOnce(t *testing.T) {
 	if two, six := zadds(2), zadds(6); two != six {
 		t.Fatalf("a take parking 2 partitions ran %d ZADDs, parking 6 ran %d; want as many", two, six)
 	}
-}
-
-// cmdCalls is how many times Redis has run command cmd (lower case).
-func cmdCalls(t *testing.T, cmd string) int64 {
-	t.Helper()
-	info, err := srv().Client(t).Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
-			v, _, _ := strings.Cut(rest, ",")
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
 }
