@@ -1,0 +1,207 @@
+package jobstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shaperhq/shaper/internal/jobstore"
+	"github.com/shaperhq/shaper/internal/testsupport/redistest"
+	"github.com/shaperhq/shaper/queue"
+)
+
+// finishCase is one kind of finish to measure: a job's end as the
+// dispatcher makes it, under the dispatcher's options.
+type finishCase struct {
+	name string
+	k    int // jobs per finish
+	// item makes the Finished for a taken job (the message as the
+	// dispatcher has it).
+	item func(r *rig, id string) jobstore.Finished
+	// bound, when set, is the upstream's ResultMaxCount and DeadMaxCount,
+	// which the warm-up reaches, so that each measured finish trims.
+	bound    int
+	callback bool
+	idem     bool // IDs made from idempotency keys (records, not tombstones)
+}
+
+func irMsg(r *rig, id string) *jobstore.Message {
+	return &jobstore.Message{Type: "http", ID: id, Queue: r.space.Queue, Payload: irPayload, Retry: 8}
+}
+
+func keptItem(r *rig, id string) jobstore.Finished {
+	return jobstore.Finished{ID: id, Lane: r.lane[id], Msg: irMsg(r, id), Outcome: jobstore.Succeeded,
+		Retention: 24 * time.Hour, Result: []byte(`{"status":200}`), Callback: r.cb[id]}
+}
+
+// TestFinishInstructions measures (it asserts nothing) the instructions
+// Redis executes for the finish script alone, the take before each finish
+// not counted, and the commands it runs (INFO commandstats, calls inside
+// scripts included), per call and per job. Each upstream first finishes
+// finishWarmUp jobs its row's way, unmeasured, so that its sets are as
+// large as a busy upstream's (Redis stores a small set otherwise, and
+// its cost grows with each member) and a bounded one is at its bound.
+// Run it with
+//
+//	SHAPER_REDIS_CALLGRIND=$(mktemp -d) go test -count=1 -run TestFinishInstructions -v ./internal/jobstore/
+//
+// (-run 'TestFinishInstructions/kept-1:' for one row; SHAPER_FINISH_WINDOWS=1
+// lists each measured call).
+func TestFinishInstructions(t *testing.T) {
+	if _, err := srv().Instructions(); errors.Is(err, redistest.ErrNotCounted) {
+		t.Skip("a measurement: set " + redistest.CallgrindEnv)
+	}
+	ctx := context.Background()
+	rdb := srv().Client(t)
+	retryItem := func(failure bool, msg string) func(r *rig, id string) jobstore.Finished {
+		return func(r *rig, id string) jobstore.Finished {
+			return jobstore.Finished{ID: id, Lane: r.lane[id], Msg: irMsg(r, id), Outcome: jobstore.Retry, Failure: failure,
+				RetryAt: time.Now().Add(time.Hour), ErrMsg: msg}
+		}
+	}
+	cases := []finishCase{
+		{name: "kept-1: success kept 24 h, 1 job", k: 1, item: keptItem},
+		{name: "kept-4: success kept 24 h, 4 jobs", k: 4, item: keptItem},
+		{name: "kept-10: success kept 24 h, 10 jobs", k: 10, item: keptItem},
+		{name: "bound-1: success kept, at the bound (trims 1: tombstone), 1 job", k: 1, item: keptItem, bound: finishWarmUp},
+		{name: "bound-4: success kept, at the bound (trims 4: tombstones), 4 jobs", k: 4, item: keptItem, bound: finishWarmUp},
+		{name: "boundrec-1: success kept, at the bound (trims 1: idempotency record), 1 job", k: 1, item: keptItem,
+			bound: finishWarmUp, idem: true},
+		{name: "callback-1: success kept, with a callback, 1 job", k: 1, item: keptItem, callback: true},
+		{name: "dropped-1: success not kept (idempotency record), 1 job", k: 1, idem: true, item: func(r *rig, id string) jobstore.Finished {
+			return jobstore.Finished{ID: id, Lane: r.lane[id], Msg: irMsg(r, id), Outcome: jobstore.Succeeded}
+		}},
+		{name: "retry-1: a failure's retry, 1 job", k: 1, item: retryItem(true, "upstream answered 500")},
+		{name: "defer-1: a deferral (429), 1 job", k: 1, item: retryItem(false, "upstream answered 429")},
+		{name: "dead-1: dead, 1 job", k: 1, item: func(r *rig, id string) jobstore.Finished {
+			return jobstore.Finished{ID: id, Lane: r.lane[id], Msg: irMsg(r, id), Outcome: jobstore.Dead, ErrMsg: "upstream answered 400"}
+		}},
+	}
+	const n = 30
+	// What a window between two readings costs with no command in it
+	// (Redis's timers, the readings' own wake-ups), taken off each row.
+	var idle int64
+	for range n {
+		commandTotal(t)
+		if _, err := srv().Instructions(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := srv().Instructions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle += got
+	}
+	idle /= n
+	rows := []string{fmt.Sprintf("| (an empty window, taken off the rows below) | %.0f | | | |", float64(idle)/1000)}
+	for ci, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			u := fast(fmt.Sprintf("fc%d", ci))
+			if c.bound > 0 {
+				u.ResultMaxCount, u.DeadMaxCount = c.bound, c.bound
+			}
+			r := newRig(t, rdb, u, 50*time.Millisecond)
+			for i := range finishWarmUp + n*c.k {
+				id := fmt.Sprintf("%s-%d", r.u.Name, i)
+				if c.idem {
+					id = queue.IdempotentID("", r.u.Name, "default", fmt.Sprint(i))
+				}
+				e := r.entry(job{id: id})
+				e.Msg, e.Callback = irMsg(r, id).Marshal(), c.callback
+				if ok, err := r.space.Enqueue(ctx, rdb, e); err != nil || !ok {
+					t.Fatalf("enqueue %s: created %v, err %v", id, ok, err)
+				}
+				r.lane[id], r.cb[id] = e.Lane, c.callback
+			}
+			// finish takes k jobs and finishes them, and returns what
+			// the finish alone cost when measured: instructions and
+			// commands.
+			finish := func(measure bool) (int64, int64) {
+				ids := r.takeIDs(c.k)
+				if len(ids) != c.k {
+					t.Fatalf("took %d, want %d", len(ids), c.k)
+				}
+				items := make([]jobstore.Finished, len(ids))
+				for j, id := range ids {
+					items[j] = c.item(r, id)
+				}
+				var s0 int64
+				if measure {
+					s0 = commandTotal(t)
+					if _, err := srv().Instructions(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				errs, err := jobstore.Finish(ctx, rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items,
+					jobstore.WakeOnRetry(r.space.SleepKey(), jobstore.WakeChannel(""), r.u.Name),
+					jobstore.KeepAtMost(r.space.FinishBounds(r.u, queue.IdempotentIDPattern)), jobstore.AnnounceFinal(jobstore.FinalChannel("")),
+					jobstore.Callbacks(r.space.CallbacksDueKey()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, e := range errs {
+					if e != nil {
+						t.Fatalf("finish %s: %v", ids[j], e)
+					}
+				}
+				if !measure {
+					return 0, 0
+				}
+				ir, err := srv().Instructions()
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Less the INFO before and the EVALSHA.
+				return ir - idle, commandTotal(t) - s0 - 2
+			}
+			for range finishWarmUp / c.k {
+				finish(false)
+			}
+			var ir, cmds int64
+			for i := range n {
+				got, c := finish(true)
+				ir, cmds = ir+got, cmds+c
+				if os.Getenv("SHAPER_FINISH_WINDOWS") != "" {
+					t.Logf("call %d: %dk", i, got/1000)
+				}
+			}
+			per := float64(ir) / n / 1000
+			rows = append(rows, fmt.Sprintf("| %s | %.0f | %.0f | %.1f | %.1f |", c.name, per, per/float64(c.k),
+				float64(cmds)/n, float64(cmds)/n/float64(c.k)))
+		})
+	}
+	t.Logf("finish alone (thousands of Redis instructions, callgrind; commands inside the script):\n"+
+		"| finish | instr. per call | per job | commands per call | per job |\n| --- | ---: | ---: | ---: | ---: |\n%s",
+		strings.Join(rows, "\n"))
+}
+
+// finishWarmUp is how many jobs TestFinishInstructions finishes on each
+// upstream before it measures: more than Redis keeps in a small set's
+// compact encoding (zset-max-listpack-entries, 128).
+const finishWarmUp = 200
+
+// commandTotal is how many commands Redis has run in all, by INFO
+// commandstats, a script's calls counted one by one.
+func commandTotal(t *testing.T) int64 {
+	t.Helper()
+	info, err := srv().Client(t).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, line := range strings.Split(info, "\n") {
+		_, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, ",")
+		var c int64
+		fmt.Sscan(v, &c)
+		sum += c
+	}
+	return sum
+}
