@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/queue"
@@ -86,7 +88,7 @@ func TestFinishInstructions(t *testing.T) {
 	// (Redis's timers, the readings' own wake-ups), taken off each row.
 	var idle int64
 	for range n {
-		commandTotal(t)
+		commandTotal(t, rdb)
 		if _, err := srv().Instructions(); err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +133,7 @@ func TestFinishInstructions(t *testing.T) {
 				}
 				var s0 int64
 				if measure {
-					s0 = commandTotal(t)
+					s0 = commandTotal(t, rdb)
 					if _, err := srv().Instructions(); err != nil {
 						t.Fatal(err)
 					}
@@ -156,7 +158,7 @@ func TestFinishInstructions(t *testing.T) {
 					t.Fatal(err)
 				}
 				// Less the INFO before and the EVALSHA.
-				return ir - idle, commandTotal(t) - s0 - 2
+				return ir - idle, commandTotal(t, rdb) - s0 - 2
 			}
 			for range finishWarmUp / c.k {
 				finish(false)
@@ -186,9 +188,9 @@ const finishWarmUp = 200
 
 // commandTotal is how many commands Redis has run in all, by INFO
 // commandstats, a script's calls counted one by one.
-func commandTotal(t *testing.T) int64 {
+func commandTotal(t *testing.T, rdb redis.Cmdable) int64 {
 	t.Helper()
-	info, err := srv().Client(t).Info(context.Background(), "commandstats").Result()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
