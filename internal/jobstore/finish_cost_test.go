@@ -54,7 +54,8 @@ func keptItem(r *rig, id string) jobstore.Finished {
 // (a window's timers vary with its length). Each upstream first finishes
 // finishWarmUp jobs its row's way, unmeasured, so that its sets are as
 // large as a busy upstream's (Redis stores a small set otherwise, and
-// its cost grows with each member) and a bounded one is at its bound.
+// its cost grows with each member) and a bounded one is at its bound,
+// with as many tombstones (or records) as it keeps.
 // Run it with
 //
 //	SHAPER_REDIS_CALLGRIND=$(mktemp -d) go test -count=1 -run TestFinishInstructions -v ./internal/jobstore/
@@ -103,7 +104,13 @@ func TestFinishInstructions(t *testing.T) {
 				u.ResultMaxCount, u.DeadMaxCount = c.bound, c.bound
 			}
 			r := newRig(t, rdb, u, 50*time.Millisecond)
-			for i := range finishWarmUp + n*c.k {
+			// A bounded upstream finishes as many again, trimmed: its
+			// tombstones, or records, are as many.
+			warm := finishWarmUp
+			if c.bound > 0 {
+				warm += c.bound
+			}
+			for i := range warm + n*c.k {
 				id := fmt.Sprintf("%s-%d", r.u.Name, i)
 				if c.idem {
 					id = queue.IdempotentID("", r.u.Name, "default", fmt.Sprint(i))
@@ -155,7 +162,7 @@ func TestFinishInstructions(t *testing.T) {
 				// Less the INFO before and the EVALSHA.
 				return commandPath(t), commandTotal(t, rdb) - s0 - 2
 			}
-			for range finishWarmUp / c.k {
+			for range warm / c.k {
 				finish(false)
 			}
 			var ir, cmds int64

@@ -253,15 +253,16 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	if err != nil {
 		return nil, err
 	}
-	done, err := script.Ints(v, len(items))
+	missed, err := script.Ints(v, -1)
 	if err != nil {
 		return nil, fmt.Errorf("script finish: %w", err)
 	}
 	errs := make([]error, len(items))
-	for i, d := range done {
-		if d == 0 {
-			errs[i] = ErrNotActive
+	for _, n := range missed {
+		if n < 1 || n > int64(len(items)) {
+			return nil, fmt.Errorf("script finish: item %d of %d", n, len(items))
 		}
+		errs[n-1] = ErrNotActive
 	}
 	return errs, nil
 }
@@ -272,13 +273,14 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 // items need, since Redis spends about a thousand instructions on each
 // key and argument of a script call.
 const (
-	finScore     = 1 << iota // items carry a score (a kept success, a retry)
+	finScore     = 1 << iota // items carry a score (else one for all of them)
 	finResult                // items carry a result
 	finLane                  // items carry a lane (else one for all of them)
 	finPartition             // items carry a partition
 	finUnique                // items carry a uniqueness lock's index in KEYS
 	finLapsed                // items carry a lease score (a recovery's check)
 	finWaits                 // items carry a deferral's sd mark
+	finKind                  // items carry a kind (else one for all of them)
 	finKept                  // the completed set, and the most it keeps
 	finRetry                 // the retry set
 	finWake                  // WakeOnRetry's hash, channel and message
@@ -319,7 +321,7 @@ func finishCall(k Keys, counts, pbacklog string, items []Finished, now time.Time
 				msg.CompletedAt = now.Unix()
 				msg.Retention = int64(math.Ceil(it.Retention.Seconds()))
 				f.score = Score(now.Add(it.Retention))
-				shape |= finScore | finKept
+				shape |= finKept
 			}
 			if msg.UniqueKey != "" && strings.HasPrefix(msg.UniqueKey, k.prefix) {
 				f.unique = msg.UniqueKey
@@ -345,7 +347,7 @@ func finishCall(k Keys, counts, pbacklog string, items []Finished, now time.Time
 				at = now
 			}
 			f.score = Score(at)
-			shape |= finScore | finRetry
+			shape |= finRetry
 			if o.sleepKey != "" {
 				shape |= finWake
 			}
@@ -375,6 +377,12 @@ func finishCall(k Keys, counts, pbacklog string, items []Finished, now time.Time
 		}
 		if it.Lane != items[0].Lane {
 			shape |= finLane
+		}
+		if f.kind != fi[0].kind {
+			shape |= finKind
+		}
+		if f.score != fi[0].score {
+			shape |= finScore
 		}
 		if !it.LeaseLapsedBy.IsZero() {
 			f.lapsed = Score(it.LeaseLapsedBy)
@@ -423,8 +431,14 @@ func finishCall(k Keys, counts, pbacklog string, items []Finished, now time.Time
 	}
 	settings.WriteString(strings.Join(b.SidePrefixes, "\n"))
 
-	args := make([]any, 0, 10+len(items)*(3+bits.OnesCount(uint(shape&(finWaits<<1-1)))))
+	args := make([]any, 0, 12+len(items)*(2+bits.OnesCount(uint(shape&(finKind<<1-1)))))
 	args = append(args, shape, settings.String())
+	if shape&finKind == 0 {
+		args = append(args, string(fi[0].kind))
+	}
+	if shape&finScore == 0 && shape&(finKept|finRetry) != 0 {
+		args = append(args, fi[0].score)
+	}
 	if shape&finLane == 0 {
 		args = append(args, items[0].Lane)
 	}
@@ -442,7 +456,10 @@ func finishCall(k Keys, counts, pbacklog string, items []Finished, now time.Time
 	}
 	for i := range items {
 		it, f := &items[i], &fi[i]
-		args = append(args, string(f.kind), it.ID, f.msg)
+		args = append(args, it.ID, f.msg)
+		if shape&finKind != 0 {
+			args = append(args, string(f.kind))
+		}
 		if shape&finScore != 0 {
 			args = append(args, f.score)
 		}

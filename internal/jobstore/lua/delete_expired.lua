@@ -41,9 +41,14 @@ if ARGV[10] ~= '' then
 end
 local tally = {}
 local forget, entomb, trim = sweeper({prefix = ARGV[3], sides = sides, gone = gone, rem = rem, tally = tally})
+-- The state's place in a tally (see trim.lua).
+local state = 5
+if ARGV[4] == 'succeeded' then
+  state = 2
+end
 local tomb, kept = {}, 0
 for _, id in ipairs(ids) do
-  local r = forget(id, ARGV[4])
+  local r = forget(id, state)
   if not r then
     tomb[#tomb + 1] = id
   end
@@ -59,7 +64,7 @@ entomb(tomb, #ids)
 local trimmed = 0
 local most = tonumber(ARGV[9])
 if most > 0 and tonumber(ARGV[2]) > #ids then
-  trimmed = trim(KEYS[1], ARGV[4], redis.call('ZCARD', KEYS[1]) - most, tonumber(ARGV[2]) - #ids)
+  trimmed = trim(KEYS[1], state, redis.call('ZCARD', KEYS[1]) - most, tonumber(ARGV[2]) - #ids)
 end
 settle(KEYS[2], tally)
 return #ids - kept + trimmed

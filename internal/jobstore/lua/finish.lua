@@ -38,25 +38,27 @@
 --    side key prefixes deleted with a trimmed task, one a line (each in
 --    the queue's slot)
 -- then, each when its flag is set, in this order:
---    the lane of every item (not LANE), the channel that announces jobs
---    made final (FINAL, see AnnounceFinal), the most tasks the completed
---    set keeps (KEPT; 0 = no bound), the most the archived set keeps and
---    the score for it, now (DEAD), a hash whose field "sleep" says
---    workers sleep, in the queue's slot, and the channel and message that
---    wake them (WAKE)
--- then per item: its kind, a letter: "a" and a sum of its outcome (0
---    succeeded, 1 a deferring retry, 2 a failing retry, 3 dead), 4 when a
---    result follows and 8 when the job has a callback; its id; its
---    encoded message to store; then, each when its flag is set, in this
---    order: score in the completed set ("" = delete the task) or in the
---    retry set (SCORE); result (RESULT, "" when none follows); lane (LANE;
---    "" = read the task's, as its partition and its callback); partition
---    (PARTITION, "" = none); index in KEYS of the uniqueness lock to
---    release (UNIQUE, "" = none); a lease score the task's lease must not
---    be later than (LAPSED, "" = any: a recovery's check); a deferring
---    retry's sd mark, what it waits for (WAITS)
+--    the kind of every item (not KIND, see below), the score of every
+--    item (not SCORE, when KEPT or RETRY), the lane of every item (not
+--    LANE), the channel that announces jobs made final (FINAL, see
+--    AnnounceFinal), the most tasks the completed set keeps (KEPT; 0 = no
+--    bound), the most the archived set keeps and the score for it, now
+--    (DEAD), a hash whose field "sleep" says workers sleep, in the
+--    queue's slot, and the channel and message that wake them (WAKE)
+-- then per item: its id; its encoded message to store; then, each when
+--    its flag is set, in this order: its kind (KIND), a letter: "a" and a
+--    sum of its outcome (0 succeeded, 1 a deferring retry, 2 a failing
+--    retry, 3 dead), 4 when a result follows and 8 when the job has a
+--    callback; score in the completed set ("" = delete the task) or in
+--    the retry set (SCORE); result (RESULT, "" when none follows); lane
+--    (LANE; "" = read the task's, as its partition and its callback);
+--    partition (PARTITION, "" = none); index in KEYS of the uniqueness
+--    lock to release (UNIQUE, "" = none); a lease score the task's lease
+--    must not be later than (LAPSED, "" = any: a recovery's check); a
+--    deferring retry's sd mark, what it waits for (WAITS)
 --
--- Returns one integer per item: 1 finished, 0 not active.
+-- Returns the items not active, by their place (from 1), in order: those
+-- it finished are all the others (most calls return an empty list).
 --
 -- A job with a callback that ends succeeded (kept) or dead has its
 -- delivery recorded here too (callback.lua): only then is its cb field
@@ -68,10 +70,10 @@ local shape = tonumber(ARGV[1])
 -- anew on every call, so none tests them).
 local SCORE, RESULT, LANE = shape % 2 >= 1, shape % 4 >= 2, shape % 8 >= 4
 local PARTITION, UNIQUE, LAPSED = shape % 16 >= 8, shape % 32 >= 16, shape % 64 >= 32
-local WAITS, KEPT, RETRY = shape % 128 >= 64, shape % 256 >= 128, shape % 512 >= 256
-local WAKE, DEAD, FAILED = shape % 1024 >= 512, shape % 2048 >= 1024, shape % 4096 >= 2048
-local BACKLOG, GONE, DUE = shape % 8192 >= 4096, shape % 16384 >= 8192, shape % 32768 >= 16384
-local FINAL = shape >= 32768
+local WAITS, KIND, KEPT = shape % 128 >= 64, shape % 256 >= 128, shape % 512 >= 256
+local RETRY, WAKE, DEAD = shape % 1024 >= 512, shape % 2048 >= 1024, shape % 4096 >= 2048
+local FAILED, BACKLOG, GONE = shape % 8192 >= 4096, shape % 16384 >= 8192, shape % 32768 >= 16384
+local DUE, FINAL = shape % 65536 >= 32768, shape >= 65536
 
 local active, lease, counts = KEYS[1], KEYS[2], KEYS[3]
 local k = 5
@@ -85,13 +87,17 @@ if GONE then k = k + 1; gone_key = KEYS[k] end
 if DUE then k = k + 1; due_key = KEYS[k] end
 
 local a = 2
-local call_lane, final_channel, kept_most, dead_most, now, sleep_key, wake_channel, wake_message
+local call_kind, call_score, call_lane, final_channel, kept_most, dead_most, now, sleep_key, wake_channel, wake_message
+if not KIND then a = a + 1; call_kind = string.byte(ARGV[a]) - 97 end
+call_score = ''
+if not SCORE and (KEPT or RETRY) then a = a + 1; call_score = ARGV[a] end
 if not LANE then a = a + 1; call_lane = ARGV[a] end
 if FINAL then a = a + 1; final_channel = ARGV[a] end
 if KEPT then a = a + 1; kept_most = ARGV[a] end
 if DEAD then dead_most, now = ARGV[a + 1], ARGV[a + 2]; a = a + 2 end
 if WAKE then sleep_key, wake_channel, wake_message = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]; a = a + 3 end
-local stride = 3
+local stride = 2
+if KIND then stride = stride + 1 end
 if SCORE then stride = stride + 1 end
 if RESULT then stride = stride + 1 end
 if LANE then stride = stride + 1 end
@@ -102,7 +108,7 @@ if WAITS then stride = stride + 1 end
 
 -- The counters move once per call, by their sums (see settle), deleted
 -- tasks' included.
-local tally = {}
+local moves = {}
 
 -- ARGV[2], read when a call needs it: a new day's stats key, or a
 -- deletion.
@@ -113,7 +119,7 @@ local function settings()
   end
   local expire, margin, gone_most, gone_ttl, gone_at, gone_before, prefix, rk, window, span, pattern, cancel, sides =
     string.match(ARGV[2], '^(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.*)$')
-  set = {expire = expire, margin = tonumber(margin), prefix = prefix, sides = {}, tally = tally}
+  set = {expire = expire, margin = tonumber(margin), prefix = prefix, sides = {}, tally = moves}
   for p in string.gmatch(sides, '[^\n]+') do
     set.sides[#set.sides + 1] = p
   end
@@ -137,16 +143,15 @@ local function set_task(task, result, ...)
   end
 end
 
-local kept, final, out = {}, {}, {}
+local kept, final, missed = {}, {}, {}
 local processed, failed, retried, archiving = 0, 0, false, false
 local n = 0
 for b = a + 1, #ARGV, stride do
   n = n + 1
-  local kind = string.byte(ARGV[b]) - 97
-  local outcome = kind % 4
-  local id, msg = ARGV[b + 1], ARGV[b + 2]
-  local score, result, lane, partition, unique, lapsed, waits = '', false, call_lane, '', '', '', nil
-  local c = b + 3
+  local id, msg = ARGV[b], ARGV[b + 1]
+  local kind, score, result, lane, partition, unique, lapsed, waits = call_kind, call_score, false, call_lane, '', '', '', nil
+  local c = b + 2
+  if KIND then kind = string.byte(ARGV[c]) - 97; c = c + 1 end
   if SCORE then score = ARGV[c]; c = c + 1 end
   if RESULT then
     if kind % 8 >= 4 then result = ARGV[c] end
@@ -157,6 +162,7 @@ for b = a + 1, #ARGV, stride do
   if UNIQUE then unique = ARGV[c]; c = c + 1 end
   if LAPSED then lapsed = ARGV[c]; c = c + 1 end
   if WAITS then waits = ARGV[c] end
+  local outcome = kind % 4
   local task = KEYS[k + n]
   -- cb: the task's cb field once read (false: none), nil: not read.
   local cb = false
@@ -182,24 +188,22 @@ for b = a + 1, #ARGV, stride do
   if not held or (lapsed ~= '' and tonumber(held) > tonumber(lapsed)) then
     -- (A recovery names the lease it saw run out: a task taken again
     -- since, under a new lease, is not the recovery's to end.)
-    out[n] = 0
+    missed[#missed + 1] = n
   elseif redis.call('LREM', active, '0', id) == 0 then
     -- Leased but not active: nothing can end it. A recovery drops the
     -- stray lease, which would otherwise be listed as lapsed for ever.
     if lapsed ~= '' then
       redis.call('ZREM', lease, id)
     end
-    out[n] = 0
+    missed[#missed + 1] = n
   elseif redis.call('ZREM', lease, id) == 0 then
     redis.call('LPUSH', active, id)
-    out[n] = 0
+    missed[#missed + 1] = n
   else
-    local moved = tally[lane]
-    if not moved then
-      moved = {}
-      tally[lane] = moved
-    end
-    moved.active = (moved.active or 0) - 1
+    -- (Counted as tally's list says: active, succeeded, retry,
+    -- deferred, dead.)
+    local moved = tally(moves, lane)
+    moved[1] = moved[1] - 1
     if outcome == 0 then
       processed = processed + 1
       if partition ~= '' and tonumber(redis.call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
@@ -221,10 +225,14 @@ for b = a + 1, #ARGV, stride do
       else
         kept[#kept + 1] = score
         kept[#kept + 1] = id
-        set_task(task, result, 'msg', msg, 'state', 'completed')
-        moved.succeeded = (moved.succeeded or 0) + 1
         if cb == nil then cb = redis.call('HGET', task, 'cb') end
-        if cb then callback_due(task, id, due_key or cb) end
+        if cb then
+          set_task(task, result, 'msg', msg, 'state', 'completed', 'cbs', 'pending', 'cba', '0')
+          callback_started(task, id, due_key or cb)
+        else
+          set_task(task, result, 'msg', msg, 'state', 'completed')
+        end
+        moved[2] = moved[2] + 1
       end
       final[#final + 1] = id
     elseif outcome ~= 3 then
@@ -233,7 +241,7 @@ for b = a + 1, #ARGV, stride do
       if outcome == 2 then
         set_task(task, result, 'msg', msg, 'state', 'retry')
         redis.call('HDEL', task, 'sd')
-        moved.retry = (moved.retry or 0) + 1
+        moved[3] = moved[3] + 1
         processed = processed + 1
         failed = failed + 1
       else
@@ -242,16 +250,20 @@ for b = a + 1, #ARGV, stride do
         -- waited_as); it goes when an attempt fails, the task dies or is
         -- retried (a cancel keeps it: see revive.lua).
         set_task(task, result, 'msg', msg, 'state', 'retry', 'sd', waits)
-        moved.deferred = (moved.deferred or 0) + 1
+        moved[4] = moved[4] + 1
       end
     else
       redis.call('ZADD', archived, now, id)
       archiving = true
-      set_task(task, result, 'msg', msg, 'state', 'archived')
-      redis.call('HDEL', task, 'sd')
       if cb == nil then cb = redis.call('HGET', task, 'cb') end
-      if cb then callback_due(task, id, due_key or cb) end
-      moved.dead = (moved.dead or 0) + 1
+      if cb then
+        set_task(task, result, 'msg', msg, 'state', 'archived', 'cbs', 'pending', 'cba', '0')
+        callback_started(task, id, due_key or cb)
+      else
+        set_task(task, result, 'msg', msg, 'state', 'archived')
+      end
+      redis.call('HDEL', task, 'sd')
+      moved[5] = moved[5] + 1
       if partition ~= '' and tonumber(redis.call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
         redis.call('ZREM', pbacklog, partition)
       end
@@ -259,7 +271,6 @@ for b = a + 1, #ARGV, stride do
       failed = failed + 1
       final[#final + 1] = id
     end
-    out[n] = 1
   end
 end
 if #kept > 0 then
@@ -286,12 +297,12 @@ local function over(set, state, most)
   end
 end
 if #kept > 0 then
-  over(completed, 'succeeded', kept_most)
+  over(completed, 2, kept_most)
 end
 if archiving then
-  over(archived, 'dead', dead_most)
+  over(archived, 5, dead_most)
 end
-settle(counts, tally)
+settle(counts, moves)
 
 -- asynq's stats: processed and failed, of the day (from its first
 -- count, for as long as asynq keeps them) and in all.
@@ -324,4 +335,4 @@ if FINAL and #final > 0 then
     redis.call('PUBLISH', final_channel, table.concat(final, '\n'))
   end
 end
-return out
+return missed

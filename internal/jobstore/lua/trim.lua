@@ -1,10 +1,14 @@
 -- trim.lua: a library for the scripts that count finished tasks and delete
 -- them. Needs remember.lua before it. It defines:
 --
---   settle(counts, tally) moves shaper's counter hash counts by tally, a
---     table of lane -> state -> change: one HINCRBY a field whose sum
---     moved, the field deleted once it reaches 0 or less (as when each
---     change is applied in turn: a count never goes below nothing)
+--   tally(t, lane) -> the changes to lane's counts in the tally t: a list
+--     of five numbers, for the states active, succeeded, retry, deferred
+--     and dead, in that order (t lists its lanes, and maps each to its
+--     list)
+--   settle(counts, t) moves shaper's counter hash counts by the tally t:
+--     one HINCRBY a field "<state>:<lane>" whose sum moved, the field
+--     deleted once it reaches 0 or less (as when each change is applied in
+--     turn: a count never goes below nothing)
 --   sweeper(s) -> forget, entomb, trim, the functions that delete, bound
 --     to the settings s = {prefix, sides, gone, rem, tally}; a script's
 --     local functions are made anew on every call, so only a call that
@@ -19,13 +23,14 @@
 --     tasks are counted out (the caller settles it)
 --
 --   forget(id, state) deletes one finished task's hash and side keys and
---     counts it out of <state>:<lane> by the lane in its sl field; a task
---     whose ID is an idempotency key's gets a record (s.rem) instead of a
---     tombstone, which serves a read as well: then it returns true. A task
---     whose callback is still to be delivered (cbs pending) is kept,
---     whatever its bound: it returns "kept", and the caller leaves it in
---     its set, so that the delivery, which reads the task, is never lost
---     to a trim; it goes at a later trim, once delivered or failed for good
+--     counts it out of state (2 succeeded, 5 dead: its place in a tally)
+--     for the lane in its sl field; a task whose ID is an idempotency
+--     key's gets a record (s.rem) instead of a tombstone, which serves a
+--     read as well: then it returns true. A task whose callback is still
+--     to be delivered (cbs pending) is kept, whatever its bound: it
+--     returns "kept", and the caller leaves it in its set, so that the
+--     delivery, which reads the task, is never lost to a trim; it goes at
+--     a later trim, once delivered or failed for good
 --   entomb(ids, budget) records deleted tasks in the tombstone set
 --     s.gone.key, a sorted set of task id -> when it went, so that reading
 --     one can tell "finished, no longer kept" from "never was". It is
@@ -34,13 +39,37 @@
 --     the last write; what one call removes is bounded by what it adds
 --     plus budget.
 --   trim(set, state, excess, budget) deletes the lowest-scored tasks of a
---     completed or archived set that holds excess past its bound, at most
---     budget of them; returns how many
-local function settle(counts, tally)
-  for lane, moved in pairs(tally) do
-    for state, by in pairs(moved) do
+--     completed (state 2) or archived (5) set that holds excess past its
+--     bound, at most budget of them; returns how many
+local function tally(t, lane)
+  local moved = t[lane]
+  if not moved then
+    moved = {0, 0, 0, 0, 0}
+    t[lane] = moved
+    t[#t + 1] = lane
+  end
+  return moved
+end
+
+local function settle(counts, t)
+  for i = 1, #t do
+    local lane = t[i]
+    local moved = t[lane]
+    for state = 1, 5 do
+      local by = moved[state]
       if by ~= 0 then
-        local field = state .. ':' .. lane
+        local field
+        if state == 1 then
+          field = 'active:' .. lane
+        elseif state == 2 then
+          field = 'succeeded:' .. lane
+        elseif state == 3 then
+          field = 'retry:' .. lane
+        elseif state == 4 then
+          field = 'deferred:' .. lane
+        else
+          field = 'dead:' .. lane
+        end
         -- (A number argument costs Redis a formatting; these are the
         -- common ones.)
         if by == 1 then
@@ -55,7 +84,6 @@ local function settle(counts, tally)
     end
   end
 end
-
 local function sweeper(s)
   local function forget(id, state)
     local task = s.prefix .. id
@@ -68,7 +96,7 @@ local function sweeper(s)
     local rem = s.rem
     if rem and string.find(id, rem.pattern) then
       local letter = 's'
-      if state ~= 'succeeded' then
+      if state ~= 2 then
         letter = 'd'
         if rem.cancel ~= '' and redis.call('EXISTS', rem.cancel .. id) == 1 then
           letter = 'c'
@@ -90,12 +118,8 @@ local function sweeper(s)
       redis.call('DEL', unpack(keys))
     end
     if lane then
-      local moved = s.tally[lane]
-      if not moved then
-        moved = {}
-        s.tally[lane] = moved
-      end
-      moved[state] = (moved[state] or 0) - 1
+      local moved = tally(s.tally, lane)
+      moved[state] = moved[state] - 1
     end
     return remembered
   end
