@@ -118,7 +118,8 @@ local function settings()
     return set
   end
   local expire, margin, gone_most, gone_ttl, gone_at, gone_before, prefix, rk, window, span, pattern, cancel, sides =
-    string.match(ARGV[2], '^(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.*)$')
+    string.match(ARGV[2], '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n' ..
+      '([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
   set = {expire = expire, margin = tonumber(margin), prefix = prefix, sides = {}, tally = moves}
   for p in string.gmatch(sides, '[^\n]+') do
     set.sides[#set.sides + 1] = p

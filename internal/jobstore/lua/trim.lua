@@ -139,7 +139,9 @@ local function sweeper(s)
     local over = redis.call('ZCARD', gone.key) - gone.most
     local drop = math.min(math.max(old, over), budget)
     if drop > 0 then
-      redis.call('ZREMRANGEBYRANK', gone.key, 0, drop - 1)
+      local last = drop - 1
+      if last == 0 then last = '0' end
+      redis.call('ZREMRANGEBYRANK', gone.key, '0', last)
     end
     redis.call('EXPIRE', gone.key, gone.ttl)
   end
@@ -148,7 +150,10 @@ local function sweeper(s)
     if excess <= 0 or budget <= 0 then
       return 0
     end
-    local ids = redis.call('ZRANGE', set, 0, math.min(excess, budget) - 1)
+    -- (Number arguments cost Redis a formatting; 0 is the common one.)
+    local last = math.min(excess, budget) - 1
+    if last == 0 then last = '0' end
+    local ids = redis.call('ZRANGE', set, '0', last)
     local tomb, kept = {}, {}
     for _, id in ipairs(ids) do
       local r = forget(id, state)
@@ -159,7 +164,9 @@ local function sweeper(s)
       end
     end
     if #kept == 0 then
-      redis.call('ZREMRANGEBYRANK', set, 0, #ids - 1)
+      last = #ids - 1
+      if last == 0 then last = '0' end
+      redis.call('ZREMRANGEBYRANK', set, '0', last)
     else
       local keep = {}
       for _, id in ipairs(kept) do keep[id] = true end
