@@ -33,6 +33,9 @@ type finishCase struct {
 	bound    int
 	callback bool
 	idem     bool // IDs made from idempotency keys (records, not tombstones)
+	// inFlight more jobs are taken and not yet finished, the oldest
+	// finished first, as with a few replicas' workers busy.
+	inFlight int
 }
 
 func irMsg(r *rig, id string) *jobstore.Message {
@@ -78,6 +81,8 @@ func TestFinishInstructions(t *testing.T) {
 		{name: "kept-1: success kept 24 h, 1 job", k: 1, item: keptItem},
 		{name: "kept-4: success kept 24 h, 4 jobs", k: 4, item: keptItem},
 		{name: "kept-10: success kept 24 h, 10 jobs", k: 10, item: keptItem},
+		{name: "busy-1: success kept 24 h, 1 job, 40 others in flight", k: 1, item: keptItem, inFlight: 40},
+		{name: "busy-4: success kept 24 h, 4 jobs, 40 others in flight", k: 4, item: keptItem, inFlight: 40},
 		{name: "bound-1: success kept, at the bound (trims 1: tombstone), 1 job", k: 1, item: keptItem, bound: finishWarmUp},
 		{name: "bound-4: success kept, at the bound (trims 4: tombstones), 4 jobs", k: 4, item: keptItem, bound: finishWarmUp},
 		{name: "boundrec-1: success kept, at the bound (trims 1: idempotency record), 1 job", k: 1, item: keptItem,
@@ -110,7 +115,7 @@ func TestFinishInstructions(t *testing.T) {
 			if c.bound > 0 {
 				warm += c.bound
 			}
-			for i := range warm + n*c.k {
+			for i := range warm + n*c.k + c.inFlight {
 				id := fmt.Sprintf("%s-%d", r.u.Name, i)
 				if c.idem {
 					id = queue.IdempotentID("", r.u.Name, "default", fmt.Sprint(i))
@@ -122,14 +127,18 @@ func TestFinishInstructions(t *testing.T) {
 				}
 				r.lane[id], r.cb[id] = e.Lane, c.callback
 			}
-			// finish takes k jobs and finishes them, and returns what
-			// the finish alone cost when measured: instructions and
-			// commands.
+			held := r.takeIDs(c.inFlight)
+			// finish takes k jobs and finishes the k taken first, and
+			// returns what the finish alone cost when measured:
+			// instructions and commands.
 			finish := func(measure bool) (int64, int64) {
-				ids := r.takeIDs(c.k)
-				if len(ids) != c.k {
-					t.Fatalf("took %d, want %d", len(ids), c.k)
+				took := r.takeIDs(c.k)
+				if len(took) != c.k {
+					t.Fatalf("took %d, want %d", len(took), c.k)
 				}
+				held = append(held, took...)
+				ids := held[:c.k:c.k]
+				held = held[c.k:]
 				items := make([]jobstore.Finished, len(ids))
 				for j, id := range ids {
 					items[j] = c.item(r, id)
