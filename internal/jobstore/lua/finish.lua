@@ -182,6 +182,10 @@ for b = a + 1, #ARGV, stride do
   -- nothing changes unless the task is in both. An ordinary finish takes
   -- the task off the active list, then its lease, and puts it back on
   -- the list if it held none (active, not leased: nothing can end it).
+  -- The take pushes on the left, and jobs end about in the order they
+  -- were taken, so the LREM looks from the right and stops at the task
+  -- (a task is on the list once): a few entries, not every job in
+  -- flight.
   local held = true
   if lapsed ~= '' then
     held = redis.call('ZSCORE', lease, id)
@@ -190,7 +194,7 @@ for b = a + 1, #ARGV, stride do
     -- (A recovery names the lease it saw run out: a task taken again
     -- since, under a new lease, is not the recovery's to end.)
     missed[#missed + 1] = n
-  elseif redis.call('LREM', active, '0', id) == 0 then
+  elseif redis.call('LREM', active, '-1', id) == 0 then
     -- Leased but not active: nothing can end it. A recovery drops the
     -- stray lease, which would otherwise be listed as lapsed for ever.
     if lapsed ~= '' then
