@@ -65,6 +65,8 @@
 -- read.
 --
 -- Needs remember.lua, trim.lua and callback.lua before it (see lua.go).
+-- A global costs a table lookup on every read; these are read often.
+local KEYS, ARGV, call, byte, tonumber = KEYS, ARGV, redis.call, string.byte, tonumber
 local shape = tonumber(ARGV[1])
 -- The flags, in store.go's order (a script's local functions are made
 -- anew on every call, so none tests them).
@@ -88,7 +90,7 @@ if DUE then k = k + 1; due_key = KEYS[k] end
 
 local a = 2
 local call_kind, call_score, call_lane, final_channel, kept_most, dead_most, now, sleep_key, wake_channel, wake_message
-if not KIND then a = a + 1; call_kind = string.byte(ARGV[a]) - 97 end
+if not KIND then a = a + 1; call_kind = byte(ARGV[a]) - 97 end
 call_score = ''
 if not SCORE and (KEPT or RETRY) then a = a + 1; call_score = ARGV[a] end
 if not LANE then a = a + 1; call_lane = ARGV[a] end
@@ -138,9 +140,9 @@ end
 -- finishing stores no result.
 local function set_task(task, result, ...)
   if result then
-    redis.call('HSET', task, 'result', result, ...)
+    call('HSET', task, 'result', result, ...)
   else
-    redis.call('HSET', task, ...)
+    call('HSET', task, ...)
   end
 end
 
@@ -152,7 +154,7 @@ for b = a + 1, #ARGV, stride do
   local id, msg = ARGV[b], ARGV[b + 1]
   local kind, score, result, lane, partition, unique, lapsed, waits = call_kind, call_score, false, call_lane, '', '', '', nil
   local c = b + 2
-  if KIND then kind = string.byte(ARGV[c]) - 97; c = c + 1 end
+  if KIND then kind = byte(ARGV[c]) - 97; c = c + 1 end
   if SCORE then score = ARGV[c]; c = c + 1 end
   if RESULT then
     if kind % 8 >= 4 then result = ARGV[c] end
@@ -172,7 +174,7 @@ for b = a + 1, #ARGV, stride do
   -- own, where shaper's enqueue wrote them. (Read only then: this runs
   -- once per finished job.)
   if lane == '' then
-    local own = redis.call('HMGET', task, 'sl', 'sp', 'cb')
+    local own = call('HMGET', task, 'sl', 'sp', 'cb')
     if own[1] then
       lane, partition = own[1], own[2] or ''
     end
@@ -188,21 +190,21 @@ for b = a + 1, #ARGV, stride do
   -- flight.
   local held = true
   if lapsed ~= '' then
-    held = redis.call('ZSCORE', lease, id)
+    held = call('ZSCORE', lease, id)
   end
   if not held or (lapsed ~= '' and tonumber(held) > tonumber(lapsed)) then
     -- (A recovery names the lease it saw run out: a task taken again
     -- since, under a new lease, is not the recovery's to end.)
     missed[#missed + 1] = n
-  elseif redis.call('LREM', active, '-1', id) == 0 then
+  elseif call('LREM', active, '-1', id) == 0 then
     -- Leased but not active: nothing can end it. A recovery drops the
     -- stray lease, which would otherwise be listed as lapsed for ever.
     if lapsed ~= '' then
-      redis.call('ZREM', lease, id)
+      call('ZREM', lease, id)
     end
     missed[#missed + 1] = n
-  elseif redis.call('ZREM', lease, id) == 0 then
-    redis.call('LPUSH', active, id)
+  elseif call('ZREM', lease, id) == 0 then
+    call('LPUSH', active, id)
     missed[#missed + 1] = n
   else
     -- (Counted as tally's list says: active, succeeded, retry,
@@ -211,13 +213,13 @@ for b = a + 1, #ARGV, stride do
     moved[1] = moved[1] - 1
     if outcome == 0 then
       processed = processed + 1
-      if partition ~= '' and tonumber(redis.call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
-        redis.call('ZREM', pbacklog, partition)
+      if partition ~= '' and tonumber(call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
+        call('ZREM', pbacklog, partition)
       end
       if unique ~= '' then
         local lock = KEYS[tonumber(unique)]
-        if redis.call('GET', lock) == id then
-          redis.call('DEL', lock)
+        if call('GET', lock) == id then
+          call('DEL', lock)
         end
       end
       if score == '' then
@@ -226,11 +228,11 @@ for b = a + 1, #ARGV, stride do
         if rem and string.find(id, rem.pattern) then
           remember(rem.key, id, 's', rem.window, rem.span)
         end
-        redis.call('DEL', task)
+        call('DEL', task)
       else
         kept[#kept + 1] = score
         kept[#kept + 1] = id
-        if cb == nil then cb = redis.call('HGET', task, 'cb') end
+        if cb == nil then cb = call('HGET', task, 'cb') end
         if cb then
           set_task(task, result, 'msg', msg, 'state', 'completed', 'cbs', 'pending', 'cba', '0')
           callback_started(task, id, due_key or cb)
@@ -241,11 +243,11 @@ for b = a + 1, #ARGV, stride do
       end
       final[#final + 1] = id
     elseif outcome ~= 3 then
-      redis.call('ZADD', retry, score, id)
+      call('ZADD', retry, score, id)
       retried = true
       if outcome == 2 then
         set_task(task, result, 'msg', msg, 'state', 'retry')
-        redis.call('HDEL', task, 'sd')
+        call('HDEL', task, 'sd')
         moved[3] = moved[3] + 1
         processed = processed + 1
         failed = failed + 1
@@ -258,19 +260,19 @@ for b = a + 1, #ARGV, stride do
         moved[4] = moved[4] + 1
       end
     else
-      redis.call('ZADD', archived, now, id)
+      call('ZADD', archived, now, id)
       archiving = true
-      if cb == nil then cb = redis.call('HGET', task, 'cb') end
+      if cb == nil then cb = call('HGET', task, 'cb') end
       if cb then
         set_task(task, result, 'msg', msg, 'state', 'archived', 'cbs', 'pending', 'cba', '0')
         callback_started(task, id, due_key or cb)
       else
         set_task(task, result, 'msg', msg, 'state', 'archived')
       end
-      redis.call('HDEL', task, 'sd')
+      call('HDEL', task, 'sd')
       moved[5] = moved[5] + 1
-      if partition ~= '' and tonumber(redis.call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
-        redis.call('ZREM', pbacklog, partition)
+      if partition ~= '' and tonumber(call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
+        call('ZREM', pbacklog, partition)
       end
       processed = processed + 1
       failed = failed + 1
@@ -279,7 +281,7 @@ for b = a + 1, #ARGV, stride do
   end
 end
 if #kept > 0 then
-  redis.call('ZADD', completed, unpack(kept))
+  call('ZADD', completed, unpack(kept))
 end
 
 -- Bounded by count as well as age: the oldest go, a bounded few per call
@@ -291,7 +293,7 @@ local trim
 local function over(set, state, most)
   most = tonumber(most)
   if most > 0 then
-    local excess = redis.call('ZCARD', set) - most
+    local excess = call('ZCARD', set) - most
     if excess > 0 then
       if not trim then
         local _
@@ -314,10 +316,10 @@ settle(counts, moves)
 local function bump(day, total, by)
   local arg = by
   if by == 1 then arg = '1' end
-  if redis.call('INCRBY', day, arg) == by then
-    redis.call('EXPIREAT', day, settings().expire)
+  if call('INCRBY', day, arg) == by then
+    call('EXPIREAT', day, settings().expire)
   end
-  redis.call('INCRBY', total, arg)
+  call('INCRBY', total, arg)
 end
 if processed > 0 then
   bump(KEYS[4], KEYS[5], processed)
@@ -327,17 +329,17 @@ if failed > 0 then
 end
 -- A retry's time is known to this caller only: workers that sleep learn
 -- of it from a wake-up (see WakeOnRetry).
-if retried and WAKE and redis.call('HDEL', sleep_key, 'sleep') == 1 then
-  redis.call('PUBLISH', wake_channel, wake_message)
+if retried and WAKE and call('HDEL', sleep_key, 'sleep') == 1 then
+  call('PUBLISH', wake_channel, wake_message)
 end
 -- Jobs made final (succeeded, dead) are announced, every id of the call in
 -- one message, one per line: long polls wake on it (see Finals), at one
 -- command per call whoever waits.
 if FINAL and #final > 0 then
   if #final == 1 then
-    redis.call('PUBLISH', final_channel, final[1])
+    call('PUBLISH', final_channel, final[1])
   else
-    redis.call('PUBLISH', final_channel, table.concat(final, '\n'))
+    call('PUBLISH', final_channel, table.concat(final, '\n'))
   end
 end
 return missed
