@@ -268,10 +268,10 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 }
 
 // The finish script's shape (its ARGV[1]), a sum of flags: the fields each
-// item carries beside its kind, id and message, and the keys and arguments
-// the call has beside those every call has. A call sends only what its
-// items need, since Redis spends about a thousand instructions on each
-// key and argument of a script call.
+// item carries beside its id and message, and the keys and arguments the
+// call has beside those every call has. A call sends only what its items
+// need, and a value its items share once, since Redis spends about 1,500
+// instructions on each key and argument of a script call.
 const (
 	finScore     = 1 << iota // items carry a score (else one for all of them)
 	finResult                // items carry a result
@@ -422,12 +422,14 @@ func finishCall(k Keys, counts, pbacklog string, items []Finished, now time.Time
 	}
 
 	// What only a new day's stats key or a deletion needs, in one
-	// argument, read only then.
+	// argument, read only then: one value a line (as side prefixes
+	// already were, no prefix or pattern holds a newline).
 	rem := b.Remember.args()
 	var settings strings.Builder
 	for _, v := range []any{now.Add(statsTTL).Unix(), TrimMargin, goneMax, goneFor, Score(now),
 		"(" + Score(now.Add(-time.Duration(goneFor)*time.Second)), k.TaskPrefix(), rem[0], rem[1], rem[2], rem[3], rem[4]} {
-		fmt.Fprint(&settings, v, "\n")
+		settings.WriteString(fmt.Sprint(v))
+		settings.WriteByte('\n')
 	}
 	settings.WriteString(strings.Join(b.SidePrefixes, "\n"))
 
