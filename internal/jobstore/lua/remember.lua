@@ -23,14 +23,17 @@ local function recall(rk, id)
 end
 
 local function remember(rk, id, state, window, span)
-  local now = tonumber(redis.call('TIME')[1])
+  -- (Redis is given the clock's own string: a number argument costs it
+  -- a formatting.)
+  local clock = redis.call('TIME')[1]
+  local now = tonumber(clock)
   -- Buckets whose time is up go first: a bounded few, one per span.
-  local up = redis.call('ZRANGEBYSCORE', rk, '-inf', now)
+  local up = redis.call('ZRANGEBYSCORE', rk, '-inf', clock)
   for _, name in ipairs(up) do
     redis.call('UNLINK', rk .. ':' .. name)
   end
   if #up > 0 then
-    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', rk, '-inf', clock)
   end
   local start = now - now % span
   local name = span .. '.' .. start
