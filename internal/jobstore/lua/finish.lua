@@ -4,10 +4,10 @@
 -- changes nothing: its lease ran out and it was recovered, or another
 -- caller finished it first.
 --
--- A call sends only what its items need (every key and argument costs
--- Redis about a thousand instructions): ARGV[1], the call's shape, is a
--- sum of flags (finScore ... in store.go) saying which optional keys,
--- arguments and item fields follow.
+-- A call sends only what its items need, and what they share once (every
+-- key and argument costs Redis about 1,500 instructions): ARGV[1], the
+-- call's shape, is a sum of flags (finScore ... in store.go) saying which
+-- optional keys, arguments and item fields follow.
 --
 -- KEYS[1] -> active list
 -- KEYS[2] -> lease set
