@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -49,16 +50,6 @@ func (o Outcome) String() string {
 		return "dead"
 	}
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
-}
-
-func (o Outcome) code() string {
-	switch o {
-	case Succeeded:
-		return "s"
-	case Retry:
-		return "r"
-	}
-	return "d"
 }
 
 // handedBackMark is the sd field of a task handed back to wait for
@@ -254,101 +245,251 @@ func finishAt(ctx context.Context, rdb redis.Scripter, k Keys, counts, pbacklog 
 	if len(items) == 0 {
 		return nil, nil
 	}
-	keys := make([]string, 11, 12+len(items))
-	keys[0], keys[1], keys[2], keys[3], keys[4] = k.Active(), k.Lease(), k.Completed(), k.Retry(), k.Archived()
-	keys[5], keys[6], keys[7], keys[8] = k.Processed(now), k.ProcessedTotal(), k.Failed(now), k.FailedTotal()
-	keys[9], keys[10] = counts, pbacklog
+	keys, args, err := finishCall(k, counts, pbacklog, items, now, &o)
+	if err != nil {
+		return nil, err
+	}
+	v, err := script.Run(ctx, rdb, "finish", finishScript, keys, args...)
+	if err != nil {
+		return nil, err
+	}
+	missed, err := script.Ints(v, -1)
+	if err != nil {
+		return nil, fmt.Errorf("script finish: %w", err)
+	}
+	errs := make([]error, len(items))
+	for _, n := range missed {
+		if n < 1 || n > int64(len(items)) {
+			return nil, fmt.Errorf("script finish: item %d of %d", n, len(items))
+		}
+		errs[n-1] = ErrNotActive
+	}
+	return errs, nil
+}
+
+// The finish script's shape (its ARGV[1]), a sum of flags: the fields each
+// item carries beside its id and message, and the keys and arguments the
+// call has beside those every call has. A call sends only what its items
+// need, and a value its items share once, since Redis spends about 1,500
+// instructions on each key and argument of a script call.
+const (
+	finScore     = 1 << iota // items carry a score (else one for all of them)
+	finResult                // items carry a result
+	finLane                  // items carry a lane (else one for all of them)
+	finPartition             // items carry a partition
+	finUnique                // items carry a uniqueness lock's index in KEYS
+	finLapsed                // items carry a lease score (a recovery's check)
+	finWaits                 // items carry a deferral's sd mark
+	finKind                  // items carry a kind (else one for all of them)
+	finKept                  // the completed set, and the most it keeps
+	finRetry                 // the retry set
+	finWake                  // WakeOnRetry's hash, channel and message
+	finDead                  // the archived set, the most it keeps, and now
+	finFailed                // the failed counts
+	finBacklog               // the partition backlog
+	finGone                  // the tombstone set
+	finDue                   // the callbacks' due set
+	finFinal                 // AnnounceFinal's channel
+)
+
+// finishItem is an item as the finish script takes it.
+type finishItem struct {
+	kind                            byte
+	msg, result                     []byte
+	score, partition, lapsed, waits string
+	unique                          string // the lock key, "" for none
+}
+
+// finishCall is the finish script's KEYS and ARGV for items (see
+// finish.lua).
+func finishCall(k Keys, counts, pbacklog string, items []Finished, now time.Time, o *finishOpts) ([]string, []any, error) {
 	b := o.bounds
 	goneMax, goneFor := b.Gone.args()
-	if goneMax > 0 {
-		keys = append(keys, b.Gone.Key)
-	}
-	for _, it := range items {
-		keys = append(keys, k.Task(it.ID))
-	}
-	args := make([]any, 0, 19+13*len(items))
-	args = append(args, Score(now), now.Add(statsTTL).Unix(), o.sleepKey, o.channel, o.message,
-		max(b.Completed, 0), max(b.Archived, 0), TrimMargin, goneMax, goneFor, k.TaskPrefix(),
-		strings.Join(b.SidePrefixes, "\n"))
-	args = append(args, b.Remember.args()...)
-	args = append(args, o.final)
-	dueAt := len(args)
-	args = append(args, 0)
+	fi := make([]finishItem, len(items))
+	shape := 0
+	uniques := 0
 	for i := range items {
-		it := &items[i]
+		it, f := &items[i], &fi[i]
 		if err := it.check(k); err != nil {
-			return nil, fmt.Errorf("finish %s: %w", it.ID, err)
+			return nil, nil, fmt.Errorf("finish %s: %w", it.ID, err)
 		}
 		msg := *it.Msg
-		var score string
-		unique := 0
+		var outcome byte
 		switch it.Outcome {
 		case Succeeded:
 			if it.Retention > 0 {
 				msg.CompletedAt = now.Unix()
 				msg.Retention = int64(math.Ceil(it.Retention.Seconds()))
-				score = Score(now.Add(it.Retention))
+				f.score = Score(now.Add(it.Retention))
+				shape |= finKept
 			}
 			if msg.UniqueKey != "" && strings.HasPrefix(msg.UniqueKey, k.prefix) {
-				keys = append(keys, msg.UniqueKey)
-				unique = len(keys) // a Lua index, from 1
+				f.unique = msg.UniqueKey
+				uniques++
+				shape |= finUnique
 			}
 		case Retry:
+			outcome = 1
 			if it.Failure {
+				outcome = 2
 				msg.Retried++
 				// A deferral is no failure: LastFailedAt stays the
 				// last real one's.
 				msg.LastFailedAt = now.Unix()
+				shape |= finFailed
+			} else {
+				f.waits = cmp.Or(it.WaitsFor, handedBackMark)
+				shape |= finWaits
 			}
 			msg.ErrorMsg = it.ErrMsg
 			at := it.RetryAt
 			if at.IsZero() {
 				at = now
 			}
-			score = Score(at)
+			f.score = Score(at)
+			shape |= finRetry
+			if o.sleepKey != "" {
+				shape |= finWake
+			}
 		case Dead:
+			outcome = 3
 			msg.ErrorMsg = it.ErrMsg
 			msg.LastFailedAt = now.Unix()
+			shape |= finDead | finFailed
 		}
-		hasResult, result := "0", []byte(nil)
+		f.kind = 'a' + outcome
+		f.msg = msg.Marshal()
 		if it.Result != nil {
-			hasResult, result = "1", it.Result
+			f.kind += 4
+			f.result = it.Result
+			shape |= finResult
 		}
-		failure := "0"
-		if it.Failure {
-			failure = "1"
-		}
-		lapsed := ""
-		if !it.LeaseLapsedBy.IsZero() {
-			lapsed = Score(it.LeaseLapsedBy)
-		}
-		waits := cmp.Or(it.WaitsFor, handedBackMark)
-		callback := "0"
 		if it.Callback {
-			callback = "1"
+			f.kind += 8
 		}
-		args = append(args, it.ID, it.Lane, it.Partition, it.Outcome.code(), msg.Marshal(),
-			hasResult, result, score, failure, unique, lapsed, waits, callback)
-	}
-	if o.callbacks != "" {
-		keys = append(keys, o.callbacks)
-		args[dueAt] = len(keys) // a Lua index, from 1
-	}
-	v, err := script.Run(ctx, rdb, "finish", finishScript, keys, args...)
-	if err != nil {
-		return nil, err
-	}
-	done, err := script.Ints(v, len(items))
-	if err != nil {
-		return nil, fmt.Errorf("script finish: %w", err)
-	}
-	errs := make([]error, len(items))
-	for i, d := range done {
-		if d == 0 {
-			errs[i] = ErrNotActive
+		if it.Partition != "" {
+			f.partition = it.Partition
+			shape |= finPartition | finBacklog
+		}
+		if it.Lane == "" {
+			// Read from the task, with its partition and callback.
+			shape |= finBacklog
+		}
+		if it.Lane != items[0].Lane {
+			shape |= finLane
+		}
+		if f.kind != fi[0].kind {
+			shape |= finKind
+		}
+		if f.score != fi[0].score {
+			shape |= finScore
+		}
+		if !it.LeaseLapsedBy.IsZero() {
+			f.lapsed = Score(it.LeaseLapsedBy)
+			shape |= finLapsed
+		}
+		if o.callbacks != "" && (it.Callback || it.Lane == "") {
+			shape |= finDue
 		}
 	}
-	return errs, nil
+	if goneMax > 0 && shape&(finKept|finDead) != 0 {
+		shape |= finGone
+	}
+	if o.final != "" {
+		shape |= finFinal
+	}
+
+	keys := make([]string, 0, 13+len(items)+uniques)
+	keys = append(keys, k.Active(), k.Lease(), counts, k.Processed(now), k.ProcessedTotal())
+	for _, opt := range []struct {
+		flag int
+		keys []string
+	}{
+		{finKept, []string{k.Completed()}},
+		{finRetry, []string{k.Retry()}},
+		{finDead, []string{k.Archived()}},
+		{finFailed, []string{k.Failed(now), k.FailedTotal()}},
+		{finBacklog, []string{pbacklog}},
+		{finGone, []string{b.Gone.Key}},
+		{finDue, []string{o.callbacks}},
+	} {
+		if shape&opt.flag != 0 {
+			keys = append(keys, opt.keys...)
+		}
+	}
+	for _, it := range items {
+		keys = append(keys, k.Task(it.ID))
+	}
+
+	// What only a new day's stats key or a deletion needs, in one
+	// argument, read only then: one value a line (as side prefixes
+	// already were, no prefix or pattern holds a newline).
+	rem := b.Remember.args()
+	var settings strings.Builder
+	for _, v := range []any{now.Add(statsTTL).Unix(), TrimMargin, goneMax, goneFor, Score(now),
+		"(" + Score(now.Add(-time.Duration(goneFor)*time.Second)), k.TaskPrefix(), rem[0], rem[1], rem[2], rem[3], rem[4]} {
+		settings.WriteString(fmt.Sprint(v))
+		settings.WriteByte('\n')
+	}
+	settings.WriteString(strings.Join(b.SidePrefixes, "\n"))
+
+	args := make([]any, 0, 12+len(items)*(2+bits.OnesCount(uint(shape&(finKind<<1-1)))))
+	args = append(args, shape, settings.String())
+	if shape&finKind == 0 {
+		args = append(args, string(fi[0].kind))
+	}
+	if shape&finScore == 0 && shape&(finKept|finRetry) != 0 {
+		args = append(args, fi[0].score)
+	}
+	if shape&finLane == 0 {
+		args = append(args, items[0].Lane)
+	}
+	if shape&finFinal != 0 {
+		args = append(args, o.final)
+	}
+	if shape&finKept != 0 {
+		args = append(args, max(b.Completed, 0))
+	}
+	if shape&finDead != 0 {
+		args = append(args, max(b.Archived, 0), Score(now))
+	}
+	if shape&finWake != 0 {
+		args = append(args, o.sleepKey, o.channel, o.message)
+	}
+	for i := range items {
+		it, f := &items[i], &fi[i]
+		args = append(args, it.ID, f.msg)
+		if shape&finKind != 0 {
+			args = append(args, string(f.kind))
+		}
+		if shape&finScore != 0 {
+			args = append(args, f.score)
+		}
+		if shape&finResult != 0 {
+			args = append(args, f.result)
+		}
+		if shape&finLane != 0 {
+			args = append(args, it.Lane)
+		}
+		if shape&finPartition != 0 {
+			args = append(args, f.partition)
+		}
+		if shape&finUnique != 0 {
+			if f.unique == "" {
+				args = append(args, "")
+			} else {
+				keys = append(keys, f.unique)
+				args = append(args, len(keys)) // a Lua index, from 1
+			}
+		}
+		if shape&finLapsed != 0 {
+			args = append(args, f.lapsed)
+		}
+		if shape&finWaits != 0 {
+			args = append(args, f.waits)
+		}
+	}
+	return keys, args, nil
 }
 
 func (it *Finished) check(k Keys) error {

@@ -10,11 +10,19 @@
 -- final state this is, the webhook-id's suffix) one more. The id is
 -- published on the channel of the due set's own name, which deliverers
 -- subscribe to. See callback_claim.lua for the rest.
+--
+-- callback_started(task, id, due) is callback_due for a caller that has
+-- written cbs pending and cba 0 itself, in an HSET of its own (one command
+-- fewer).
+local function callback_started(task, id, due)
+  redis.call('ZADD', due, shaper_int(shaper_now('')), id)
+  redis.call('HDEL', task, 'cbe')
+  redis.call('HINCRBY', task, 'cbn', '1')
+  redis.call('PUBLISH', due, id)
+end
+
 local function callback_due(task, id, due)
   if not due then return end
-  redis.call('ZADD', due, shaper_int(shaper_now('')), id)
-  redis.call('HSET', task, 'cbs', 'pending', 'cba', 0)
-  redis.call('HDEL', task, 'cbe')
-  redis.call('HINCRBY', task, 'cbn', 1)
-  redis.call('PUBLISH', due, id)
+  redis.call('HSET', task, 'cbs', 'pending', 'cba', '0')
+  callback_started(task, id, due)
 end

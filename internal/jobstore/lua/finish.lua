@@ -4,196 +4,251 @@
 -- changes nothing: its lease ran out and it was recovered, or another
 -- caller finished it first.
 --
+-- A call sends only what its items need, and what they share once (every
+-- key and argument costs Redis about 1,500 instructions): ARGV[1], the
+-- call's shape, is a sum of flags (finScore ... in store.go) saying which
+-- optional keys, arguments and item fields follow.
+--
 -- KEYS[1] -> active list
 -- KEYS[2] -> lease set
--- KEYS[3] -> completed set
--- KEYS[4] -> retry set
--- KEYS[5] -> archived set
--- KEYS[6] -> processed count of the day
--- KEYS[7] -> processed total
--- KEYS[8] -> failed count of the day
--- KEYS[9] -> failed total
--- KEYS[10] -> shaper's counter hash, fields "<state>:<lane>" (a failing
+-- KEYS[3] -> shaper's counter hash, fields "<state>:<lane>" (a failing
 --    retry counts retry, a deferring one deferred)
--- KEYS[11] -> shaper's partition backlog, a sorted set of partition -> tasks
--- KEYS[12] -> with tombstones (ARGV[9] > 0): the tombstone set (see
---    trim.lua); without, the task hashes start here
--- KEYS[11+g+i] -> the task hash of item i (from 1), g 1 with tombstones
--- KEYS[...] -> uniqueness lock keys, as the items name them
--- ARGV[1] -> score for the archived set: now, Unix seconds (see Score)
--- ARGV[2] -> when new daily stats keys expire, Unix seconds
--- ARGV[3..5] -> with a retry among the items: a hash whose field "sleep"
---    says workers sleep ("" = none; in the queue's slot), and the channel
---    and message that wake them
--- ARGV[6], ARGV[7] -> most tasks the completed and the archived set keep
---    (0 = no bound); past it the lowest scores go, up to the number of
---    items plus ARGV[8] per set
--- ARGV[9], ARGV[10] -> most tombstones kept (0 = none) and for how many
---    seconds
--- ARGV[11] -> task key prefix
--- ARGV[12] -> side key prefixes deleted with a trimmed task, joined by
---    newlines ("" = none; each in the queue's slot)
--- ARGV[13..17] -> records of deleted idempotency keys' tasks
+-- KEYS[4] -> processed count of the day
+-- KEYS[5] -> processed total
+-- then, each when its flag is set, in this order:
+--    the completed set (KEPT), the retry set (RETRY), the archived set
+--    (DEAD), the failed count of the day and the failed total (FAILED),
+--    shaper's partition backlog, a sorted set of partition -> tasks
+--    (BACKLOG), the tombstone set (GONE, see trim.lua), the upstream's
+--    callback due set (DUE: else a delivery goes to the set the task's cb
+--    field names)
+-- then the task hash of each item, in order
+-- then uniqueness lock keys, as the items name them
+--
+-- ARGV[1] -> the shape
+-- ARGV[2] -> what only a new day or a deletion needs, joined by newlines:
+--    when a new daily stats key expires (Unix seconds); how many tasks
+--    past its bound each set may lose beyond the number of items; most
+--    tombstones kept (0 = none), for how many seconds, the score of a new
+--    one (now) and "(" and the score of the oldest kept; the task key
+--    prefix; records of deleted idempotency keys' tasks
 --    (Remembered.args): the bucket index key ("" = none; its buckets are
 --    built from it, in the queue's slot), window and span in seconds, the
---    Lua pattern of such an ID, the cancel mark's prefix
--- ARGV[18] -> the channel that announces jobs made final (see
---    AnnounceFinal; "" = none)
--- ARGV[19] -> index in KEYS of the upstream's callback due set (0 = none
---    declared: the set the task's cb field names)
---    then per item, 13 values:
---    id, lane, partition ("" = none), outcome ("s" succeeded, "r" retry,
---    "d" dead), encoded message to store, "1" when a result follows (else
---    "0"), result, score in the completed set ("" = delete the task) or in
---    the retry set, "1" when a retry is a failure (else "0"), index in KEYS
---    of the uniqueness lock to release (0 = none), and a lease score the
---    task's lease must not be later than ("" = any: a recovery's check),
---    a deferring retry's sd mark (what it waits for), and "1" when the job
---    has a callback (else "0"; an item without a lane reads it from the
---    task, as it does its lane)
+--    Lua pattern of such an ID, the cancel mark's prefix; and last the
+--    side key prefixes deleted with a trimmed task, one a line (each in
+--    the queue's slot)
+-- then, each when its flag is set, in this order:
+--    the kind of every item (not KIND, see below), the score of every
+--    item (not SCORE, when KEPT or RETRY), the lane of every item (not
+--    LANE), the channel that announces jobs made final (FINAL, see
+--    AnnounceFinal), the most tasks the completed set keeps (KEPT; 0 = no
+--    bound), the most the archived set keeps and the score for it, now
+--    (DEAD), a hash whose field "sleep" says workers sleep, in the
+--    queue's slot, and the channel and message that wake them (WAKE)
+-- then per item: its id; its encoded message to store; then, each when
+--    its flag is set, in this order: its kind (KIND), a letter: "a" and a
+--    sum of its outcome (0 succeeded, 1 a deferring retry, 2 a failing
+--    retry, 3 dead), 4 when a result follows and 8 when the job has a
+--    callback; score in the completed set ("" = delete the task) or in
+--    the retry set (SCORE); result (RESULT, "" when none follows); lane
+--    (LANE; "" = read the task's, as its partition and its callback);
+--    partition (PARTITION, "" = none); index in KEYS of the uniqueness
+--    lock to release (UNIQUE, "" = none); a lease score the task's lease
+--    must not be later than (LAPSED, "" = any: a recovery's check); a
+--    deferring retry's sd mark, what it waits for (WAITS)
 --
--- Returns one integer per item: 1 finished, 0 not active.
+-- Returns the items not active, by their place (from 1), in order: those
+-- it finished are all the others (most calls return an empty list).
 --
 -- A job with a callback that ends succeeded (kept) or dead has its
 -- delivery recorded here too (callback.lua): only then is its cb field
 -- read.
 --
 -- Needs remember.lua, trim.lua and callback.lua before it (see lua.go).
-local active, lease, completed, retry, archived = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local counts, pbacklog = KEYS[10], KEYS[11]
-local now, stats_expire = ARGV[1], ARGV[2]
+-- A global costs a table lookup on every read; these are read often.
+local KEYS, ARGV, call, byte, tonumber = KEYS, ARGV, redis.call, string.byte, tonumber
+local shape = tonumber(ARGV[1])
+-- The flags, in store.go's order (a script's local functions are made
+-- anew on every call, so none tests them).
+local SCORE, RESULT, LANE = shape % 2 >= 1, shape % 4 >= 2, shape % 8 >= 4
+local PARTITION, UNIQUE, LAPSED = shape % 16 >= 8, shape % 32 >= 16, shape % 64 >= 32
+local WAITS, KIND, KEPT = shape % 128 >= 64, shape % 256 >= 128, shape % 512 >= 256
+local RETRY, WAKE, DEAD = shape % 1024 >= 512, shape % 2048 >= 1024, shape % 4096 >= 2048
+local FAILED, BACKLOG, GONE = shape % 8192 >= 4096, shape % 16384 >= 8192, shape % 32768 >= 16384
+local DUE, FINAL = shape % 65536 >= 32768, shape >= 65536
 
--- The counters move once per call, by their sums (count_all, after the
--- items), and the completed set takes its members in one ZADD.
-local deltas, kept, archiving = {}, {}, false
-local function count(field, by)
-  deltas[field] = (deltas[field] or 0) + by
-end
-local function count_all()
-  for field, by in pairs(deltas) do
-    if by ~= 0 and redis.call('HINCRBY', counts, field, by) <= 0 then
-      redis.call('HDEL', counts, field)
-    end
-  end
-  if #kept > 0 then
-    redis.call('ZADD', completed, unpack(kept))
-  end
-end
+local active, lease, counts = KEYS[1], KEYS[2], KEYS[3]
+local k = 5
+local completed, retry, archived, failed_day, failed_total, pbacklog, gone_key, due_key
+if KEPT then k = k + 1; completed = KEYS[k] end
+if RETRY then k = k + 1; retry = KEYS[k] end
+if DEAD then k = k + 1; archived = KEYS[k] end
+if FAILED then failed_day, failed_total = KEYS[k + 1], KEYS[k + 2]; k = k + 2 end
+if BACKLOG then k = k + 1; pbacklog = KEYS[k] end
+if GONE then k = k + 1; gone_key = KEYS[k] end
+if DUE then k = k + 1; due_key = KEYS[k] end
 
-local function leave_backlog(partition)
-  if partition ~= '' then
-    if tonumber(redis.call('ZINCRBY', pbacklog, -1, partition)) <= 0 then
-      redis.call('ZREM', pbacklog, partition)
-    end
-  end
-end
+local a = 2
+local call_kind, call_score, call_lane, final_channel, kept_most, dead_most, now, sleep_key, wake_channel, wake_message
+if not KIND then a = a + 1; call_kind = byte(ARGV[a]) - 97 end
+call_score = ''
+if not SCORE and (KEPT or RETRY) then a = a + 1; call_score = ARGV[a] end
+if not LANE then a = a + 1; call_lane = ARGV[a] end
+if FINAL then a = a + 1; final_channel = ARGV[a] end
+if KEPT then a = a + 1; kept_most = ARGV[a] end
+if DEAD then dead_most, now = ARGV[a + 1], ARGV[a + 2]; a = a + 2 end
+if WAKE then sleep_key, wake_channel, wake_message = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]; a = a + 3 end
+local stride = 2
+if KIND then stride = stride + 1 end
+if SCORE then stride = stride + 1 end
+if RESULT then stride = stride + 1 end
+if LANE then stride = stride + 1 end
+if PARTITION then stride = stride + 1 end
+if UNIQUE then stride = stride + 1 end
+if LAPSED then stride = stride + 1 end
+if WAITS then stride = stride + 1 end
 
-local function bump(day, total, n)
-  if n > 0 then
-    if redis.call('INCRBY', day, n) == n then
-      redis.call('EXPIREAT', day, stats_expire)
-    end
-    redis.call('INCRBY', total, n)
+-- The counters move once per call, by their sums (see settle), deleted
+-- tasks' included.
+local moves = {}
+
+-- ARGV[2], read when a call needs it: a new day's stats key, or a
+-- deletion.
+local set
+local function settings()
+  if set then
+    return set
   end
+  local expire, margin, gone_most, gone_ttl, gone_at, gone_before, prefix, rk, window, span, pattern, cancel, sides =
+    string.match(ARGV[2], '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n' ..
+      '([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
+  set = {expire = expire, margin = tonumber(margin), prefix = prefix, sides = {}, tally = moves}
+  for p in string.gmatch(sides, '[^\n]+') do
+    set.sides[#set.sides + 1] = p
+  end
+  if gone_key and tonumber(gone_most) > 0 then
+    set.gone = {key = gone_key, most = tonumber(gone_most), ttl = gone_ttl, at = gone_at, before = gone_before}
+  end
+  if rk ~= '' then
+    set.rem = {key = rk, window = tonumber(window), span = tonumber(span), pattern = pattern, cancel = cancel}
+  end
+  return set
 end
 
 -- set_task writes a finished task's fields, and its result when one
 -- follows, in one HSET (one command a job, not two); a task deleted on
 -- finishing stores no result.
-local function set_task(task, has_result, result, ...)
-  if has_result == '1' then
-    redis.call('HSET', task, 'result', result, ...)
+local function set_task(task, result, ...)
+  if result then
+    call('HSET', task, 'result', result, ...)
   else
-    redis.call('HSET', task, ...)
+    call('HSET', task, ...)
   end
 end
 
-local rem = remembering(ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17])
-local gone_max = tonumber(ARGV[9])
-local g = 0
-if gone_max > 0 then
-  g = 1
-end
-local processed, failed = 0, 0
-local out = {}
-local i = 0
-local retried = false
-local due_key = KEYS[tonumber(ARGV[19])]
-for b = 20, #ARGV, 13 do
-  i = i + 1
-  local id, lane, partition, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local msg, has_result, result, score = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7]
-  local failure, unique = ARGV[b + 8], tonumber(ARGV[b + 9])
-  local lapsed, waits = ARGV[b + 10], ARGV[b + 11]
-  local task = KEYS[11 + g + i]
+local kept, final, missed = {}, {}, {}
+local processed, failed, retried, archiving = 0, 0, false, false
+local n = 0
+for b = a + 1, #ARGV, stride do
+  n = n + 1
+  local id, msg = ARGV[b], ARGV[b + 1]
+  local kind, score, result, lane, partition, unique, lapsed, waits = call_kind, call_score, false, call_lane, '', '', '', nil
+  local c = b + 2
+  if KIND then kind = byte(ARGV[c]) - 97; c = c + 1 end
+  if SCORE then score = ARGV[c]; c = c + 1 end
+  if RESULT then
+    if kind % 8 >= 4 then result = ARGV[c] end
+    c = c + 1
+  end
+  if LANE then lane = ARGV[c]; c = c + 1 end
+  if PARTITION then partition = ARGV[c]; c = c + 1 end
+  if UNIQUE then unique = ARGV[c]; c = c + 1 end
+  if LAPSED then lapsed = ARGV[c]; c = c + 1 end
+  if WAITS then waits = ARGV[c] end
+  local outcome = kind % 4
+  local task = KEYS[k + n]
   -- cb: the task's cb field once read (false: none), nil: not read.
-  local cb
-  if ARGV[b + 12] ~= '1' then cb = false end
+  local cb = false
+  if kind >= 8 then cb = nil end
   -- A caller that could not decode the job knows no lane: the task's
   -- own, where shaper's enqueue wrote them. (Read only then: this runs
   -- once per finished job.)
   if lane == '' then
-    local own = redis.call('HMGET', task, 'sl', 'sp', 'cb')
+    local own = call('HMGET', task, 'sl', 'sp', 'cb')
     if own[1] then
       lane, partition = own[1], own[2] or ''
     end
     cb = own[3]
   end
-  -- The due set of the job's callback (nil: none).
-  local function due()
-    if cb == nil then cb = redis.call('HGET', task, 'cb') end
-    if cb then return due_key or cb end
-  end
   -- A recovery reads the lease first: LREM removes as it checks, so
   -- nothing changes unless the task is in both. An ordinary finish takes
   -- the task off the active list, then its lease, and puts it back on
   -- the list if it held none (active, not leased: nothing can end it).
+  -- The take pushes on the left, and jobs end about in the order they
+  -- were taken, so the LREM looks from the right and stops at the task
+  -- (a task is on the list once): a few entries, not every job in
+  -- flight.
   local held = true
   if lapsed ~= '' then
-    held = redis.call('ZSCORE', lease, id)
+    held = call('ZSCORE', lease, id)
   end
   if not held or (lapsed ~= '' and tonumber(held) > tonumber(lapsed)) then
     -- (A recovery names the lease it saw run out: a task taken again
     -- since, under a new lease, is not the recovery's to end.)
-    out[i] = 0
-  elseif redis.call('LREM', active, 0, id) == 0 then
+    missed[#missed + 1] = n
+  elseif call('LREM', active, '-1', id) == 0 then
     -- Leased but not active: nothing can end it. A recovery drops the
     -- stray lease, which would otherwise be listed as lapsed for ever.
     if lapsed ~= '' then
-      redis.call('ZREM', lease, id)
+      call('ZREM', lease, id)
     end
-    out[i] = 0
-  elseif redis.call('ZREM', lease, id) == 0 then
-    redis.call('LPUSH', active, id)
-    out[i] = 0
+    missed[#missed + 1] = n
+  elseif call('ZREM', lease, id) == 0 then
+    call('LPUSH', active, id)
+    missed[#missed + 1] = n
   else
-    count('active:' .. lane, -1)
-    if outcome == 's' then
+    -- (Counted as tally's list says: active, succeeded, retry,
+    -- deferred, dead.)
+    local moved = tally(moves, lane)
+    moved[1] = moved[1] - 1
+    if outcome == 0 then
       processed = processed + 1
-      leave_backlog(partition)
-      if unique > 0 and redis.call('GET', KEYS[unique]) == id then
-        redis.call('DEL', KEYS[unique])
+      if partition ~= '' and tonumber(call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
+        call('ZREM', pbacklog, partition)
+      end
+      if unique ~= '' then
+        local lock = KEYS[tonumber(unique)]
+        if call('GET', lock) == id then
+          call('DEL', lock)
+        end
       end
       if score == '' then
         -- Not kept at all: an idempotency key's task is remembered.
+        local rem = settings().rem
         if rem and string.find(id, rem.pattern) then
           remember(rem.key, id, 's', rem.window, rem.span)
         end
-        redis.call('DEL', task)
+        call('DEL', task)
       else
         kept[#kept + 1] = score
         kept[#kept + 1] = id
-        set_task(task, has_result, result, 'msg', msg, 'state', 'completed')
-        count('succeeded:' .. lane, 1)
-        callback_due(task, id, due())
+        if cb == nil then cb = call('HGET', task, 'cb') end
+        if cb then
+          set_task(task, result, 'msg', msg, 'state', 'completed', 'cbs', 'pending', 'cba', '0')
+          callback_started(task, id, due_key or cb)
+        else
+          set_task(task, result, 'msg', msg, 'state', 'completed')
+        end
+        moved[2] = moved[2] + 1
       end
-    elseif outcome == 'r' then
-      redis.call('ZADD', retry, score, id)
+      final[#final + 1] = id
+    elseif outcome ~= 3 then
+      call('ZADD', retry, score, id)
       retried = true
-      if failure == '1' then
-        set_task(task, has_result, result, 'msg', msg, 'state', 'retry')
-        redis.call('HDEL', task, 'sd')
-        count('retry:' .. lane, 1)
+      if outcome == 2 then
+        set_task(task, result, 'msg', msg, 'state', 'retry')
+        call('HDEL', task, 'sd')
+        moved[3] = moved[3] + 1
         processed = processed + 1
         failed = failed + 1
       else
@@ -201,61 +256,90 @@ for b = 20, #ARGV, 13 do
         -- a failure, in the retry set and after (see flow.lua's
         -- waited_as); it goes when an attempt fails, the task dies or is
         -- retried (a cancel keeps it: see revive.lua).
-        set_task(task, has_result, result, 'msg', msg, 'state', 'retry', 'sd', waits)
-        count('deferred:' .. lane, 1)
+        set_task(task, result, 'msg', msg, 'state', 'retry', 'sd', waits)
+        moved[4] = moved[4] + 1
       end
     else
-      redis.call('ZADD', archived, now, id)
+      call('ZADD', archived, now, id)
       archiving = true
-      set_task(task, has_result, result, 'msg', msg, 'state', 'archived')
-      redis.call('HDEL', task, 'sd')
-      callback_due(task, id, due())
-      count('dead:' .. lane, 1)
-      leave_backlog(partition)
+      if cb == nil then cb = call('HGET', task, 'cb') end
+      if cb then
+        set_task(task, result, 'msg', msg, 'state', 'archived', 'cbs', 'pending', 'cba', '0')
+        callback_started(task, id, due_key or cb)
+      else
+        set_task(task, result, 'msg', msg, 'state', 'archived')
+      end
+      call('HDEL', task, 'sd')
+      moved[5] = moved[5] + 1
+      if partition ~= '' and tonumber(call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
+        call('ZREM', pbacklog, partition)
+      end
       processed = processed + 1
       failed = failed + 1
+      final[#final + 1] = id
     end
-    out[i] = 1
   end
 end
-count_all()
-bump(KEYS[6], KEYS[7], processed)
-bump(KEYS[8], KEYS[9], failed)
+if #kept > 0 then
+  call('ZADD', completed, unpack(kept))
+end
+
 -- Bounded by count as well as age: the oldest go, a bounded few per call
 -- (this call's items and a margin), so an excess (a lowered bound) goes
--- over the next calls without holding Redis for long in any one.
-local gone = {key = KEYS[12], most = gone_max, ttl = tonumber(ARGV[10]), now = tonumber(now)}
-if g == 0 then
-  gone = nil
+-- over the next calls without holding Redis for long in any one. A set
+-- this call added nothing to is left to the retention sweep, which holds
+-- it to its bound too; one within its bound costs a ZCARD.
+local trim
+local function over(set, state, most)
+  most = tonumber(most)
+  if most > 0 then
+    local excess = call('ZCARD', set) - most
+    if excess > 0 then
+      if not trim then
+        local _
+        _, _, trim = sweeper(settings())
+      end
+      trim(set, state, excess, n + settings().margin)
+    end
+  end
 end
-local budget = i + tonumber(ARGV[8])
-local sides = side_prefixes(ARGV[12])
--- A set this call added nothing to is left to the retention sweep, which
--- holds it to its bound too.
 if #kept > 0 then
-  trim(completed, counts, 'succeeded', tonumber(ARGV[6]), budget, ARGV[11], sides, gone, rem)
+  over(completed, 2, kept_most)
 end
 if archiving then
-  trim(archived, counts, 'dead', tonumber(ARGV[7]), budget, ARGV[11], sides, gone, rem)
+  over(archived, 5, dead_most)
+end
+settle(counts, moves)
+
+-- asynq's stats: processed and failed, of the day (from its first
+-- count, for as long as asynq keeps them) and in all.
+local function bump(day, total, by)
+  local arg = by
+  if by == 1 then arg = '1' end
+  if call('INCRBY', day, arg) == by then
+    call('EXPIREAT', day, settings().expire)
+  end
+  call('INCRBY', total, arg)
+end
+if processed > 0 then
+  bump(KEYS[4], KEYS[5], processed)
+end
+if failed > 0 then
+  bump(failed_day, failed_total, failed)
 end
 -- A retry's time is known to this caller only: workers that sleep learn
 -- of it from a wake-up (see WakeOnRetry).
-if retried and ARGV[3] ~= '' and redis.call('HDEL', ARGV[3], 'sleep') == 1 then
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+if retried and WAKE and call('HDEL', sleep_key, 'sleep') == 1 then
+  call('PUBLISH', wake_channel, wake_message)
 end
 -- Jobs made final (succeeded, dead) are announced, every id of the call in
 -- one message, one per line: long polls wake on it (see Finals), at one
 -- command per call whoever waits.
-if ARGV[18] ~= '' then
-  local final, n = {}, 0
-  for b = 20, #ARGV, 13 do
-    n = n + 1
-    if out[n] == 1 and ARGV[b + 3] ~= 'r' then
-      final[#final + 1] = ARGV[b]
-    end
-  end
-  if #final > 0 then
-    redis.call('PUBLISH', ARGV[18], table.concat(final, '\n'))
+if FINAL and #final > 0 then
+  if #final == 1 then
+    call('PUBLISH', final_channel, final[1])
+  else
+    call('PUBLISH', final_channel, table.concat(final, '\n'))
   end
 end
-return out
+return missed
