@@ -2,6 +2,7 @@ package jobstore
 
 import (
 	"embed"
+	"fmt"
 
 	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/script"
@@ -63,7 +64,8 @@ func lua(name string) string {
 // holds).
 var (
 	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("flow.lua"), lua("enqueue.lua"))
-	takeScript    = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("flow.lua"), lua("forward.lua"), lua("calls.lua"), lua("take.lua"))
+	takeScript    = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("flow.lua"), lua("forward.lua"), lua("calls.lua"),
+		fmt.Sprintf("local PAUSED_POLL = %d\n", PausedPoll.Microseconds()), lua("take.lua"))
 	requeueScript = script.New(lua("flow.lua"), lua("requeue.lua"))
 	cancelScript  = script.New(lua("callback.lua"), lua("cancel.lua"))
 	runNowScript  = script.New(lua("flow.lua"), lua("run_now.lua"))

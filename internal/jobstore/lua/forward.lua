@@ -7,29 +7,46 @@
 --     partitions), drops the parks (sp.our .. 'pk') whose time passed
 --     (without, none is added, and those left from before go with their
 --     flows; a park past its time is not counted as one); and brings the
---     calendar's lanes whose time came back into the rotation. At most 200 of each set and of the calendar per call:
---     the rest comes due at the next take. Each set's first member is read
---     before anything of it is moved, so a set with nothing due costs one
---     read; firsts = {scheduled, retry, cal} holds each set's lowest score
---     as it stands after the call (false: empty; nil: not known, because
+--     calendar's lanes whose time came back into the rotation. At most 200
+--     of each set and of the calendar per call: the rest comes due at the
+--     next take. Each set's first member is read before anything of it is
+--     moved, so a set with nothing due costs one read, and when none of
+--     the three exists (the common case) one EXISTS answers for all;
+--     firsts = {scheduled, retry, cal} holds each set's lowest score as it
+--     stands after the call (false: empty; nil: not known, because
 --     something of it moved), which the take needs for its answer.
+--   due_firsts(scheduled, retry, cal) -> firsts as forward_due's, without
+--     moving anything
 --   first_score(key) -> the lowest score of a sorted set, false if empty
 local function first_score(key)
-  local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local r = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   if #r == 0 then
     return false
   end
   return tonumber(r[2])
 end
 
+local function due_firsts(scheduled, retry, cal)
+  if redis.call('EXISTS', scheduled, retry, cal) == 0 then
+    return {scheduled = false, retry = false, cal = false}
+  end
+  return {scheduled = first_score(scheduled), retry = first_score(retry), cal = first_score(cal)}
+end
+
 local function forward_due(sp, scheduled, retry, counts, now, parks)
+  if parks then
+    redis.call('ZREMRANGEBYSCORE', sp.our .. 'pk', '-inf', now)
+  end
+  if redis.call('EXISTS', scheduled, retry, sp.cal) == 0 then
+    return {scheduled = false, retry = false, cal = false}
+  end
   local now_s = now / 1000000
   local firsts = {}
   for z, set in ipairs({scheduled, retry}) do
     local first = first_score(set)
     if first and first <= now_s then
       first = nil
-      local due = redis.call('ZRANGEBYSCORE', set, '-inf', now_s, 'LIMIT', 0, 200)
+      local due = redis.call('ZRANGEBYSCORE', set, '-inf', now_s, 'LIMIT', '0', '200')
       for _, id in ipairs(due) do
         redis.call('ZREM', set, id)
         local f = redis.call('HMGET', sp.task .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
@@ -44,14 +61,11 @@ local function forward_due(sp, scheduled, retry, counts, now, parks)
     end
     firsts[z] = first
   end
-  if parks then
-    redis.call('ZREMRANGEBYSCORE', sp.our .. 'pk', '-inf', now)
-  end
   -- (A push may have taken its lane off the calendar: read it after.)
   local first = first_score(sp.cal)
   if first and first <= now then
     first = nil
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', 0, 200)) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', '0', '200')) do
       redis.call('ZREM', sp.cal, m)
       local bar = string.find(m, '|', 1, true)
       activate_lane(sp, string.sub(m, bar + 1), string.sub(m, 1, bar - 1))
