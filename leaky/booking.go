@@ -50,7 +50,13 @@ func (b *Bucket) bookingArgs(s *limitSet, leaseAfterSlot time.Duration) []any {
 	}
 	out := []any{b.cfg.Concurrency, leaseAfterSlot.Microseconds(), b.p.key(b.name, ""), pov, len(s.limits)}
 	for i, l := range s.limits {
-		out = append(out, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), l.Cost, dynField(l), s.upto[i])
+		// A limit of requests, fixed and in force, the common one, is "":
+		// every argument costs Redis a little on every call.
+		x := ""
+		if f := dynField(l); l.Cost != "" || f != "" || s.upto[i] != 0 {
+			x = l.Cost + " " + f + " " + strconv.FormatInt(s.upto[i], 10)
+		}
+		out = append(out, s.params[i].Interval, s.params[i].Capacity, l.Per.Microseconds(), x)
 	}
 	return append(out, s.changes)
 }

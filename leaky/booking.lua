@@ -11,24 +11,29 @@
 --     at keys[k] (one TAT per limit) and whose ARGV start at args[a]
 --     (concurrency, lease µs past the slot, the bucket's key prefix, the
 --     partitions' overrides hash or "" for none, n, n × (interval,
---     capacity, per µs, cost name, dyn field, µs from which it is no
---     longer enforced or 0: a draining limit's end), the count of
---     operators' changes the limits follow), its limits as paced now; a2
---     is the ARGV index after the bucket's. The keys a booking reads only
---     in some cases (the block hash, the leases, the dyn hash, the stated
---     limits' TATs, the partitions' TATs) are named from the prefix as the
---     Bucket's key functions name them, so that a script is not passed
---     what it may not read. Limits that follow an older count than the
---     dyn hash's 'n' (an operator changed them since, see
+--     capacity, per µs, and "" for a limit of requests, fixed and in force,
+--     else "COST FIELD UPTO": its cost name or "", its dyn field or "", µs
+--     from which it is no longer enforced or 0: a draining limit's end),
+--     the count of operators' changes the limits follow), its limits as
+--     paced now; a2 is the ARGV index after the bucket's. The keys a
+--     booking reads only in some cases (the block hash, the leases, the dyn
+--     hash, the stated limits' TATs, the partitions' TATs) are named from
+--     the prefix as the Bucket's key functions name them, so that a script
+--     is not passed what it may not read. Limits that follow an older
+--     count than the dyn hash's 'n' (an operator changed them since, see
 --     Bucket.PutLimits) are stale: leaky_earliest then answers reason 5
 --     and no slot, and the caller reads the limits again. b.lim holds the
---     limits ({interval, capacity, per, cost, key, tat, off}), the
+--     limits ({interval, capacity, per, cost, key, tat, off}: off true for
+--     a draining limit whose drain ended), the
 --     configured ones first, in order; b.named is whether one of those
 --     counts a cost by name (so a caller without named costs of its own
 --     need not read a send's costs)
---     leaky_open(keys, k, args, a, now, also) -> b, a2, vals also reads the
---     string keys named in the list also, in the same MGET as the limits'
---     TATs, vals holding their values in order (false: none)
+--     leaky_open(keys, k, args, a, now, also, probe) -> b, a2, vals, none
+--     also reads the string keys named in the list also, in the same MGET
+--     as the limits' TATs, vals holding their values in order (false:
+--     none); and asks whether any key of the list probe exists in the same
+--     EXISTS as the bucket's own: none is true when none of those exists
+--     (nor the bucket's dyn hash or block), else the caller looks itself
 --   leaky_limits(args, a) -> limits, a2: a partition's limits at args[a]
 --     (k, k × (id, interval, capacity, per µs, cost name))
 --   leaky_cost(l, costs) -> what a send of costs counts in limit l
@@ -56,40 +61,51 @@ local function leaky_cost(l, costs)
   return costs[l.cost] or 0
 end
 
-local function leaky_open(keys, k, args, a, now, also)
+local function leaky_open(keys, k, args, a, now, also, probe)
   local n = tonumber(args[a + 4])
   local pre = args[a + 2]
-  local b = {prefix = pre, block = pre .. 'block', lim = {}, changed = false, lease_expiry = 0,
-    conc = 0, pov = args[a + 3], blocked = 0, stale = false, named = false}
+  -- (A table costs Redis for every field it is built with, and more for
+  -- one added later: b has those every booking reads; the concurrency
+  -- cap's, the partitions' are added where there are such.)
+  local b = {prefix = pre, lim = {}, conc = 0, pov = args[a + 3], blocked = 0, stale = false, named = false,
+    changed = false}
   if args[a] ~= '0' then
-    b.conc, b.lease_ttl, b.leases = tonumber(args[a]), tonumber(args[a + 1]), pre .. 'leases'
+    b.conc, b.lease_ttl, b.leases, b.lease_expiry = tonumber(args[a]), tonumber(args[a + 1]), pre .. 'leases', 0
   end
   -- Neither the dyn hash nor the block exists unless the upstream stated
   -- limits, pushed back, was paused, adapted or had its limits changed:
-  -- one EXISTS tells, and spares reading either.
-  local dkey = pre .. 'dyn'
+  -- one EXISTS tells (and of the caller's probe keys too), and spares
+  -- reading either.
+  local dkey, block = pre .. 'dyn', pre .. 'block'
   local dyn
-  if redis.call('EXISTS', dkey, b.block) > 0 then
+  local found
+  if probe then
+    found = redis.call('EXISTS', dkey, block, unpack(probe))
+  else
+    found = redis.call('EXISTS', dkey, block)
+  end
+  if found > 0 then
     dyn = shaper_dyn_read(dkey)
-    b.blocked = tonumber(redis.call('HGET', b.block, 'until') or '0')
+    b.blocked = tonumber(redis.call('HGET', block, 'until') or '0')
   end
   a = a + 5
   local lim, reads = b.lim, {}
   for i = 1, n do
-    local cost = args[a + 3]
-    if cost ~= '' then b.named = true end
     local l = {interval = tonumber(args[a]), capacity = tonumber(args[a + 1]), per = tonumber(args[a + 2]),
-      cost = cost, key = keys[k + i - 1], tat = 0, off = false}
-    if dyn and args[a + 4] ~= '' then l.interval = shaper_dyn_interval(dyn, args[a + 4], l.interval, now) end
-    -- A draining limit whose drain has ended (on this clock) holds nothing.
-    local upto = args[a + 5]
-    if upto ~= '0' and now >= tonumber(upto) then
-      l.off = true
-    else
-      reads[#reads + 1] = l.key
+      cost = '', key = keys[k + i - 1], tat = 0}
+    -- (Most limits count requests, fixed and for good: "".)
+    local x = args[a + 3]
+    if x ~= '' then
+      local cost, field, upto = string.match(x, '^([^ ]*) ([^ ]*) (%d+)$')
+      l.cost = cost
+      if cost ~= '' then b.named = true end
+      if dyn and field ~= '' then l.interval = shaper_dyn_interval(dyn, field, l.interval, now) end
+      -- A draining limit whose drain has ended (on this clock) holds nothing.
+      if upto ~= '0' and now >= tonumber(upto) then l.off = true end
     end
+    if not l.off then reads[#reads + 1] = l.key end
     lim[i] = l
-    a = a + 6
+    a = a + 4
   end
   if dyn then
     -- The change of limits these follow; nothing is booked under older ones.
@@ -98,7 +114,7 @@ local function leaky_open(keys, k, args, a, now, also)
       local iv, cap, pr = shaper_stated(dyn, s)
       if iv then
         local key = pre .. 'tat:stated' .. s
-        lim[#lim + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = key, tat = 0, off = false}
+        lim[#lim + 1] = {interval = iv, capacity = cap, per = pr, cost = '', key = key, tat = 0}
         reads[#reads + 1] = key
       end
     end
@@ -124,7 +140,7 @@ local function leaky_open(keys, k, args, a, now, also)
   if b.conc > 0 then
     redis.call('ZREMRANGEBYSCORE', b.leases, '-inf', now)
   end
-  return b, a, got
+  return b, a, got, found == 0
 end
 
 local function leaky_limits(args, a)
@@ -273,7 +289,7 @@ local function leaky_commit(b, now)
       end
     end
   end
-  if b.lease_expiry > 0 then
+  if b.conc > 0 and b.lease_expiry > 0 then
     local ttl = math.ceil((b.lease_expiry - now) / 1000) + 1000
     if redis.call('PTTL', b.leases) < ttl then
       redis.call('PEXPIRE', b.leases, ttl)

@@ -78,16 +78,20 @@ func TestBookingLibraryBooksAsReserve(t *testing.T) {
 }
 
 // keysDriver answers the keys leaky_open names from the bucket's prefix
-// for a bucket whose dyn hash states limits: block, leases, the stated
-// limits' TATs, and partition p's TAT of its one limit. KEYS are
-// BookingKeys; ARGV[1] now, then BookingArgs, then PartitionArgs.
+// for a bucket whose dyn hash states limits: the leases, the stated
+// limits' TATs (in b.lim after the configured one's), and partition p's
+// TAT of its one limit; then the reason of leaky_earliest, which reads the
+// block. KEYS are BookingKeys; ARGV[1] now, then BookingArgs, then
+// PartitionArgs.
 var keysDriver = script.New(gcra.LuaFunctions, BookingLua(), `
 local now = tonumber(ARGV[1])
 local b, a = leaky_open(KEYS, 1, ARGV, 2, now)
 local pl = leaky_limits(ARGV, a)
-local out = {b.block, b.leases}
+local out = {b.leases}
 for i = 1, #b.lim do out[#out + 1] = b.lim[i].key end
 out[#out + 1] = leaky_partition(b, 'p', pl, now).key[1]
+local _, why = leaky_earliest(b, {}, now)
+out[#out + 1] = tostring(why)
 return out
 `)
 
@@ -101,6 +105,9 @@ func TestBookingLibraryNamesKeysAsGo(t *testing.T) {
 	rdb := srv.Client(t)
 	b := newBucket(t, rdb, clock.Now, BucketConfig{Limits: []Limit{PerSecond(100)}, Concurrency: 2})
 	if _, err := b.Learn(ctx, []Limit{PerSecond(50), PerMinute(600)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := b.Pushback(ctx, time.Second, time.Minute, 0, "test", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	part := []Limit{PerSecond(5)}
@@ -117,13 +124,13 @@ func TestBookingLibraryNamesKeysAsGo(t *testing.T) {
 	for _, k := range v.([]any) {
 		got = append(got, k.(string))
 	}
-	want := append(b.blockKey(), b.leasesKey()...)
-	want = append(want, b.BookingKeys()...)
+	want := append(b.leasesKey(), b.BookingKeys()...)
 	for i := 1; i <= MaxStated; i++ {
 		want = append(want, b.statedKey(i))
 	}
-	want = append(want, b.PartitionTAT("p", part[0]))
+	// The block Pushback wrote holds the slot: reason 2.
+	want = append(want, b.PartitionTAT("p", part[0]), "2")
 	if !slices.Equal(got, want) {
-		t.Fatalf("keys the library names: got %q, want %q", got, want)
+		t.Fatalf("keys the library names, then the reason: got %q, want %q", got, want)
 	}
 }

@@ -43,9 +43,9 @@ import (
 
 // Every script is a file of lua/, whose opening comment is its contract
 // (KEYS, ARGV, what it returns); the files that are libraries of local
-// functions (flow, forward, optional, remember, trim) say what they define
-// and which other library they need before them. script.New puts its
-// prelude first.
+// functions (calls, count, flow, forward, optional, remember, trim) say
+// what they define and which other library they need before them.
+// script.New puts its prelude first.
 
 //go:embed lua/*.lua
 var luaFiles embed.FS
@@ -63,13 +63,17 @@ func lua(name string) string {
 // moves (requeue, cancel, run now, revive) or is read (job hold,
 // holds).
 var (
-	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("flow.lua"), lua("enqueue.lua"))
-	takeScript    = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("flow.lua"), lua("forward.lua"), lua("calls.lua"),
+	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("count.lua"), lua("flow.lua"), lua("enqueue.lua"))
+	// The take builds the libraries of its rarer paths (moving due jobs,
+	// yielding to proxied calls) only on those paths (script.Lazy).
+	takeScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("count.lua"),
+		script.Lazy("take_forward", []string{"space", "forward_due", "due_firsts", "first_score"}, lua("flow.lua"), lua("forward.lua")),
+		script.Lazy("take_calls", []string{"call_keys", "call_ahead", "call_lane_first", "CALL_YIELD"}, lua("calls.lua")),
 		fmt.Sprintf("local PAUSED_POLL = %d\n", PausedPoll.Microseconds()), lua("take.lua"))
-	requeueScript = script.New(lua("flow.lua"), lua("requeue.lua"))
+	requeueScript = script.New(lua("count.lua"), lua("flow.lua"), lua("requeue.lua"))
 	cancelScript  = script.New(lua("callback.lua"), lua("cancel.lua"))
-	runNowScript  = script.New(lua("flow.lua"), lua("run_now.lua"))
-	reviveScript  = script.New(lua("flow.lua"), lua("revive.lua"))
+	runNowScript  = script.New(lua("count.lua"), lua("flow.lua"), lua("run_now.lua"))
+	reviveScript  = script.New(lua("count.lua"), lua("flow.lua"), lua("revive.lua"))
 	jobHoldScript = script.New(lua("job_hold.lua"))
 	holdsScript   = script.New(lua("holds.lua"))
 )

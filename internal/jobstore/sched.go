@@ -435,9 +435,10 @@ func (t *Taker) build() (*takeArgs, error) {
 	plan := cfg.Bucket.Plan(cfg.ConcurrencyLease)
 	bk, ba, version := plan.Keys, plan.Args, plan.Version()
 	// The bucket's keys come last: the stated limits' TATs run to the end.
-	keys := append([]string{s.fKey(), s.CountsKey(), s.a.Scheduled(), s.a.Retry(), s.a.Active(), s.a.Lease(),
-		s.a.Groups(), s.a.Paused()}, bk...)
-	f := []any{t.leaseS, s.our, s.groupPrefix(), s.taskPrefix()}
+	// The take names every other key it uses from the prefixes: our
+	// own, and asynq's of the queue (Keys.Prefix).
+	keys := append([]string{s.fKey()}, bk...)
+	f := []any{t.leaseS, s.our, s.a.Prefix()}
 	f = append(f, ba...)
 	// Partition limits, overrides, weights and lanes other than 1 follow
 	// unless there are none of them at all, the common case: every

@@ -1,4 +1,5 @@
--- forward.lua: a library for the take. Needs flow.lua before it.
+-- forward.lua: a library for the take. Needs count.lua and flow.lua before
+-- it.
 --
 --   forward_due(sp, scheduled, retry, counts, now, parks) -> firsts: moves
 --     jobs of asynq's scheduled and retry sets (keys) that are due at now

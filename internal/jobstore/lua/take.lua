@@ -15,14 +15,7 @@
 -- the calendar until its earliest one can send.
 --
 -- KEYS[1] -> f
--- KEYS[2] -> counts
--- KEYS[3] -> asynq scheduled
--- KEYS[4] -> asynq retry
--- KEYS[5] -> asynq active
--- KEYS[6] -> asynq lease
--- KEYS[7] -> asynq groups set
--- KEYS[8] -> asynq's paused key
--- KEYS[9..] -> the upstream bucket's keys (leaky.Bucket.BookingKeys)
+-- KEYS[2..] -> the upstream bucket's keys (leaky.Bucket.BookingKeys)
 -- ARGV[1] -> now override
 -- ARGV[2] -> max jobs
 -- ARGV[3] -> lookahead µs
@@ -33,15 +26,20 @@
 --    when it gives max jobs too, does not look at what else comes due
 --    (next -1) nor at the leases (expired 0): its caller comes back at once
 -- ARGV[5] -> asynq lease seconds
--- ARGV[6] -> our prefix (P:s:{Q}:, which v, cal, pk and the lanes' and
---    partitions' sets are named from)
--- ARGV[7] -> asynq group prefix
--- ARGV[8] -> asynq task prefix
--- ARGV[9..] -> the bucket's (leaky.Bucket.BookingArgs); then, unless every
+-- ARGV[6] -> our prefix P:s:{Q}:, which the counters (c), v, cal, pk, cw
+--    and the lanes' and partitions' sets are named from (see lua.go)
+-- ARGV[7] -> asynq's prefix of the queue, asynq:{Q}:, which its keys are
+--    named from as Keys (keys.go) names them: scheduled, retry, active,
+--    lease, groups, paused, g: (a flow), t: (a task)
+-- ARGV[8..] -> the bucket's (leaky.Bucket.BookingArgs); then, unless every
 --    one of them is empty (then ARGV ends there), the partition limits
 --    (leaky.Bucket.PartitionArgs), then o, o × (partition, its limits as
 --    PartitionArgs): overrides; then w, w × (fairness key, weight); then
 --    x, x × (lane, weight): weights other than 1
+--
+-- (Every KEYS or ARGV element costs Redis about as much as a small
+-- command's share of a call, so what the take can name from a prefix, or
+-- needs only in some cases, is not passed.)
 --
 -- A queue paused through asynq (Inspector.PauseQueue) gives no job: the
 -- take answers a block (reason 2) with a wait of PAUSED_POLL, since asynq's
@@ -67,21 +65,29 @@
 -- each, more for a number Redis must format: constant strings are passed
 -- where they will do) and the tables and closures it builds; so the common
 -- case (one fairness key, one lane, no partition limits, no calls waiting)
--- reads nothing it need not, and builds little per job.
+-- reads nothing it need not, and builds little per job: once a job went
+-- from a flow whose key, lane and partition each had its set to itself,
+-- and no partition limit counts it, the next job of that flow goes the
+-- same way without a look at those sets (a run).
 --
--- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua,
--- forward.lua and calls.lua before it, and PAUSED_POLL (see lua.go).
-local P, G, T = ARGV[6], ARGV[7], ARGV[8]
-local K_F, K_COUNTS, K_GROUPS = KEYS[1], KEYS[2], KEYS[7]
-local K_CAL, K_PK = P .. 'cal', P .. 'pk'
+-- Needs gcra's library, leaky's booking library (leaky.BookingLua) and
+-- count.lua before it, the loaders take_forward (flow.lua and forward.lua:
+-- space, forward_due, due_firsts, first_score) and take_calls (calls.lua:
+-- call_keys, call_ahead, call_lane_first, CALL_YIELD), and PAUSED_POLL
+-- (see lua.go).
+local P, A = ARGV[6], ARGV[7]
+local K_F, K_COUNTS = KEYS[1], P .. 'c'
+local G, T = A .. 'g:', A .. 't:'
 
 local now = shaper_now(ARGV[1])
 local max_jobs = tonumber(ARGV[2])
 local horizon = now + tonumber(ARGV[3])
 
 -- The upstream's bucket, its limits as paced now (leaky's library), and
--- asynq's pause mark, read with the limits.
-local bucket, a, marks = leaky_open(KEYS, 9, ARGV, 9, now, {KEYS[8]})
+-- asynq's pause mark, read with the limits; whether any call was ever
+-- marked waiting (cw) is asked with the bucket's optional state.
+local K_CW = P .. 'cw'
+local bucket, a, marks, quiet = leaky_open(KEYS, 2, ARGV, 8, now, {A .. 'paused'}, {K_CW})
 -- (Read only: every job without costs, every table of weights or limits
 -- not given, shares it.)
 local NONE = {}
@@ -118,7 +124,12 @@ end
 
 -- Proxied calls waiting their turn (call_turn.lua, which says what cq
 -- and cw hold): keys with calls waiting and no jobs, by virtual time.
-local calls, calls_live = call_keys(P, K_F, now)
+local calls, calls_live = NONE, false
+local call_keys, call_ahead, call_lane_first, CALL_YIELD
+if not quiet then
+  call_keys, call_ahead, call_lane_first, CALL_YIELD = take_calls()
+  calls, calls_live = call_keys(P, K_F, now)
+end
 
 -- by_name: some limit counts a cost by name, so a job's costs are read.
 -- (An operator's override of a partition may: read them where there are
@@ -134,31 +145,39 @@ if parted then
     end
   end
 end
--- named: some of the limits ls counts a cost by name.
-local function named(ls)
-  for i = 1, #ls do
-    if ls[i].cost ~= '' then return true end
+-- named: some of the limits ls counts a cost by name; costs_of: the
+-- costs a task's sc field says. (Built where costs are read at all.)
+local named, costs_of
+if by_name or parted then
+  named = function(ls)
+    for i = 1, #ls do
+      if ls[i].cost ~= '' then return true end
+    end
+    return false
   end
-  return false
-end
-local function costs_of(s)
-  if not s or s == '' then return NONE end
-  local t = {}
-  for k, v in string.gmatch(s, '([^=,]+)=(%d+)') do
-    t[k] = tonumber(v)
+  costs_of = function(s)
+    if not s or s == '' then return NONE end
+    local t = {}
+    for k, v in string.gmatch(s, '([^=,]+)=(%d+)') do
+      t[k] = tonumber(v)
+    end
+    return t
   end
-  return t
 end
 
 local look = ARGV[4] == '1'
+local K_CAL = P .. 'cal'
 -- firsts: what forward_due (or due_firsts) read of the due sets and the
 -- calendar, for the answer's next; nil: not read.
 local firsts
+local space, forward_due, due_firsts, first_score
 -- Where partitions are limited, a lane whose every partition was parked
 -- waits on the calendar: it is brought back at every take, so that one
 -- partition's backlog never holds another's jobs back.
 if look or parted then
-  firsts = forward_due(space(P, G, T, P .. 'v', K_F, K_CAL, K_GROUPS), KEYS[3], KEYS[4], K_COUNTS, now, parted)
+  space, forward_due, due_firsts, first_score = take_forward()
+  firsts = forward_due(space(P, G, T, P .. 'v', K_F, K_CAL, A .. 'groups'), A .. 'scheduled', A .. 'retry',
+    K_COUNTS, now, parted)
 end
 
 local out = {now, -1, 0, -1, 0}
@@ -177,12 +196,12 @@ local went, went_lane = {}, {}
 -- view: what the take knows of the first members of a sorted set it
 -- picks from (fairness keys, a key's lanes, a lane's partitions): read
 -- once, up to 16 members, then kept in order by the take itself, whose
--- new scores are written once, after the loop (dirty), or before the set
--- is read again. Nothing else writes these sets while the take runs, so
--- going back to one (the one fairness key and lane of the common case,
--- every tenant of a fair share) costs no read. m and s hold the first
--- members and their scores in ZRANGE's order as the take has made it;
--- full: they hold all of them.
+-- new scores are written once, after the loop (dirty, false until one
+-- is), or before the set is read again. Nothing else writes these sets
+-- while the take runs, so going back to one (the one fairness key and
+-- lane of the common case, every tenant of a fair share) costs no read.
+-- m and s hold the first members and their scores in ZRANGE's order as
+-- the take has made it; full: they hold all of them.
 --
 -- A set that held one member when the take read it, and still does,
 -- keeps that member's score as it is in Redis when the take moves it on
@@ -190,8 +209,10 @@ local went, went_lane = {}, {}
 -- after now (partitions): its score orders it against nothing, and one
 -- that joins it comes in at that score (flow.lua's virtual time), or, for
 -- a partition, at a later now. So the common case, one key, one lane, no
--- partitions, writes none of these sets.
-local views = {}
+-- partitions, writes none of these sets; and a sole key's or lane's score
+-- is not even read (s is then ZERO's, and never moved).
+local views = {[K_F] = false}
+local ZERO = {0}
 -- before: a member of score sa and name ma comes before one of sb, mb in
 -- a sorted set (names compared as bytes, as Redis does).
 local function before(sa, ma, sb, mb)
@@ -213,27 +234,27 @@ local function flush(key, v)
     end
   end
   if #z > 0 then redis.call('ZADD', key, 'XX', unpack(z)) end
-  v.dirty = {}
+  v.dirty = false
 end
 local function view(key, vt)
   local v = views[key]
   if v then
     if v.m[1] or v.full then return v end
-    flush(key, v)
+    if v.dirty then flush(key, v) end
   else
-    v = {vt = vt, dirty = {}}
-    views[key] = v
     if vt and not calls_live then
       -- A key's or a lane's score matters only against another's, so the
       -- first read asks for two names and no scores (Redis formats each
-      -- score, and Lua parses it back): a sole one's is never written, and
-      -- read by nothing but calls.
+      -- score, and Lua parses it back).
       local ms = redis.call('ZRANGE', key, '0', '1')
       if #ms < 2 then
-        v.m, v.s, v.full, v.sole = ms, {0}, true, #ms == 1
+        v = {m = ms, s = ZERO, full = true, sole = #ms == 1, vt = true, dirty = false}
+        views[key] = v
         return v
       end
     end
+    v = {m = false, s = false, full = false, sole = nil, vt = vt, dirty = false}
+    views[key] = v
   end
   local r = redis.call('ZRANGE', key, '0', '15', 'WITHSCORES')
   local ms, ss = {}, {}
@@ -247,40 +268,55 @@ end
 -- rescore: the first member moves to score sc; past the members the view
 -- holds (and not full), it leaves the view, which stays the set's head. A
 -- sole member's new score is written only if it is a partition's and
--- later than now (see above).
+-- later than now (see above): a sole key's or lane's is not kept at all.
 local function rescore(v, sc)
-  local ms, ss = v.m, v.s
-  local m, n = ms[1], #ms
-  local i = 1
-  while i < n and not before(sc, m, ss[i + 1], ms[i + 1]) do
-    ms[i], ss[i] = ms[i + 1], ss[i + 1]
-    i = i + 1
-  end
-  if i < n or v.full then
-    ms[i], ss[i] = m, sc
+  local ms = v.m
+  local m = ms[1]
+  if v.sole then
+    if v.vt then return end
+    v.s[1] = sc
   else
-    ms[i], ss[i] = nil, nil
+    local ss, n = v.s, #ms
+    local i = 1
+    while i < n and not before(sc, m, ss[i + 1], ms[i + 1]) do
+      ms[i], ss[i] = ms[i + 1], ss[i + 1]
+      i = i + 1
+    end
+    if i < n or v.full then
+      ms[i], ss[i] = m, sc
+    else
+      ms[i], ss[i] = nil, nil
+    end
   end
-  if v.sole and (v.vt or sc <= now) then
-    v.dirty[m] = nil
-  else
-    v.dirty[m] = sc
+  local d = v.dirty
+  if v.sole and sc <= now then
+    if d then d[m] = nil end
+    return
   end
+  if not d then
+    d = {}
+    v.dirty = d
+  end
+  d[m] = sc
 end
 -- drop_first: the first member leaves the set.
 local function drop_first(key, v)
   local m = table.remove(v.m, 1)
-  table.remove(v.s, 1)
-  v.dirty[m] = nil
+  if v.s ~= ZERO then table.remove(v.s, 1) end
+  if v.dirty then v.dirty[m] = nil end
   redis.call('ZREM', key, m)
 end
 -- flows: what the take has read of a flow, from its head, a few jobs per
 -- read (as many as the take may still give, and the one after); the jobs
--- it takes leave the flow at the end of the take, all at once.
+-- it takes leave the flow at the end of the take, all at once: they are
+-- its first rank + at - 1 (nothing else writes a flow while the take
+-- runs).
 -- parked: the parks of flows (K_PK, read only by status) the take made,
 -- flow -> µs, written in one ZADD after the loop; a flow that empties
--- leaves it (gone: flows to take out of K_PK, in one ZREM).
-local parked, gone = {}, {}
+-- leaves it (gone: flows to take out of K_PK, in one ZREM). Parks come
+-- of partition limits alone.
+local parked, gone = NONE, false
+if parted then parked = {} end
 local flows = {}
 local function flow_head(g)
   local fl = flows[g]
@@ -290,9 +326,9 @@ local function flow_head(g)
     local k = max_jobs - taken
     local hi = ARGV[2]
     if taken > 0 then hi = k end
-    fl = {key = G .. g, at = 1, rank = 0, took = {}}
-    fl.ids = redis.call('ZRANGE', fl.key, '0', hi)
-    fl.more = #fl.ids == k + 1
+    local key = G .. g
+    local ids = redis.call('ZRANGE', key, '0', hi)
+    fl = {key = key, ids = ids, at = 1, rank = 0, more = #ids == k + 1}
     flows[g] = fl
   elseif fl.more and fl.ids[fl.at + 1] == nil then
     -- The jobs taken are still in the flow, ahead of the rest.
@@ -303,18 +339,13 @@ local function flow_head(g)
   end
   return fl
 end
--- Lanes and fairness keys retire lazily, when the take finds them empty.
-local function retire_lane(lk, lv, fv)
-  drop_first(lk, lv)
-  if view(lk).m[1] == nil then drop_first(K_F, fv) end
-end
 -- lane_at: the take's own view of lane l's start in the current key's
 -- lanes (cur_lk, cur_lv), for call_lane_first (only where calls wait).
 local cur_lk, cur_lv, lane_at, call_lanes
 if calls_live then
   call_lanes = {}
   lane_at = function(l)
-    if cur_lv.dirty[l] then return cur_lv.dirty[l] end
+    if cur_lv.dirty and cur_lv.dirty[l] then return cur_lv.dirty[l] end
     for i, m in ipairs(cur_lv.m) do
       if m == l then return cur_lv.s[i] end
     end
@@ -322,51 +353,66 @@ if calls_live then
     return t and tonumber(t)
   end
 end
--- The sets' keys of the key, lane and partition met last: the common case
--- meets the same ones job after job.
-local last_fk, lk, last_lane, rk, last_pk, g
+-- What the last job went by: its key, lane, partition and flow, their
+-- views and sets' keys (the common case meets the same ones job after
+-- job); run: the next job of the flow may go by them unlooked (see above).
+local fv, fk, s1, lk, lv, lane, s2, rk, rv, pk, g, fl
+local run = false
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
-    local fv = view(K_F, true)
-    local fk, s1 = fv.m[1], fv.s[1]
-    if fk == nil then stop = true break end
-    if fk ~= last_fk then
-      last_fk, lk, last_lane = fk, P .. 'l:' .. fk, nil
+    local part, pl, pslot = nil, NONE, now
+    if run then
+      fl = flow_head(g)
+    else
+      fv = view(K_F, true)
+      local k1 = fv.m[1]
+      if k1 == nil then stop = true break end
+      s1 = fv.s[1]
+      if k1 ~= fk then
+        fk, lk, lane = k1, P .. 'l:' .. k1, nil
+      end
+      lv = view(lk, true)
+      local l1 = lv.m[1]
+      if l1 == nil then
+        drop_first(K_F, fv)
+        break
+      end
+      s2 = lv.s[1]
+      if l1 ~= lane then
+        lane, rk, pk = l1, P .. 'r:' .. l1 .. '|' .. fk, nil
+      end
+      rv = view(rk)
+      local p1, elig = rv.m[1], rv.s[1]
+      -- (A lane retires lazily, when the take finds it empty; its key
+      -- when its last lane does.)
+      if p1 == nil then
+        drop_first(lk, lv)
+        if view(lk).m[1] == nil then drop_first(K_F, fv) end
+        break
+      end
+      if elig > now then
+        -- Every partition of this lane is parked: calendar it.
+        drop_first(lk, lv)
+        if view(lk).m[1] == nil then drop_first(K_F, fv) end
+        redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
+        if firsts then firsts.cal = nil end
+        break
+      end
+      if p1 ~= pk then
+        pk, g = p1, lane .. '|' .. fk .. '|' .. p1
+      end
+      -- The job and the one after it, which the flow's next chance needs.
+      fl = flow_head(g)
     end
-    local lv = view(lk, true)
-    local lane, s2 = lv.m[1], lv.s[1]
-    if lane == nil then
-      drop_first(K_F, fv)
-      break
-    end
-    if lane ~= last_lane then
-      last_lane, rk, last_pk = lane, P .. 'r:' .. lane .. '|' .. fk, nil
-    end
-    local rv = view(rk)
-    local pk, elig = rv.m[1], rv.s[1]
-    if pk == nil then
-      retire_lane(lk, lv, fv)
-      break
-    end
-    if elig > now then
-      -- Every partition of this lane is parked: calendar it.
-      retire_lane(lk, lv, fv)
-      redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
-      if firsts then firsts.cal = nil end
-      break
-    end
-    if pk ~= last_pk then
-      last_pk, g = pk, lane .. '|' .. fk .. '|' .. pk
-    end
-    -- The job and the one after it, which the flow's next chance needs.
-    local fl = flow_head(g)
     local id = fl.ids[fl.at]
     if id == nil then
       drop_first(rk, rv)
-      redis.call('SREM', K_GROUPS, g)
+      redis.call('SREM', A .. 'groups', g)
       parked[g] = nil
+      if not gone then gone = {} end
       gone[#gone + 1] = g
+      run = false
       break
     end
     local tk = T .. id
@@ -388,9 +434,8 @@ while not stop and taken < max_jobs and steps < 2000 do
       break
     end
     -- The partition's slot. (No partition, or none limited: it can send
-    -- now, and there is nothing of it to read or book.)
-    local part, pl, pslot = nil, NONE, now
-    if parted and pk ~= '' then
+    -- now, and there is nothing of it to read or book; a run's has none.)
+    if parted and pk ~= '' and not run then
       pl = overrides[pk] or plimits
       -- An operator's override of the partition (leaky's library) wins.
       pl = leaky_partition_override(bucket, pk) or pl
@@ -433,14 +478,18 @@ while not stop and taken < max_jobs and steps < 2000 do
     if part then leaky_partition_book(part, slot, costs) end
     -- The job leaves its flow for asynq's active list (the flow's ZREM
     -- comes after the loop).
-    fl.took[#fl.took + 1] = id
-    fl.at = fl.at + 1
-    local nxt = fl.ids[fl.at]
+    local at = fl.at + 1
+    fl.at = at
+    local nxt = fl.ids[at]
     if nxt == nil then
-      redis.call('SREM', K_GROUPS, g)
+      redis.call('SREM', A .. 'groups', g)
       drop_first(rk, rv)
       parked[g] = nil
+      if not gone then gone = {} end
       gone[#gone + 1] = g
+      run = false
+    elseif run then
+      -- (A run's partition moves to now, and, sole, stays as it is.)
     else
       -- The partition can go again when its limits allow its next job's
       -- costs (a job without a limit's cost is not held by it).
@@ -453,6 +502,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       end
       rescore(rv, e)
       if e > now then parked[g] = e end
+      run = part == nil and fv.sole and lv.sole and rv.sole
     end
     -- To asynq's active state; the list, the leases and the counters are
     -- written once for the whole take, below.
@@ -463,18 +513,19 @@ while not stop and taken < max_jobs and steps < 2000 do
     went[taken] = id
     went_lane[lane] = (went_lane[lane] or 0) + 1
     -- Fair share: the key and the lane each move on by 1/weight (written
-    -- once, below).
-    rescore(fv, s1 + 1 / (weights[fk] or 1))
-    rescore(lv, s2 + 1 / (lweights[lane] or 1))
+    -- once, below; a sole one's stays).
+    if not fv.sole then rescore(fv, s1 + 1 / (weights[fk] or 1)) end
+    if not lv.sole then rescore(lv, s2 + 1 / (lweights[lane] or 1)) end
     local o = #out
     out[o + 1], out[o + 2], out[o + 3] = id, msg, slot - now
   until true
 end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
 for key, v in pairs(views) do
-  if next(v.dirty) then flush(key, v) end
+  if v and v.dirty then flush(key, v) end
 end
-if #gone > 0 then redis.call('ZREM', K_PK, unpack(gone)) end
+local K_PK = P .. 'pk'
+if gone then redis.call('ZREM', K_PK, unpack(gone)) end
 if next(parked) then
   local z = {}
   for pg, t in pairs(parked) do
@@ -483,27 +534,31 @@ if next(parked) then
   end
   redis.call('ZADD', K_PK, unpack(z))
 end
-for _, fl in pairs(flows) do
-  if fl.took[1] then
-    redis.call('ZREM', fl.key, unpack(fl.took))
+for _, f in pairs(flows) do
+  local n = f.rank + f.at - 1
+  if n == 1 then
+    redis.call('ZREMRANGEBYRANK', f.key, '0', '0')
+  elseif n > 1 then
+    redis.call('ZREMRANGEBYRANK', f.key, '0', n - 1)
   end
 end
+local K_LEASE = A .. 'lease'
 if taken > 0 then
-  redis.call('LPUSH', KEYS[5], unpack(went))
-  -- (Unix seconds: a number tostring writes exactly, once for all.)
-  local lease_at = tostring(math.floor(now / 1000000) + tonumber(ARGV[5]))
+  redis.call('LPUSH', A .. 'active', unpack(went))
+  -- (Unix seconds: a number Lua writes exactly, once for all.)
+  local lease_at = (math.floor(now / 1000000) + tonumber(ARGV[5])) .. ''
   local z = {}
   for i = 1, taken do
     z[2 * i - 1], z[2 * i] = lease_at, went[i]
   end
-  redis.call('ZADD', KEYS[6], unpack(z))
-  for lane, n in pairs(went_lane) do
+  redis.call('ZADD', K_LEASE, unpack(z))
+  for l, n in pairs(went_lane) do
     if n == 1 then
-      count(K_COUNTS, 'pending:' .. lane, '-1')
-      count(K_COUNTS, 'active:' .. lane, '1')
+      count(K_COUNTS, 'pending:' .. l, '-1')
+      count(K_COUNTS, 'active:' .. l, '1')
     else
-      count(K_COUNTS, 'pending:' .. lane, -n)
-      count(K_COUNTS, 'active:' .. lane, n)
+      count(K_COUNTS, 'pending:' .. l, -n)
+      count(K_COUNTS, 'active:' .. l, n)
     end
   end
 end
@@ -514,10 +569,11 @@ leaky_commit(bucket, now)
 local due = -1
 if look or taken < max_jobs then
   -- (What forward_due read still stands unless something of it moved.)
-  if firsts == nil then firsts = due_firsts(KEYS[3], KEYS[4], K_CAL) end
-  for z, name in ipairs({'scheduled', 'retry'}) do
+  if not forward_due then space, forward_due, due_firsts, first_score = take_forward() end
+  if firsts == nil then firsts = due_firsts(A .. 'scheduled', A .. 'retry', K_CAL) end
+  for _, name in ipairs({'scheduled', 'retry'}) do
     local first = firsts[name]
-    if first == nil then first = first_score(KEYS[2 + z]) end
+    if first == nil then first = first_score(A .. name) end
     if first then
       local t = math.max(0, math.floor(first * 1000000) - now)
       if due < 0 or t < due then due = t end
@@ -529,7 +585,7 @@ if look or taken < max_jobs then
     local t = math.max(0, cal - now)
     if due < 0 or t < due then due = t end
   end
-  local lease = redis.call('ZRANGE', KEYS[6], '0', '0', 'WITHSCORES')
+  local lease = redis.call('ZRANGE', K_LEASE, '0', '0', 'WITHSCORES')
   if #lease > 0 then
     local exp = tonumber(lease[2]) * 1000000
     if exp <= now then
