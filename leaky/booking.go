@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/script"
 )
 
 //go:embed booking.lua
@@ -20,7 +22,10 @@ var bookingLua string
 // PartitionArgs among its ARGV, and gives the library their indices: no
 // local of the caller's is read.
 func BookingLua() string {
-	return dynLua + "local LEAKY_MAX_STATED = " + strconv.Itoa(MaxStated) + "\n" + bookingLua
+	// The dyn library is built only for a bucket whose dyn hash exists
+	// (leaky_open), through its loader (script.Lazy).
+	return script.Lazy("leaky_dyn", []string{"shaper_dyn_read", "shaper_dyn_interval", "shaper_stated"}, dynLua) +
+		"local LEAKY_MAX_STATED = " + strconv.Itoa(MaxStated) + "\n" + bookingLua
 }
 
 // BookingKeys are the bucket's keys that BookingLua's leaky_open reads,

@@ -1,8 +1,9 @@
 -- booking.lua: a library through which a script of another package books
 -- send slots on a bucket in the same call as its own work (the job store's
 -- take books each job's slot as it takes the job). Needs script.Prelude,
--- gcra's library, the dyn library (shaper_dyn_*) and LEAKY_MAX_STATED before
--- it; Go puts them together (BookingLua). The bucket's KEYS and ARGV are laid out by
+-- gcra's library, the dyn library's loader (leaky_dyn: shaper_dyn_read,
+-- shaper_dyn_interval, shaper_stated) and LEAKY_MAX_STATED before it; Go
+-- puts them together (BookingLua). The bucket's KEYS and ARGV are laid out by
 -- Bucket.BookingKeys and Bucket.BookingArgs, a partition's limits by
 -- Bucket.PartitionArgs; the caller places them where it likes and passes
 -- the indices. It defines:
@@ -77,7 +78,7 @@ local function leaky_open(keys, k, args, a, now, also, probe)
   -- one EXISTS tells (and of the caller's probe keys too), and spares
   -- reading either.
   local dkey, block = pre .. 'dyn', pre .. 'block'
-  local dyn
+  local dyn, shaper_dyn_read, shaper_dyn_interval, shaper_stated
   local found
   if probe then
     found = redis.call('EXISTS', dkey, block, unpack(probe))
@@ -85,6 +86,7 @@ local function leaky_open(keys, k, args, a, now, also, probe)
     found = redis.call('EXISTS', dkey, block)
   end
   if found > 0 then
+    shaper_dyn_read, shaper_dyn_interval, shaper_stated = leaky_dyn()
     dyn = shaper_dyn_read(dkey)
     b.blocked = tonumber(redis.call('HGET', block, 'until') or '0')
   end
@@ -270,22 +272,22 @@ local function leaky_partition_book(p, slot, costs)
   end
 end
 
--- (A TAT goes to SET as a Lua number: Redis writes it with %.17g, exact
--- for the integers below 2^53 that TATs are, and cheaper than shaper_int.)
+-- (A TAT is µs, whole and below 2^53: %d writes it exactly, for less than
+-- shaper_int's %.0f or Redis's own %.17g of a number.)
 local function leaky_commit(b, now)
   if b.changed then
     local lim = b.lim
     for i = 1, #lim do
       local l = lim[i]
       if not l.off then
-        redis.call('SET', l.key, l.tat, 'PX', math.ceil((l.tat - now + l.per) / 1000))
+        redis.call('SET', l.key, string.format('%d', l.tat), 'PX', math.ceil((l.tat - now + l.per) / 1000))
       end
     end
   end
   if b.pt then
     for key, e in pairs(b.pt) do
       if e.dirty then
-        redis.call('SET', key, e.tat, 'PX', math.ceil((e.tat - now + e.per) / 1000))
+        redis.call('SET', key, string.format('%d', e.tat), 'PX', math.ceil((e.tat - now + e.per) / 1000))
       end
     end
   end

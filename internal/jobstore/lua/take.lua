@@ -84,10 +84,13 @@ local max_jobs = tonumber(ARGV[2])
 local horizon = now + tonumber(ARGV[3])
 
 -- The upstream's bucket, its limits as paced now (leaky's library), and
--- asynq's pause mark, read with the limits; whether any call was ever
--- marked waiting (cw) is asked with the bucket's optional state.
-local K_CW = P .. 'cw'
-local bucket, a, marks, quiet = leaky_open(KEYS, 2, ARGV, 8, now, {A .. 'paused'}, {K_CW})
+-- asynq's pause mark, read with the limits. Whether any call was ever
+-- marked waiting (cw), or any job waits in asynq's scheduled or retry
+-- sets, or any lane on the calendar, is asked with the bucket's optional
+-- state: quiet, none of them exists (the common case), and the take does
+-- nothing of calls, due jobs or the calendar.
+local K_CW, K_CAL, K_SCHED, K_RETRY = P .. 'cw', P .. 'cal', A .. 'scheduled', A .. 'retry'
+local bucket, a, marks, quiet = leaky_open(KEYS, 2, ARGV, 8, now, {A .. 'paused'}, {K_CW, K_SCHED, K_RETRY, K_CAL})
 -- (Read only: every job without costs, every table of weights or limits
 -- not given, shares it.)
 local NONE = {}
@@ -166,18 +169,24 @@ if by_name or parted then
 end
 
 local look = ARGV[4] == '1'
-local K_CAL = P .. 'cal'
 -- firsts: what forward_due (or due_firsts) read of the due sets and the
 -- calendar, for the answer's next; nil: not read.
 local firsts
 local space, forward_due, due_firsts, first_score
--- Where partitions are limited, a lane whose every partition was parked
--- waits on the calendar: it is brought back at every take, so that one
--- partition's backlog never holds another's jobs back.
-if look or parted then
+if quiet then
+  firsts = {scheduled = false, retry = false, cal = false}
+elseif look or parted then
+  -- Where partitions are limited, a lane whose every partition was parked
+  -- waits on the calendar: it is brought back at every take, so that one
+  -- partition's backlog never holds another's jobs back.
   space, forward_due, due_firsts, first_score = take_forward()
-  firsts = forward_due(space(P, G, T, P .. 'v', K_F, K_CAL, A .. 'groups'), A .. 'scheduled', A .. 'retry',
-    K_COUNTS, now, parted)
+  firsts = forward_due(space(P, G, T, P .. 'v', K_F, K_CAL, A .. 'groups'), K_SCHED, K_RETRY, K_COUNTS, now, look)
+end
+-- The parks (pk, which only status reads, counting those not past) whose
+-- time passed go at a full look. (Where no partition is limited there are
+-- none: those left from before go with their flows.)
+if parted and look then
+  redis.call('ZREMRANGEBYSCORE', P .. 'pk', '-inf', now)
 end
 
 local out = {now, -1, 0, -1, 0}
@@ -229,6 +238,9 @@ local function flush(key, v)
   local z = {}
   for m, sc in pairs(v.dirty) do
     if m ~= only or (not v.vt and sc > now) then
+      -- (A partition's score is µs, whole: Lua writes it for less than
+      -- Redis's own %.17g of a number.)
+      if not v.vt then sc = string.format('%d', sc) end
       z[#z + 1] = sc
       z[#z + 1] = m
     end
@@ -529,7 +541,7 @@ if gone then redis.call('ZREM', K_PK, unpack(gone)) end
 if next(parked) then
   local z = {}
   for pg, t in pairs(parked) do
-    z[#z + 1] = t
+    z[#z + 1] = string.format('%d', t)
     z[#z + 1] = pg
   end
   redis.call('ZADD', K_PK, unpack(z))
@@ -570,7 +582,7 @@ local due = -1
 if look or taken < max_jobs then
   -- (What forward_due read still stands unless something of it moved.)
   if not forward_due then space, forward_due, due_firsts, first_score = take_forward() end
-  if firsts == nil then firsts = due_firsts(A .. 'scheduled', A .. 'retry', K_CAL) end
+  if firsts == nil then firsts = due_firsts(K_SCHED, K_RETRY, K_CAL) end
   for _, name in ipairs({'scheduled', 'retry'}) do
     local first = firsts[name]
     if first == nil then first = first_score(A .. name) end
