@@ -434,9 +434,9 @@ func (t *Taker) build() (*takeArgs, error) {
 	s, cfg, u := t.s, t.cfg, t.cfg.Upstream
 	plan := cfg.Bucket.Plan(cfg.ConcurrencyLease)
 	bk, ba, version := plan.Keys, plan.Args, plan.Version()
-	// The bucket's keys come last: the stated limits' TATs run to the end.
 	// The take names every other key it uses from the prefixes: our
-	// own, and asynq's of the queue (Keys.Prefix).
+	// own, and asynq's of the queue (Keys.Prefix); the bucket's, from its
+	// own (leaky.Bucket.BookingArgs).
 	keys := append([]string{s.fKey()}, bk...)
 	f := []any{t.leaseS, s.our, s.a.Prefix()}
 	f = append(f, ba...)
