@@ -64,12 +64,7 @@ func lua(name string) string {
 // holds).
 var (
 	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("count.lua"), lua("flow.lua"), lua("enqueue.lua"))
-	// The take builds the libraries of its rarer paths (moving due jobs,
-	// yielding to proxied calls) only on those paths (script.Lazy).
-	takeScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("count.lua"),
-		script.Lazy("take_forward", []string{"space", "forward_due", "due_firsts", "first_score"}, lua("flow.lua"), lua("forward.lua")),
-		script.Lazy("take_calls", []string{"call_keys", "call_ahead", "call_lane_first", "CALL_YIELD"}, lua("calls.lua")),
-		fmt.Sprintf("local PAUSED_POLL = %d\n", PausedPoll.Microseconds()), lua("take.lua"))
+	takeScript    = script.New(append(takeLibraries(), fmt.Sprintf("local PAUSED_POLL = %d\n", PausedPoll.Microseconds()), lua("take.lua"))...)
 	requeueScript = script.New(lua("count.lua"), lua("flow.lua"), lua("requeue.lua"))
 	cancelScript  = script.New(lua("callback.lua"), lua("cancel.lua"))
 	runNowScript  = script.New(lua("count.lua"), lua("flow.lua"), lua("run_now.lua"))
@@ -77,6 +72,15 @@ var (
 	jobHoldScript = script.New(lua("job_hold.lua"))
 	holdsScript   = script.New(lua("holds.lua"))
 )
+
+// takeLibraries are the libraries take.lua needs before it. The take builds
+// those of its rarer paths (moving due jobs, yielding to proxied calls) only
+// on those paths (script.Lazy).
+func takeLibraries() []string {
+	return []string{gcra.LuaFunctions, leaky.BookingLua(), lua("count.lua"),
+		script.Lazy("take_forward", []string{"space", "forward_due", "due_firsts", "first_score"}, lua("flow.lua"), lua("forward.lua")),
+		script.Lazy("take_calls", []string{"call_keys", "call_ahead", "call_lane_first", "CALL_YIELD"}, lua("calls.lua"))}
+}
 
 // The scripts of a taken task's end (finish, with the lease's extension and
 // the recovery's list of expired ones), of retention (delete expired) and of

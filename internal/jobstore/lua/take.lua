@@ -557,8 +557,8 @@ end
 local K_LEASE = A .. 'lease'
 if taken > 0 then
   redis.call('LPUSH', A .. 'active', unpack(went))
-  -- (Unix seconds: a number Lua writes exactly, once for all.)
-  local lease_at = (math.floor(now / 1000000) + tonumber(ARGV[5])) .. ''
+  -- (Unix seconds, written once for all.)
+  local lease_at = string.format('%d', math.floor(now / 1000000) + tonumber(ARGV[5]))
   local z = {}
   for i = 1, taken do
     z[2 * i - 1], z[2 * i] = lease_at, went[i]
