@@ -19,13 +19,13 @@
 --     paced now; a2 is the ARGV index after the bucket's. The keys a
 --     booking reads only in some cases (the block hash, the leases, the dyn
 --     hash, the stated limits' TATs, the partitions' TATs) are named from
---     the prefix as the Bucket's key functions name them, so that a script
---     is not passed what it may not read. Limits that follow an older
---     count than the dyn hash's 'n' (an operator changed them since, see
---     Bucket.PutLimits) are stale: leaky_earliest then answers reason 5
---     and no slot, and the caller reads the limits again. b.lim holds the
---     limits ({interval, capacity, per, cost, key, tat, off}: off true for
---     a draining limit whose drain ended), the
+--     the prefix as the Bucket's key functions name them: a script call
+--     pays for every argument it is passed, read or not. Limits that
+--     follow an older count than the dyn hash's 'n' (an operator changed
+--     them since, see Bucket.PutLimits) are stale: leaky_earliest then
+--     answers reason 5 and no slot, and the caller reads the limits again.
+--     b.lim holds the limits ({interval, capacity, per, cost, key, tat,
+--     off}: off true for a draining limit whose drain ended), the
 --     configured ones first, in order; b.named is whether one of those
 --     counts a cost by name (so a caller without named costs of its own
 --     need not read a send's costs)
