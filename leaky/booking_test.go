@@ -76,3 +76,61 @@ func TestBookingLibraryBooksAsReserve(t *testing.T) {
 		t.Fatalf("booked through the library %v, want %v", b.Booked, a.Booked)
 	}
 }
+
+// keysDriver answers the keys leaky_open names from the bucket's prefix
+// for a bucket whose dyn hash states limits: the leases, the stated
+// limits' TATs (in b.lim after the configured one's), and partition p's
+// TAT of its one limit; then the reason of leaky_earliest, which reads the
+// block. KEYS are BookingKeys; ARGV[1] now, then BookingArgs, then
+// PartitionArgs.
+var keysDriver = script.New(gcra.LuaFunctions, BookingLua(), `
+local now = tonumber(ARGV[1])
+local b, a = leaky_open(KEYS, 1, ARGV, 2, now)
+local pl = leaky_limits(ARGV, a)
+local out = {b.leases}
+for i = 1, #b.lim do out[#out + 1] = b.lim[i].key end
+out[#out + 1] = leaky_partition(b, 'p', pl, now).key[1]
+local _, why = leaky_earliest(b, {}, now)
+out[#out + 1] = tostring(why)
+return out
+`)
+
+// TestBookingLibraryNamesKeysAsGo: the keys the booking library names
+// from the bucket's prefix rather than being passed (the block, the
+// leases, the stated limits' TATs, a partition's TAT) are the keys this
+// package's Go names, which its other scripts read and write.
+func TestBookingLibraryNamesKeysAsGo(t *testing.T) {
+	ctx := context.Background()
+	clock := newFrozenClock()
+	rdb := srv.Client(t)
+	b := newBucket(t, rdb, clock.Now, BucketConfig{Limits: []Limit{PerSecond(100)}, Concurrency: 2})
+	if _, err := b.Learn(ctx, []Limit{PerSecond(50), PerMinute(600)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := b.Pushback(ctx, time.Second, time.Minute, 0, "test", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	part := []Limit{PerSecond(5)}
+	pargs, err := b.PartitionArgs(part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]any{strconv.FormatInt(clock.Now().UnixMicro(), 10)}, b.BookingArgs(time.Second)...)
+	v, err := script.Run(ctx, rdb, "keys driver", keysDriver, b.BookingKeys(), append(args, pargs...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, k := range v.([]any) {
+		got = append(got, k.(string))
+	}
+	want := append(b.leasesKey(), b.BookingKeys()...)
+	for i := 1; i <= MaxStated; i++ {
+		want = append(want, b.statedKey(i))
+	}
+	// The block Pushback wrote holds the slot: reason 2.
+	want = append(want, b.PartitionTAT("p", part[0]), "2")
+	if !slices.Equal(got, want) {
+		t.Fatalf("keys the library names, then the reason: got %q, want %q", got, want)
+	}
+}

@@ -312,9 +312,9 @@ func (b *Bucket) Settle(ctx context.Context, cost string, estimate, actual int64
 	return nil
 }
 
-// PartitionTAT is the key of a partition limit's TAT, as the job store's
-// take script names it (the partition prefix that BookingArgs passes, then
-// partition, ":" and the limit's id).
+// PartitionTAT is the key of a partition limit's TAT, as BookingLua's
+// leaky_partition names it (the bucket's key prefix that BookingArgs
+// passes, "p:", then partition, ":" and the limit's id).
 func (b *Bucket) PartitionTAT(partition string, l Limit) string {
 	return b.p.key(b.name, "p:") + partition + ":" + limitID(l)
 }

@@ -356,7 +356,7 @@ local prev, pprev = {}, {}
 for i = 1, n do prev[i] = b.lim[i].tat end
 for j = 1, #plim do pprev[j] = part.tat[j] end
 leaky_book(b, slot, costs, lease)
-leaky_partition_book(part, slot, costs, now)
+leaky_partition_book(part, slot, costs)
 leaky_commit(b, now)
 for i = 1, n do
   out[#out + 1] = prev[i]

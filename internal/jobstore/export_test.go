@@ -238,6 +238,9 @@ func sortedMap(m map[string]int64) string {
 	return strings.TrimSpace(b.String())
 }
 
+// TakeLibraries are the libraries the take script is built from.
+func TakeLibraries() []string { return takeLibraries() }
+
 // SetLookEvery sets how often a take looks at everything while takes come
 // back full (fullLookEvery), the period under way ending at once; not while
 // the Taker is in use.

@@ -13,18 +13,28 @@ import (
 // commandCalls is how many times Redis has run cmd (INFO commandstats).
 func commandCalls(t *testing.T, cmd string) int64 {
 	t.Helper()
+	return commandStats(t)[cmd]
+}
+
+// commandStats is how many times Redis has run each command, by its name
+// in lower case (INFO commandstats).
+func commandStats(t *testing.T) map[string]int64 {
+	t.Helper()
 	info, err := jobstore.RedisServer().Client(t).Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
+	out := map[string]int64{}
 	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
-			v, _, _ := strings.Cut(rest, ",")
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
 		}
+		v, _, _ := strings.Cut(rest, ",")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
 	}
-	return 0
+	return out
 }
 
 // A finished task's result is written in the HSET of its message and

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/queue"
@@ -23,25 +24,45 @@ var irPayload = []byte(`{"upstream":"noop","method":"POST","path":"/v1/items/1",
 // instructions is what Redis executed for each run of op, over n runs.
 func instructions(t *testing.T, n int, op func(i int)) float64 {
 	t.Helper()
+	ir, _ := measure(t, n, op)
+	return ir
+}
+
+// measure is what Redis executed for each run of op, over n runs, and the
+// commands it ran for each, script calls and the commands run inside
+// scripts alike (INFO commandstats, read outside the instructions counted).
+func measure(t *testing.T, n int, op func(i int)) (ir, cmds float64) {
+	t.Helper()
+	before := commandStats(t)
 	if _, err := srv().Instructions(); err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
 		op(i)
 	}
-	ir, err := srv().Instructions()
+	total, err := srv().Instructions()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return float64(ir) / float64(n)
+	var c int64
+	for name, calls := range commandStats(t) {
+		if name != "info" {
+			c += calls - before[name]
+		}
+	}
+	return float64(total) / float64(n), float64(c) / float64(n)
 }
 
 // TestRedisInstructions measures (it asserts nothing) the instructions
 // Redis executes for a take of k jobs, a finish of k, and, beside them,
 // asynq's dequeue and done of one job: counts that do not move with the
-// machine's load, as CPU time does. Each take and finish runs on an
-// upstream of its own with few jobs active, as in the dispatch benchmark.
-// Run it with
+// machine's load, as CPU time does; and the commands Redis runs for each,
+// which do not move either. Each take and finish runs on an upstream of
+// its own with few jobs active, as in the dispatch benchmark: jobs of one
+// lane, one fairness key and no partition (the common case), and, as the
+// benchmark's -fair, jobs spread over 4 tenants (fair share by tenant) and
+// 8 partitions with a partition limit too high to hold any back. Run it
+// with
 //
 //	SHAPER_REDIS_CALLGRIND=$(mktemp -d) go test -count=1 -run TestRedisInstructions -v ./internal/jobstore/
 func TestRedisInstructions(t *testing.T) {
@@ -52,10 +73,11 @@ func TestRedisInstructions(t *testing.T) {
 	rdb := srv().Client(t)
 	const n = 200
 	var rows []string
-	row := func(name string, perOp float64, k int) {
-		rows = append(rows, fmt.Sprintf("| %s | %.0f | %.0f |", name, perOp/1000, perOp/float64(k)/1000))
+	row := func(name string, perOp, cmds float64, k int) {
+		rows = append(rows, fmt.Sprintf("| %s | %.0f | %.0f | %.2f |", name, perOp/1000, perOp/float64(k)/1000, cmds/float64(k)))
 	}
-	row("PING", instructions(t, n, func(int) { rdb.Ping(ctx) }), 1)
+	ir, cmds := measure(t, n, func(int) { rdb.Ping(ctx) })
+	row("PING", ir, cmds, 1)
 
 	// asynq's own server, ten workers, a no-op handler: its dequeue and
 	// done scripts and its polls, per job.
@@ -68,64 +90,95 @@ func TestRedisInstructions(t *testing.T) {
 	}
 	ran := make(chan struct{}, na)
 	a := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 10, Queues: map[string]int{"ir": 1}, LogLevel: asynq.ErrorLevel})
-	row("asynq: a job, dequeue and done (its server, 10 workers)", instructions(t, 1, func(int) {
+	ir, cmds = measure(t, 1, func(int) {
 		if err := a.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran <- struct{}{}; return nil })); err != nil {
 			t.Fatal(err)
 		}
 		for range na {
 			<-ran
 		}
-	})/na, 1)
+	})
+	row("asynq: a job, dequeue and done (its server, 10 workers)", ir/na, cmds/na, 1)
 	a.Shutdown()
 
 	empty := newRig(t, rdb, fast("ir-empty"), 50*time.Millisecond)
 	empty.take(1)
-	row("take, nothing to take", instructions(t, n, func(int) { empty.take(1) }), 1)
-	for _, k := range []int{1, 4, 10} {
-		r := newRig(t, rdb, fast(fmt.Sprintf("ir-take%d", k)), 50*time.Millisecond)
-		r.addSized(n*k, irPayload)
-		take := instructions(t, n, func(int) {
-			if ids := r.takeIDs(k); len(ids) != k {
-				t.Fatalf("took %d, want %d", len(ids), k)
-			}
-		})
-		row(fmt.Sprintf("take of %d", k), take, k)
-		// Finished a take at a time, so that few jobs are active.
-		f := newRig(t, rdb, fast(fmt.Sprintf("ir-finish%d", k)), 50*time.Millisecond)
-		f.addSized(n*k, irPayload)
-		both := instructions(t, n, func(int) {
-			ids := f.takeIDs(k)
-			f.succeed(ids...)
-		})
-		row(fmt.Sprintf("finish of %d (kept 24 h, as by default): take and finish less the take", k), both-take, k)
+	ir, cmds = measure(t, n, func(int) { empty.take(1) })
+	row("take, nothing to take", ir, cmds, 1)
+	// (A partition limit books one send per partition at an instant: a
+	// take of the -fair case gives at most 8.)
+	cases := []struct {
+		name string
+		u    shaper.Upstream
+		job  func(i int) job
+		ks   []int
+	}{
+		{"", fast("ir"), func(int) job { return job{} }, []int{1, 4, 10}},
+		{" (-fair: 4 tenants, 8 limited partitions)", fairUpstream("ir-fair"), func(i int) job {
+			return job{tenant: fmt.Sprintf("t%d", i%4), partition: fmt.Sprintf("p%d", i%8)}
+		}, []int{1, 4, 8}},
+	}
+	for _, c := range cases {
+		for _, k := range c.ks {
+			r := newRig(t, rdb, c.u, 50*time.Millisecond)
+			r.addSized(n*k, irPayload, c.job)
+			take, takeCmds := measure(t, n, func(int) {
+				if ids := r.takeIDs(k); len(ids) != k {
+					t.Fatalf("took %d, want %d", len(ids), k)
+				}
+			})
+			row(fmt.Sprintf("take of %d%s", k, c.name), take, takeCmds, k)
+			// Finished a take at a time, so that few jobs are active.
+			f := newRig(t, rdb, c.u, 50*time.Millisecond)
+			f.addSized(n*k, irPayload, c.job)
+			both, bothCmds := measure(t, n, func(int) {
+				ids := f.takeIDs(k)
+				f.succeed(ids...)
+			})
+			row(fmt.Sprintf("finish of %d%s (kept 24 h, as by default): take and finish less the take", k, c.name), both-take, bothCmds-takeCmds, k)
+		}
 	}
 	// A proxied call alone with room (call_turn.lua's quick way), booked
 	// and its slot given back, as a call at an upstream with room is.
 	c := newRig(t, rdb, fast("ir-call"), 50*time.Millisecond)
-	row("proxied call alone with room: book (call_turn) and release", instructions(t, n, func(i int) {
+	ir, cmds = measure(t, n, func(i int) {
 		tn, err := c.space.BookCall(ctx, rdb, jobstore.Call{Upstream: c.u, Bucket: c.bucket, FairKey: "t", ID: fmt.Sprint(i),
 			Lookahead: 250 * time.Millisecond, Remaining: time.Second})
 		if err != nil || tn.Slot == nil {
 			t.Fatalf("book: %+v, %v", tn, err)
 		}
 		c.bucket.Release(ctx, tn.Slot)
-	}), 1)
-	t.Logf("Redis instructions (thousands; callgrind):\n| operation | per call | per job |\n| --- | ---: | ---: |\n%s", strings.Join(rows, "\n"))
+	})
+	row("proxied call alone with room: book (call_turn) and release", ir, cmds, 1)
+	t.Logf("Redis instructions (thousands; callgrind) and commands (commandstats, script calls included):\n"+
+		"| operation | per call | per job | commands per job |\n| --- | ---: | ---: | ---: |\n%s", strings.Join(rows, "\n"))
 }
 
-// addSized enqueues n jobs whose messages carry payload.
-func (r *rig) addSized(n int, payload []byte) {
+// fairUpstream is fast's upstream with the dispatch benchmark's -fair
+// partition limit: as high as the upstream's, so that it holds nothing back
+// but every job goes through its partition's bucket.
+func fairUpstream(name string) shaper.Upstream {
+	u := fast(name)
+	u.PartitionLimits = u.Limits
+	return u
+}
+
+// addSized enqueues n jobs whose messages carry payload, job i of tenant
+// and partition as mk(i) says.
+func (r *rig) addSized(n int, payload []byte, mk func(i int) job) {
 	r.t.Helper()
 	for i := range n {
 		id := fmt.Sprintf("%s-%d", r.u.Name, i)
-		e := r.entry(job{id: id})
+		j := mk(i)
+		j.id = id
+		e := r.entry(j)
 		msg := jobstore.Message{Type: "http", ID: id, Queue: r.space.Queue, Payload: payload, Retry: 8}
 		e.Msg = msg.Marshal()
 		if ok, err := r.space.Enqueue(context.Background(), r.rdb, e); err != nil || !ok {
 			r.t.Fatalf("enqueue %s: created %v, err %v", id, ok, err)
 		}
 		r.ids = append(r.ids, id)
-		r.lane[id] = e.Lane
+		r.lane[id], r.part[id] = e.Lane, j.partition
 	}
 }
 
@@ -137,7 +190,7 @@ func (r *rig) succeed(ids ...string) {
 	items := make([]jobstore.Finished, len(ids))
 	for i, id := range ids {
 		msg := jobstore.Message{Type: "http", ID: id, Queue: r.space.Queue, Payload: irPayload, Retry: 8}
-		items[i] = jobstore.Finished{ID: id, Lane: r.lane[id], Msg: &msg, Outcome: jobstore.Succeeded, Retention: 24 * time.Hour}
+		items[i] = jobstore.Finished{ID: id, Lane: r.lane[id], Partition: r.part[id], Msg: &msg, Outcome: jobstore.Succeeded, Retention: 24 * time.Hour}
 	}
 	errs, err := jobstore.Finish(context.Background(), r.rdb, r.store, r.space.CountsKey(), r.space.BacklogKey(), items,
 		jobstore.WakeOnRetry(r.space.SleepKey(), jobstore.WakeChannel(""), r.u.Name),

@@ -23,6 +23,10 @@ func AsynqKeys(queue string) Keys {
 	return Keys{queue: queue, prefix: "asynq:{" + queue + "}:"}
 }
 
+// Prefix starts every key of the queue's: asynq:{queue}:. The take script
+// names the keys it needs from it, as these functions do.
+func (k Keys) Prefix() string { return k.prefix }
+
 // Queue is the queue's name.
 func (k Keys) Queue() string { return k.queue }
 

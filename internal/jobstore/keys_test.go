@@ -153,6 +153,19 @@ func TestKeysCarryTheHashTag(t *testing.T) {
 	}
 }
 
+// TestPrefixNamesKeysAsTheTake: the take names the queue's keys it uses
+// from Prefix (take.lua), by these suffixes: they must be the keys Keys
+// names.
+func TestPrefixNamesKeysAsTheTake(t *testing.T) {
+	k := AsynqKeys("up.stream")
+	for suffix, want := range map[string]string{"scheduled": k.Scheduled(), "retry": k.Retry(), "active": k.Active(),
+		"lease": k.Lease(), "groups": k.Groups(), "paused": k.Paused(), "g:g": k.Group("g"), "t:id": k.Task("id")} {
+		if got := k.Prefix() + suffix; got != want {
+			t.Errorf("Prefix() + %q: got %s, want %s", suffix, got, want)
+		}
+	}
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)

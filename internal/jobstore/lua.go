@@ -2,6 +2,7 @@ package jobstore
 
 import (
 	"embed"
+	"fmt"
 
 	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/script"
@@ -42,9 +43,9 @@ import (
 
 // Every script is a file of lua/, whose opening comment is its contract
 // (KEYS, ARGV, what it returns); the files that are libraries of local
-// functions (flow, forward, optional, remember, trim) say what they define
-// and which other library they need before them. script.New puts its
-// prelude first.
+// functions (calls, count, flow, forward, optional, remember, trim) say
+// what they define and which other library they need before them.
+// script.New puts its prelude first.
 
 //go:embed lua/*.lua
 var luaFiles embed.FS
@@ -62,15 +63,24 @@ func lua(name string) string {
 // moves (requeue, cancel, run now, revive) or is read (job hold,
 // holds).
 var (
-	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("flow.lua"), lua("enqueue.lua"))
-	takeScript    = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("flow.lua"), lua("forward.lua"), lua("calls.lua"), lua("take.lua"))
-	requeueScript = script.New(lua("flow.lua"), lua("requeue.lua"))
+	enqueueScript = script.New(lua("remember.lua"), lua("optional.lua"), lua("count.lua"), lua("flow.lua"), lua("enqueue.lua"))
+	takeScript    = script.New(append(takeLibraries(), fmt.Sprintf("local PAUSED_POLL = %d\n", PausedPoll.Microseconds()), lua("take.lua"))...)
+	requeueScript = script.New(lua("count.lua"), lua("flow.lua"), lua("requeue.lua"))
 	cancelScript  = script.New(lua("callback.lua"), lua("cancel.lua"))
-	runNowScript  = script.New(lua("flow.lua"), lua("run_now.lua"))
-	reviveScript  = script.New(lua("flow.lua"), lua("revive.lua"))
+	runNowScript  = script.New(lua("count.lua"), lua("flow.lua"), lua("run_now.lua"))
+	reviveScript  = script.New(lua("count.lua"), lua("flow.lua"), lua("revive.lua"))
 	jobHoldScript = script.New(lua("job_hold.lua"))
 	holdsScript   = script.New(lua("holds.lua"))
 )
+
+// takeLibraries are the libraries take.lua needs before it. The take builds
+// those of its rarer paths (moving due jobs, yielding to proxied calls) only
+// on those paths (script.Lazy).
+func takeLibraries() []string {
+	return []string{gcra.LuaFunctions, leaky.BookingLua(), lua("count.lua"),
+		script.Lazy("take_forward", []string{"space", "forward_due", "due_firsts", "first_score"}, lua("flow.lua"), lua("forward.lua")),
+		script.Lazy("take_calls", []string{"call_keys", "call_ahead", "call_lane_first", "CALL_YIELD"}, lua("calls.lua"))}
+}
 
 // The scripts of a taken task's end (finish, with the lease's extension and
 // the recovery's list of expired ones), of retention (delete expired) and of

@@ -434,15 +434,19 @@ func (t *Taker) build() (*takeArgs, error) {
 	s, cfg, u := t.s, t.cfg, t.cfg.Upstream
 	plan := cfg.Bucket.Plan(cfg.ConcurrencyLease)
 	bk, ba, version := plan.Keys, plan.Args, plan.Version()
-	// The bucket's keys come last: the stated limits' TATs run to the end.
-	keys := append([]string{s.vKey(), s.fKey(), s.calKey(), s.CountsKey(),
-		s.a.Scheduled(), s.a.Retry(), s.a.Active(), s.a.Lease(), s.a.Groups(), s.a.Paused()},
-		bk...)
-	f := []any{t.leaseS, s.our, s.groupPrefix(), s.taskPrefix(), PausedPoll.Microseconds()}
+	// The take names every other key it uses from the prefixes: our
+	// own, and asynq's of the queue (Keys.Prefix); the bucket's, from its
+	// own (leaky.Bucket.BookingArgs).
+	keys := append([]string{s.fKey()}, bk...)
+	f := []any{t.leaseS, s.our, s.a.Prefix()}
 	f = append(f, ba...)
+	// Partition limits, overrides, weights and lanes other than 1 follow
+	// unless there are none of them at all, the common case: every
+	// argument costs Redis as much as a small command's share of a call.
+	var opt []any
 	plimits := func(ls []leaky.Limit) error {
 		args, err := cfg.Bucket.PartitionArgs(ls)
-		f = append(f, args...)
+		opt = append(opt, args...)
 		return err
 	}
 	if err := plimits(u.PartitionLimits); err != nil {
@@ -457,20 +461,31 @@ func (t *Taker) build() (*takeArgs, error) {
 		}
 	}
 	sort.Strings(names)
-	f = append(f, len(names))
+	opt = append(opt, len(names))
 	for _, p := range names {
-		f = append(f, p)
+		opt = append(opt, p)
 		if err := plimits(u.PartitionOverrides[p]); err != nil {
 			return nil, fmt.Errorf("partition_overrides[%s]: %w", p, err)
 		}
 	}
-	f = append(f, len(u.Fairness.Weights))
-	for _, k := range sortedKeys(u.Fairness.Weights) {
-		f = append(f, k, u.Fairness.Weights[k])
+	// weighted appends the weights other than 1 (others weigh 1) and says
+	// how many.
+	weighted := func(m map[string]int) int {
+		var ks []string
+		for _, k := range sortedKeys(m) {
+			if max(m[k], 1) != 1 {
+				ks = append(ks, k)
+			}
+		}
+		opt = append(opt, len(ks))
+		for _, k := range ks {
+			opt = append(opt, k, max(m[k], 1))
+		}
+		return len(ks)
 	}
-	f = append(f, len(u.Lanes))
-	for _, k := range sortedKeys(u.Lanes) {
-		f = append(f, k, max(u.Lanes[k], 1))
+	nw, nl := weighted(u.Fairness.Weights), weighted(u.Lanes)
+	if len(u.PartitionLimits) > 0 || len(names) > 0 || nw > 0 || nl > 0 {
+		f = append(f, opt...)
 	}
 	return &takeArgs{keys: keys, fixed: f, version: version}, nil
 }

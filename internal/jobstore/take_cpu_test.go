@@ -3,15 +3,15 @@ package jobstore_test
 import (
 	"context"
 	"os"
-
-	"github.com/redis/go-redis/v9"
-	"github.com/shaperhq/shaper/internal/gcra"
-	"github.com/shaperhq/shaper/internal/script"
-	"github.com/shaperhq/shaper/leaky"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shaperhq/shaper/internal/jobstore"
+	"github.com/shaperhq/shaper/internal/script"
 )
 
 // redisCPU is the Redis server's CPU time so far, in seconds.
@@ -47,11 +47,7 @@ func TestTakeRedisCPUPerCall(t *testing.T) {
 		rdb.Eval(ctx, "return 1", []string{"x"})
 	}
 	c1 := redisCPU(t)
-	src := script.Prelude + gcra.LuaFunctions + leaky.BookingLua()
-	for _, f := range []string{"flow.lua", "forward.lua", "calls.lua"} {
-		b, _ := os.ReadFile("lua/" + f)
-		src += string(b)
-	}
+	src := script.Prelude + strings.Join(jobstore.TakeLibraries(), "")
 	libs := redis.NewScript(src + "\nreturn 1")
 	libs.Run(ctx, rdb, []string{"x"})
 	cl0 := redisCPU(t)

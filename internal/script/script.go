@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,6 +53,33 @@ func New(parts ...string) *redis.Script {
 		src += p
 	}
 	return redis.NewScript(src)
+}
+
+// Lazy makes library parts into one loader, a function named name that
+// defines their functions and returns those named by exports, in order. A
+// function a script defines at its top level is a closure that Redis
+// builds on every call of the script (some hundreds of instructions, more
+// with upvalues); a library only some of a script's paths need is built,
+// through its loader, only on those paths:
+//
+//	local forward_due, first_score   -- the script's, nil until loaded
+//	...
+//	if look then
+//	  if not forward_due then forward_due, first_score = take_forward() end
+//	  forward_due(...)
+//	end
+//
+// The parts see the script's functions defined before the loader; the
+// loader's functions are its own, whatever they are called.
+func Lazy(name string, exports []string, parts ...string) string {
+	var b strings.Builder
+	b.WriteString("\nlocal function " + name + "()\n")
+	for _, p := range parts {
+		b.WriteString(p)
+		b.WriteString("\n")
+	}
+	b.WriteString("return " + strings.Join(exports, ", ") + "\nend\n")
+	return b.String()
 }
 
 // Run executes s by SHA, falling back to EVAL when Redis does not have it

@@ -75,21 +75,15 @@ local function call_now(override)
   return clock
 end
 
--- The bucket, open for the batch on one clock (bk_now), and the
--- partitions' TATs read so far (key -> {tat, per, dirty}).
+-- The bucket, open for the batch on one clock (bk_now); leaky's library
+-- keeps the partitions' TATs read so far with it.
 local SA = {unpack(ARGV, 3, 2 + tonumber(ARGV[2]))}
 local bk, bk_now
-local ptats = {}
 -- Writes what the batch booked on the bucket and the partitions.
 local function flush()
   if not bk then return end
   leaky_commit(bk, bk_now)
-  for key, p in pairs(ptats) do
-    if p.dirty then
-      redis.call('SET', key, shaper_int(p.tat), 'PX', math.ceil((p.tat - bk_now + p.per) / 1000))
-    end
-  end
-  bk, ptats = nil, {}
+  bk = nil
 end
 -- The bucket on the clock now, opened once per batch.
 local function bucket(now)
@@ -97,29 +91,6 @@ local function bucket(now)
   flush()
   bk, bk_now = leaky_open(KEYS, 6, SA, 1, now), now
   return bk
-end
--- Partition pk's state under limits, as leaky_partition's, its TATs read
--- once per batch.
-local function partition(b, pk, limits)
-  local p = {lim = limits, tat = {}, key = {}}
-  for j, l in ipairs(limits) do
-    local key = b.pprefix .. pk .. ':' .. l.id
-    local c = ptats[key]
-    if not c then
-      c = {tat = tonumber(redis.call('GET', key) or '0'), per = l.per}
-      ptats[key] = c
-    end
-    p.key[j], p.tat[j] = key, c.tat
-  end
-  return p
-end
--- Books it, as leaky_partition_book, written by flush.
-local function partition_book(p, slot, costs)
-  for j, l in ipairs(p.lim) do
-    p.tat[j] = gcra_take(p.tat[j], slot, l.interval, leaky_cost(l, costs))
-    local c = ptats[p.key[j]]
-    c.tat, c.per, c.dirty = p.tat[j], l.per, true
-  end
 end
 
 -- Keys a call alone with room found empty (f, cq, ln:FK), so that the
@@ -166,7 +137,7 @@ end
 -- The partition's own limits first, as the take and ReserveIn do: a call
 -- they hold back does not compete for the upstream's slots, so it leaves
 -- no mark.
-local part = partition(b, pk, plim)
+local part = leaky_partition(b, pk, plim, now)
 local pslot = leaky_partition_earliest(part, costs, now)
 if pslot > now then
   if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
@@ -191,7 +162,7 @@ local function book()
   for i = 1, n do prev[i] = b.lim[i].tat end
   for j = 1, #plim do pprev[j] = part.tat[j] end
   leaky_book(b, slot, costs, lease)
-  partition_book(part, slot, costs)
+  leaky_partition_book(part, slot, costs)
   for i = 1, n do
     out[#out + 1] = prev[i]
     out[#out + 1] = b.lim[i].tat

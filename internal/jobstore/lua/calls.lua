@@ -6,7 +6,9 @@
 --     few keys with calls waiting at now (P:s:{Q}:cq, marked in cw) that
 --     have no jobs in f (those the take serves itself); live: some call
 --     waits, so the take writes every virtual time it moves (a sole
---     key's or lane's too), which the calls compare theirs with
+--     key's or lane's too), which the calls compare theirs with. Where no
+--     call was ever marked (no proxied calls, or none waited), cw does not
+--     exist, and one EXISTS says so
 --   call_ahead(calls, fk, s, q) -> true when fairness key fk at virtual
 --     time s is more than q ahead of a key of calls
 --   call_lane_first(our, v, fk, lane, s2, lane_at, fk_lane_v, now, cache)
@@ -20,11 +22,13 @@ local CALL_YIELD = 5000
 
 local function call_keys(our, f, now)
   local out = {}
-  local live = #redis.call('ZRANGEBYSCORE', our .. 'cw', '(' .. shaper_int(now), '+inf', 'LIMIT', 0, 1) > 0
+  local cw = our .. 'cw'
+  if redis.call('EXISTS', cw) == 0 then return out, false end
+  local live = #redis.call('ZRANGEBYSCORE', cw, '(' .. shaper_int(now), '+inf', 'LIMIT', '0', '1') > 0
   if not live then return out, false end
-  local r = redis.call('ZRANGE', our .. 'cq', 0, 3, 'WITHSCORES')
+  local r = redis.call('ZRANGE', our .. 'cq', '0', '3', 'WITHSCORES')
   for i = 1, #r, 2 do
-    local e = redis.call('ZSCORE', our .. 'cw', r[i])
+    local e = redis.call('ZSCORE', cw, r[i])
     if e and tonumber(e) > now and redis.call('ZSCORE', f, r[i]) == false then
       out[#out + 1] = {r[i], tonumber(r[i + 1])}
     end

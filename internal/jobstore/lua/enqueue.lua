@@ -36,7 +36,8 @@
 -- and was dropped, and a record of it is still kept (nothing changed):
 -- it succeeded, died or was cancelled.
 --
--- Needs remember.lua, optional.lua and flow.lua before it (see lua.go).
+-- Needs remember.lua, optional.lua, count.lua and flow.lua before it (see
+-- lua.go).
 local P, G, T = ARGV[8], ARGV[9], ARGV[10]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)

@@ -1,6 +1,7 @@
 -- flow.lua: a library for the scripts that put jobs into an upstream's
--- flows. Every function takes what it touches as parameters; sp is the
--- upstream's space as a script builds it (see space below):
+-- flows. Needs count.lua before it. Every function takes what it touches
+-- as parameters; sp is the upstream's space as a script builds it (see
+-- space below):
 --
 --   space(our, group, task, v, f, cal, groups) -> sp = {our = our prefix
 --     "P:s:{Q}:", group = asynq's group prefix, task = asynq's task prefix,
@@ -13,7 +14,6 @@
 --   push(sp, id, lane, fk, pk, seq, t) puts job id into its flow
 --     LANE|FK|PK at FIFO place seq (its partition ready at t, µs, unless it
 --     already waits) as asynq's aggregating task
---   count(k, field, by) adds by to a counter of hash k, dropping it at 0
 --   waited_as(tk, sd) -> the counter ("deferred:" or "retry:") a job
 --     leaving asynq's retry set was counted in, by its sd field (set:
 --     handed back); the mark stays, saying the last error is a hand-back's
@@ -45,11 +45,6 @@ local function push(sp, id, lane, fk, pk, seq, t)
   redis.call('HSET', sp.task .. id, 'state', 'aggregating', 'group', g)
   redis.call('ZADD', sp.our .. 'r:' .. lane .. '|' .. fk, 'NX', t, pk)
   activate_lane(sp, fk, lane)
-end
-
-local function count(k, field, by)
-  local n = redis.call('HINCRBY', k, field, by)
-  if n <= 0 then redis.call('HDEL', k, field) end
 end
 
 local function waited_as(tk, sd)

@@ -1,57 +1,68 @@
--- forward.lua: a library for the take. Needs flow.lua before it.
+-- forward.lua: a library for the take. Needs count.lua and flow.lua before
+-- it.
 --
---   forward_due(sp, scheduled, retry, counts, now, parks) -> firsts: moves
---     jobs of asynq's scheduled and retry sets (keys) that are due at now
---     (µs) into their flows, at their old FIFO place, counting them
---     pending in the counter hash counts; with parks (the upstream limits
---     partitions), drops the parks (sp.our .. 'pk') whose time passed
---     (without, none is added, and those left from before go with their
---     flows; a park past its time is not counted as one); and brings the
---     calendar's lanes whose time came back into the rotation. At most 200 of each set and of the calendar per call:
---     the rest comes due at the next take. Each set's first member is read
---     before anything of it is moved, so a set with nothing due costs one
---     read; firsts = {scheduled, retry, cal} holds each set's lowest score
---     as it stands after the call (false: empty; nil: not known, because
---     something of it moved), which the take needs for its answer.
+--   forward_due(sp, scheduled, retry, counts, now, due) -> firsts: with
+--     due, moves jobs of asynq's scheduled and retry sets (keys) that are
+--     due at now (µs) into their flows, at their old FIFO place, counting
+--     them pending in the counter hash counts; and brings the calendar's
+--     lanes whose time came back into the rotation. At most 200 of each set
+--     and of the calendar per call: the rest comes due at the next take.
+--     Each set's first member is read before anything of it is moved, so a
+--     set with nothing due costs one read, and when none of the three
+--     exists one EXISTS answers for all; firsts = {scheduled, retry, cal}
+--     holds each set's lowest score as it stands after the call (false:
+--     empty; nil: not known, because something of it moved, or, without
+--     due, it was not read), which the take needs for its answer.
+--   due_firsts(scheduled, retry, cal) -> firsts as forward_due's, without
+--     moving anything
 --   first_score(key) -> the lowest score of a sorted set, false if empty
 local function first_score(key)
-  local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local r = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   if #r == 0 then
     return false
   end
   return tonumber(r[2])
 end
 
-local function forward_due(sp, scheduled, retry, counts, now, parks)
-  local now_s = now / 1000000
+local function due_firsts(scheduled, retry, cal)
+  if redis.call('EXISTS', scheduled, retry, cal) == 0 then
+    return {scheduled = false, retry = false, cal = false}
+  end
+  return {scheduled = first_score(scheduled), retry = first_score(retry), cal = first_score(cal)}
+end
+
+local function forward_due(sp, scheduled, retry, counts, now, due)
   local firsts = {}
-  for z, set in ipairs({scheduled, retry}) do
-    local first = first_score(set)
-    if first and first <= now_s then
-      first = nil
-      local due = redis.call('ZRANGEBYSCORE', set, '-inf', now_s, 'LIMIT', 0, 200)
-      for _, id in ipairs(due) do
-        redis.call('ZREM', set, id)
-        local f = redis.call('HMGET', sp.task .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
-        if f[1] then
-          local from = 'scheduled:'
-          if set == retry then from = waited_as(sp.task .. id, f[5]) end
-          push(sp, id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), now)
-          count(counts, from .. f[1], -1)
-          count(counts, 'pending:' .. f[1], 1)
+  if due then
+    if redis.call('EXISTS', scheduled, retry, sp.cal) == 0 then
+      return {scheduled = false, retry = false, cal = false}
+    end
+    local now_s = now / 1000000
+    for z, set in ipairs({scheduled, retry}) do
+      local first = first_score(set)
+      if first and first <= now_s then
+        first = nil
+        local ids = redis.call('ZRANGEBYSCORE', set, '-inf', now_s, 'LIMIT', '0', '200')
+        for _, id in ipairs(ids) do
+          redis.call('ZREM', set, id)
+          local f = redis.call('HMGET', sp.task .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
+          if f[1] then
+            local from = 'scheduled:'
+            if set == retry then from = waited_as(sp.task .. id, f[5]) end
+            push(sp, id, f[1], f[2] or '', f[3] or '', tonumber(f[4] or '0'), now)
+            count(counts, from .. f[1], -1)
+            count(counts, 'pending:' .. f[1], 1)
+          end
         end
       end
+      firsts[z] = first
     end
-    firsts[z] = first
-  end
-  if parks then
-    redis.call('ZREMRANGEBYSCORE', sp.our .. 'pk', '-inf', now)
   end
   -- (A push may have taken its lane off the calendar: read it after.)
   local first = first_score(sp.cal)
   if first and first <= now then
     first = nil
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', 0, 200)) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', '0', '200')) do
       redis.call('ZREM', sp.cal, m)
       local bar = string.find(m, '|', 1, true)
       activate_lane(sp, string.sub(m, bar + 1), string.sub(m, 1, bar - 1))

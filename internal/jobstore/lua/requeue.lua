@@ -19,7 +19,7 @@
 --
 -- Returns how many were active and went back.
 --
--- Needs flow.lua before it (see lua.go).
+-- Needs count.lua and flow.lua before it (see lua.go).
 local P, G, T = ARGV[1], ARGV[2], ARGV[3]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[7]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)

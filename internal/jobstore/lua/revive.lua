@@ -28,7 +28,7 @@
 -- not ARGV[3]; "needs" if the needed key is gone; else the asynq state the
 -- job is in (it is not archived). Only "ok" changes anything.
 --
--- Needs flow.lua before it (see lua.go).
+-- Needs count.lua and flow.lua before it (see lua.go).
 local P, G, T = ARGV[5], ARGV[6], ARGV[7]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[2], KEYS[3], KEYS[4], KEYS[8]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)

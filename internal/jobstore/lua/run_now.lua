@@ -18,7 +18,7 @@
 --
 -- Returns how many were retrying.
 --
--- Needs flow.lua before it (see lua.go).
+-- Needs count.lua and flow.lua before it (see lua.go).
 local P, G, T = ARGV[2], ARGV[3], ARGV[4]
 local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[6]
 local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)

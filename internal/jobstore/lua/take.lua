@@ -14,17 +14,8 @@
 -- holds the upstream idle. A lane whose every partition must wait goes on
 -- the calendar until its earliest one can send.
 --
--- KEYS[1] -> v
--- KEYS[2] -> f
--- KEYS[3] -> cal
--- KEYS[4] -> counts
--- KEYS[5] -> asynq scheduled
--- KEYS[6] -> asynq retry
--- KEYS[7] -> asynq active
--- KEYS[8] -> asynq lease
--- KEYS[9] -> asynq groups set
--- KEYS[10] -> asynq's paused key
--- KEYS[11..] -> the upstream bucket's keys (leaky.Bucket.BookingKeys)
+-- KEYS[1] -> f
+-- KEYS[2..] -> the upstream bucket's keys (leaky.Bucket.BookingKeys)
 -- ARGV[1] -> now override
 -- ARGV[2] -> max jobs
 -- ARGV[3] -> lookahead µs
@@ -35,17 +26,23 @@
 --    when it gives max jobs too, does not look at what else comes due
 --    (next -1) nor at the leases (expired 0): its caller comes back at once
 -- ARGV[5] -> asynq lease seconds
--- ARGV[6] -> our prefix
--- ARGV[7] -> asynq group prefix
--- ARGV[8] -> asynq task prefix
--- ARGV[9] -> wait µs to answer while the queue is paused through asynq
--- ARGV[10..] -> the bucket's (leaky.Bucket.BookingArgs), then the partition
---    limits (leaky.Bucket.PartitionArgs), then o, o × (partition, its
---    limits as PartitionArgs): overrides; then w, w × (fairness key,
---    weight); then x, x × (lane, weight)
+-- ARGV[6] -> our prefix P:s:{Q}:, which the counters (c), v, cal, pk, cw
+--    and the lanes' and partitions' sets are named from (see lua.go)
+-- ARGV[7] -> asynq's prefix of the queue, asynq:{Q}:, which its keys are
+--    named from as Keys (keys.go) names them: scheduled, retry, active,
+--    lease, groups, paused, g: (a flow), t: (a task)
+-- ARGV[8..] -> the bucket's (leaky.Bucket.BookingArgs); then, unless every
+--    one of them is empty (then ARGV ends there), the partition limits
+--    (leaky.Bucket.PartitionArgs), then o, o × (partition, its limits as
+--    PartitionArgs): overrides; then w, w × (fairness key, weight); then
+--    x, x × (lane, weight): weights other than 1
+--
+-- (Every KEYS or ARGV element costs Redis about as much as a small
+-- command's share of a call, so what the take can name from a prefix, or
+-- needs only in some cases, is not passed.)
 --
 -- A queue paused through asynq (Inspector.PauseQueue) gives no job: the
--- take answers a block (reason 2) with a wait of ARGV[9], since asynq's
+-- take answers a block (reason 2) with a wait of PAUSED_POLL, since asynq's
 -- unpause announces nothing.
 --
 -- Returns {now, wait, reason, next, expired, id_1, msg_1, slot_1, ...}:
@@ -64,79 +61,132 @@
 -- of a call of its own key that waits, is not taken: the take stops, with
 -- a wait of CALL_YIELD, and the call books the slot (calls.lua).
 --
--- Needs gcra's library, leaky's booking library (leaky.BookingLua), flow.lua,
--- forward.lua and calls.lua before it (see lua.go).
-local P, G, T = ARGV[6], ARGV[7], ARGV[8]
-local K_V, K_F, K_CAL, K_GROUPS = KEYS[1], KEYS[2], KEYS[3], KEYS[9]
-local sp = space(P, G, T, K_V, K_F, K_CAL, K_GROUPS)
-local K_PK = P .. 'pk'
+-- What a take costs Redis is mostly its calls (a few thousand instructions
+-- each, more for a number Redis must format: constant strings are passed
+-- where they will do) and the tables and closures it builds; so the common
+-- case (one fairness key, one lane, no partition limits, no calls waiting)
+-- reads nothing it need not, and builds little per job: once a job went
+-- from a flow whose key, lane and partition each had its set to itself,
+-- and no partition limit counts it, the next job of that flow goes the
+-- same way without a look at those sets (a run).
+--
+-- Needs gcra's library, leaky's booking library (leaky.BookingLua) and
+-- count.lua before it, the loaders take_forward (flow.lua and forward.lua:
+-- space, forward_due, due_firsts, first_score) and take_calls (calls.lua:
+-- call_keys, call_ahead, call_lane_first, CALL_YIELD), and PAUSED_POLL
+-- (see lua.go).
+local P, A = ARGV[6], ARGV[7]
+local K_F, K_COUNTS = KEYS[1], P .. 'c'
+local G, T = A .. 'g:', A .. 't:'
 
 local now = shaper_now(ARGV[1])
 local max_jobs = tonumber(ARGV[2])
-local la = tonumber(ARGV[3])
-local horizon = now + la
-local lease_s = tonumber(ARGV[5])
-local now_s = now / 1000000
+local horizon = now + tonumber(ARGV[3])
 
 -- The upstream's bucket, its limits as paced now (leaky's library), and
--- asynq's pause mark, read with the limits.
-local bucket, a, marks = leaky_open(KEYS, 11, ARGV, 10, now, {KEYS[10]})
-local plimits
-plimits, a = leaky_limits(ARGV, a)
-local overrides = {}
-local no = tonumber(ARGV[a])
-a = a + 1
-for i = 1, no do
-  local p = ARGV[a]
-  overrides[p], a = leaky_limits(ARGV, a + 1)
-end
-local weights = {}
-local nw = tonumber(ARGV[a])
-for i = 1, nw do
-  weights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
-end
-a = a + 1 + 2 * nw
-local lweights = {}
-local nl = tonumber(ARGV[a])
-for i = 1, nl do
-  lweights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
+-- asynq's pause mark, read with the limits. Whether any call was ever
+-- marked waiting (cw), or any job waits in asynq's scheduled or retry
+-- sets, or any lane on the calendar, is asked with the bucket's optional
+-- state: quiet, none of them exists (the common case), and the take does
+-- nothing of calls, due jobs or the calendar.
+local K_CW, K_CAL, K_SCHED, K_RETRY = P .. 'cw', P .. 'cal', A .. 'scheduled', A .. 'retry'
+local bucket, a, marks, quiet = leaky_open(KEYS, 2, ARGV, 8, now, {A .. 'paused'}, {K_CW, K_SCHED, K_RETRY, K_CAL})
+-- (Read only: every job without costs, every table of weights or limits
+-- not given, shares it.)
+local NONE = {}
+local plimits, overrides, weights, lweights = NONE, NONE, NONE, NONE
+local parted = bucket.pov ~= ''
+if ARGV[a] then
+  plimits, a = leaky_limits(ARGV, a)
+  local no = tonumber(ARGV[a])
+  a = a + 1
+  if no > 0 then
+    overrides = {}
+    for i = 1, no do
+      local p = ARGV[a]
+      overrides[p], a = leaky_limits(ARGV, a + 1)
+    end
+  end
+  parted = parted or #plimits > 0 or no > 0
+  local nw = tonumber(ARGV[a])
+  if nw > 0 then
+    weights = {}
+    for i = 1, nw do
+      weights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
+    end
+  end
+  a = a + 1 + 2 * nw
+  local nl = tonumber(ARGV[a])
+  if nl > 0 then
+    lweights = {}
+    for i = 1, nl do
+      lweights[ARGV[a + 2 * i - 1]] = tonumber(ARGV[a + 2 * i])
+    end
+  end
 end
 
 -- Proxied calls waiting their turn (call_turn.lua, which says what cq
 -- and cw hold): keys with calls waiting and no jobs, by virtual time.
-local calls, calls_live = call_keys(P, K_F, now)
-local call_lanes = {}
-
--- named: some of the limits ls counts a cost by name.
-local function named(ls)
-  for _, l in ipairs(ls) do
-    if l.cost ~= '' then return true end
-  end
-  return false
+local calls, calls_live = NONE, false
+local call_keys, call_ahead, call_lane_first, CALL_YIELD
+if not quiet then
+  call_keys, call_ahead, call_lane_first, CALL_YIELD = take_calls()
+  calls, calls_live = call_keys(P, K_F, now)
 end
 
--- (A job without costs shares one empty table, read only, so the common
--- case builds none.)
-local NO_COSTS = {}
-local function costs_of(s)
-  if not s or s == '' then return NO_COSTS end
-  local t = {}
-  do
+-- by_name: some limit counts a cost by name, so a job's costs are read.
+-- (An operator's override of a partition may: read them where there are
+-- overrides.)
+local by_name = bucket.named or bucket.pov ~= ''
+if parted then
+  for i = 1, #plimits do
+    if plimits[i].cost ~= '' then by_name = true end
+  end
+  for _, ls in pairs(overrides) do
+    for i = 1, #ls do
+      if ls[i].cost ~= '' then by_name = true end
+    end
+  end
+end
+-- named: some of the limits ls counts a cost by name; costs_of: the
+-- costs a task's sc field says. (Built where costs are read at all.)
+local named, costs_of
+if by_name or parted then
+  named = function(ls)
+    for i = 1, #ls do
+      if ls[i].cost ~= '' then return true end
+    end
+    return false
+  end
+  costs_of = function(s)
+    if not s or s == '' then return NONE end
+    local t = {}
     for k, v in string.gmatch(s, '([^=,]+)=(%d+)') do
       t[k] = tonumber(v)
     end
+    return t
   end
-  return t
 end
 
 local look = ARGV[4] == '1'
-local firsts = {}
--- Where partitions are limited, a lane whose every partition was parked
--- waits on the calendar: it is brought back at every take, so that one
--- partition's backlog never holds another's jobs back.
-local parted = #plimits > 0 or no > 0 or bucket.pov ~= ''
-if look or parted then
-  firsts = forward_due(sp, KEYS[5], KEYS[6], KEYS[4], now, parted)
+-- firsts: what forward_due (or due_firsts) read of the due sets and the
+-- calendar, for the answer's next; nil: not read.
+local firsts
+local space, forward_due, due_firsts, first_score
+if quiet then
+  firsts = {scheduled = false, retry = false, cal = false}
+elseif look or parted then
+  -- Where partitions are limited, a lane whose every partition was parked
+  -- waits on the calendar: it is brought back at every take, so that one
+  -- partition's backlog never holds another's jobs back.
+  space, forward_due, due_firsts, first_score = take_forward()
+  firsts = forward_due(space(P, G, T, P .. 'v', K_F, K_CAL, A .. 'groups'), K_SCHED, K_RETRY, K_COUNTS, now, look)
+end
+-- The parks (pk, which only status reads, counting those not past) whose
+-- time passed go at a full look. (Where no partition is limited there are
+-- none: those left from before go with their flows.)
+if parted and look then
+  redis.call('ZREMRANGEBYSCORE', P .. 'pk', '-inf', now)
 end
 
 local out = {now, -1, 0, -1, 0}
@@ -148,19 +198,19 @@ local more = false
 if marks[1] then
   -- Paused through asynq: nothing goes, leases are still recovered.
   stop = true
-  out[2], out[3] = tonumber(ARGV[9]), 2
+  out[2], out[3] = PAUSED_POLL, 2
 end
 -- What the take changed, written once after the loop.
 local went, went_lane = {}, {}
 -- view: what the take knows of the first members of a sorted set it
 -- picks from (fairness keys, a key's lanes, a lane's partitions): read
--- once, up to VIEW members, then kept in order by the take itself, whose
--- new scores are written once, after the loop (dirty), or before the set
--- is read again. Nothing else writes these sets while the take runs, so
--- going back to one (the one fairness key and lane of the common case,
--- every tenant of a fair share) costs no read. list holds the first
--- members in ZRANGE's order as the take has made it, {member, score}
--- each; full: it holds all of them.
+-- once, up to 16 members, then kept in order by the take itself, whose
+-- new scores are written once, after the loop (dirty, false until one
+-- is), or before the set is read again. Nothing else writes these sets
+-- while the take runs, so going back to one (the one fairness key and
+-- lane of the common case, every tenant of a fair share) costs no read.
+-- m and s hold the first members and their scores in ZRANGE's order as
+-- the take has made it; full: they hold all of them.
 --
 -- A set that held one member when the take read it, and still does,
 -- keeps that member's score as it is in Redis when the take moves it on
@@ -168,9 +218,10 @@ local went, went_lane = {}, {}
 -- after now (partitions): its score orders it against nothing, and one
 -- that joins it comes in at that score (flow.lua's virtual time), or, for
 -- a partition, at a later now. So the common case, one key, one lane, no
--- partitions, writes none of these sets.
-local VIEW = 16
-local views = {}
+-- partitions, writes none of these sets; and a sole key's or lane's score
+-- is not even read (s is then ZERO's, and never moved).
+local views = {[K_F] = false}
+local ZERO = {0}
 -- before: a member of score sa and name ma comes before one of sb, mb in
 -- a sorted set (names compared as bytes, as Redis does).
 local function before(sa, ma, sb, mb)
@@ -182,147 +233,211 @@ local function before(sa, ma, sb, mb)
   return #ma < #mb
 end
 local function flush(key, v)
+  local only
+  if v.sole and #v.m == 1 then only = v.m[1] end
   local z = {}
-  local only = v.sole and #v.list == 1 and v.list[1][1]
   for m, sc in pairs(v.dirty) do
     if m ~= only or (not v.vt and sc > now) then
+      -- (A partition's score is µs, whole: Lua writes it for less than
+      -- Redis's own %.17g of a number.)
+      if not v.vt then sc = string.format('%d', sc) end
       z[#z + 1] = sc
       z[#z + 1] = m
     end
   end
   if #z > 0 then redis.call('ZADD', key, 'XX', unpack(z)) end
-  v.dirty = {}
+  v.dirty = false
 end
 local function view(key, vt)
   local v = views[key]
-  if v and (#v.list > 0 or v.full) then return v end
-  if not v then
-    v = {dirty = {}, vt = vt}
+  if v then
+    if v.m[1] or v.full then return v end
+    if v.dirty then flush(key, v) end
+  else
+    if vt and not calls_live then
+      -- A key's or a lane's score matters only against another's, so the
+      -- first read asks for two names and no scores (Redis formats each
+      -- score, and Lua parses it back).
+      local ms = redis.call('ZRANGE', key, '0', '1')
+      if #ms < 2 then
+        v = {m = ms, s = ZERO, full = true, sole = #ms == 1, vt = true, dirty = false}
+        views[key] = v
+        return v
+      end
+    end
+    v = {m = false, s = false, full = false, sole = nil, vt = vt, dirty = false}
     views[key] = v
   end
-  flush(key, v)
-  local r = redis.call('ZRANGE', key, 0, VIEW - 1, 'WITHSCORES')
-  v.list = {}
-  for i = 1, #r, 2 do v.list[#v.list + 1] = {r[i], tonumber(r[i + 1])} end
-  v.full = #v.list < VIEW
-  if v.sole == nil then v.sole = #v.list == 1 and not calls_live end
+  local r = redis.call('ZRANGE', key, '0', '15', 'WITHSCORES')
+  local ms, ss = {}, {}
+  for i = 2, #r, 2 do
+    ms[i / 2], ss[i / 2] = r[i - 1], tonumber(r[i])
+  end
+  v.m, v.s, v.full = ms, ss, #ms < 16
+  if v.sole == nil then v.sole = #ms == 1 and not calls_live end
   return v
 end
--- top: the first member and its score (nil: the set is empty).
-local function top(v)
-  local e = v.list[1]
-  if e then return e[1], e[2] end
-end
 -- rescore: the first member moves to score sc; past the members the view
--- holds (and not full), it leaves the view, which stays the set's head.
+-- holds (and not full), it leaves the view, which stays the set's head. A
+-- sole member's new score is written only if it is a partition's and
+-- later than now (see above): a sole key's or lane's is not kept at all.
 local function rescore(v, sc)
-  local e = table.remove(v.list, 1)
-  e[2] = sc
-  v.dirty[e[1]] = sc
-  local i = 1
-  while v.list[i] and not before(sc, e[1], v.list[i][2], v.list[i][1]) do i = i + 1 end
-  if v.list[i] or v.full then table.insert(v.list, i, e) end
+  local ms = v.m
+  local m = ms[1]
+  if v.sole then
+    if v.vt then return end
+    v.s[1] = sc
+  else
+    local ss, n = v.s, #ms
+    local i = 1
+    while i < n and not before(sc, m, ss[i + 1], ms[i + 1]) do
+      ms[i], ss[i] = ms[i + 1], ss[i + 1]
+      i = i + 1
+    end
+    if i < n or v.full then
+      ms[i], ss[i] = m, sc
+    else
+      ms[i], ss[i] = nil, nil
+    end
+  end
+  local d = v.dirty
+  if v.sole and sc <= now then
+    if d then d[m] = nil end
+    return
+  end
+  if not d then
+    d = {}
+    v.dirty = d
+  end
+  d[m] = sc
 end
 -- drop_first: the first member leaves the set.
 local function drop_first(key, v)
-  local e = table.remove(v.list, 1)
-  v.dirty[e[1]] = nil
-  redis.call('ZREM', key, e[1])
-end
--- empty: the set holds no member now.
-local function empty(key)
-  return top(view(key)) == nil
+  local m = table.remove(v.m, 1)
+  if v.s ~= ZERO then table.remove(v.s, 1) end
+  if v.dirty then v.dirty[m] = nil end
+  redis.call('ZREM', key, m)
 end
 -- flows: what the take has read of a flow, from its head, a few jobs per
 -- read (as many as the take may still give, and the one after); the jobs
--- it takes leave the flow at the end of the take, all at once.
+-- it takes leave the flow at the end of the take, all at once: they are
+-- its first rank + at - 1 (nothing else writes a flow while the take
+-- runs).
 -- parked: the parks of flows (K_PK, read only by status) the take made,
 -- flow -> µs, written in one ZADD after the loop; a flow that empties
--- leaves it (gone: flows to take out of K_PK, in one ZREM).
-local parked, gone = {}, {}
-local function unpark(g)
-  parked[g] = nil
-  gone[#gone + 1] = g
-end
+-- leaves it (gone: flows to take out of K_PK, in one ZREM). Parks come
+-- of partition limits alone.
+local parked, gone = NONE, false
+if parted then parked = {} end
 local flows = {}
 local function flow_head(g)
   local fl = flows[g]
   if not fl then
-    fl = {ids = {}, at = 1, rank = 0, more = true, took = {}}
+    -- From the head: the jobs up to max jobs, and the one after; the
+    -- first read of a take asks for ARGV[2]'s own string.
+    local k = max_jobs - taken
+    local hi = ARGV[2]
+    if taken > 0 then hi = k end
+    local key = G .. g
+    local ids = redis.call('ZRANGE', key, '0', hi)
+    fl = {key = key, ids = ids, at = 1, rank = 0, more = #ids == k + 1}
     flows[g] = fl
-  end
-  if fl.more and fl.ids[fl.at + 1] == nil then
+  elseif fl.more and fl.ids[fl.at + 1] == nil then
     -- The jobs taken are still in the flow, ahead of the rest.
     local from = fl.rank + fl.at - 1
     local k = math.max(1, max_jobs - taken)
-    fl.ids = redis.call('ZRANGE', G .. g, from, from + k)
+    fl.ids = redis.call('ZRANGE', fl.key, from, from + k)
     fl.rank, fl.at, fl.more = from, 1, #fl.ids == k + 1
   end
   return fl
 end
--- Lanes and fairness keys retire lazily, when the take finds them empty.
--- (These helpers are built once per take, not once per job.)
-local function retire_key(fv)
-  drop_first(K_F, fv)
-end
-local function retire_lane(lk, lv, fv)
-  drop_first(lk, lv)
-  if empty(lk) then retire_key(fv) end
-end
 -- lane_at: the take's own view of lane l's start in the current key's
--- lanes (cur_lk, cur_lv), for call_lane_first.
-local cur_lk, cur_lv
-local function lane_at(l)
-  if cur_lv.dirty[l] then return cur_lv.dirty[l] end
-  for _, e in ipairs(cur_lv.list) do
-    if e[1] == l then return e[2] end
+-- lanes (cur_lk, cur_lv), for call_lane_first (only where calls wait).
+local cur_lk, cur_lv, lane_at, call_lanes
+if calls_live then
+  call_lanes = {}
+  lane_at = function(l)
+    if cur_lv.dirty and cur_lv.dirty[l] then return cur_lv.dirty[l] end
+    for i, m in ipairs(cur_lv.m) do
+      if m == l then return cur_lv.s[i] end
+    end
+    local t = redis.call('ZSCORE', cur_lk, l)
+    return t and tonumber(t)
   end
-  local t = redis.call('ZSCORE', cur_lk, l)
-  return t and tonumber(t)
 end
+-- What the last job went by: its key, lane, partition and flow, their
+-- views and sets' keys (the common case meets the same ones job after
+-- job); run: the next job of the flow may go by them unlooked (see above).
+local fv, fk, s1, lk, lv, lane, s2, rk, rv, pk, g, fl
+local run = false
 while not stop and taken < max_jobs and steps < 2000 do
   steps = steps + 1
   repeat
-    local fv = view(K_F, true)
-    local fk, s1 = top(fv)
-    if fk == nil then stop = true break end
-    local lk = P .. 'l:' .. fk
-    local lv = view(lk, true)
-    local lane, s2 = top(lv)
-    if lane == nil then
-      retire_key(fv)
-      break
+    local part, pl, pslot = nil, NONE, now
+    if run then
+      fl = flow_head(g)
+    else
+      fv = view(K_F, true)
+      local k1 = fv.m[1]
+      if k1 == nil then stop = true break end
+      s1 = fv.s[1]
+      if k1 ~= fk then
+        fk, lk, lane = k1, P .. 'l:' .. k1, nil
+      end
+      lv = view(lk, true)
+      local l1 = lv.m[1]
+      if l1 == nil then
+        drop_first(K_F, fv)
+        break
+      end
+      s2 = lv.s[1]
+      if l1 ~= lane then
+        lane, rk, pk = l1, P .. 'r:' .. l1 .. '|' .. fk, nil
+      end
+      rv = view(rk)
+      local p1, elig = rv.m[1], rv.s[1]
+      -- (A lane retires lazily, when the take finds it empty; its key
+      -- when its last lane does.)
+      if p1 == nil then
+        drop_first(lk, lv)
+        if view(lk).m[1] == nil then drop_first(K_F, fv) end
+        break
+      end
+      if elig > now then
+        -- Every partition of this lane is parked: calendar it.
+        drop_first(lk, lv)
+        if view(lk).m[1] == nil then drop_first(K_F, fv) end
+        redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
+        if firsts then firsts.cal = nil end
+        break
+      end
+      if p1 ~= pk then
+        pk, g = p1, lane .. '|' .. fk .. '|' .. p1
+      end
+      -- The job and the one after it, which the flow's next chance needs.
+      fl = flow_head(g)
     end
-    local rk = P .. 'r:' .. lane .. '|' .. fk
-    local rv = view(rk)
-    local pk, elig = top(rv)
-    if pk == nil then
-      retire_lane(lk, lv, fv)
-      break
-    end
-    if elig > now then
-      -- Every partition of this lane is parked: calendar it.
-      retire_lane(lk, lv, fv)
-      redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
-      firsts.cal = nil
-      break
-    end
-    local g = lane .. '|' .. fk .. '|' .. pk
-    -- The job and the one after it, which the flow's next chance needs.
-    local fl = flow_head(g)
     local id = fl.ids[fl.at]
     if id == nil then
       drop_first(rk, rv)
-      redis.call('SREM', K_GROUPS, g)
-      unpark(g)
+      redis.call('SREM', A .. 'groups', g)
+      parked[g] = nil
+      if not gone then gone = {} end
+      gone[#gone + 1] = g
+      run = false
       break
     end
     local tk = T .. id
     -- The message is read with the costs: a job held back by its
     -- partition's limits reads it in vain, but one that goes needs no
     -- second read.
-    local f = redis.call('HMGET', tk, 'sc', 'msg')
-    local costs = costs_of(f[1])
+    local costs, msg = NONE, nil
+    if by_name then
+      local f = redis.call('HMGET', tk, 'sc', 'msg')
+      costs, msg = costs_of(f[1]), f[2]
+    else
+      msg = redis.call('HGET', tk, 'msg')
+    end
     -- The upstream's own slot for this job.
     local su, why = leaky_earliest(bucket, costs, now)
     if su > horizon then
@@ -330,14 +445,17 @@ while not stop and taken < max_jobs and steps < 2000 do
       stop = true
       break
     end
-    -- The partition's slot.
-    local pl = plimits
-    if overrides[pk] then pl = overrides[pk] end
-    -- An operator's override of the partition (leaky's library) wins.
-    pl = leaky_partition_override(bucket, pk) or pl
-    if pk == '' then pl = {} end
-    local part = leaky_partition(bucket, pk, pl, now)
-    local pslot = leaky_partition_earliest(part, costs, now)
+    -- The partition's slot. (No partition, or none limited: it can send
+    -- now, and there is nothing of it to read or book; a run's has none.)
+    if parted and pk ~= '' and not run then
+      pl = overrides[pk] or plimits
+      -- An operator's override of the partition (leaky's library) wins.
+      pl = leaky_partition_override(bucket, pk) or pl
+      if #pl > 0 then
+        part = leaky_partition(bucket, pk, pl, now)
+        pslot = leaky_partition_earliest(part, costs, now)
+      end
+    end
     if pslot > now then
       -- Not this partition's turn yet. It is taken when its slot comes,
       -- not booked ahead: booking the upstream at a partition's later
@@ -348,122 +466,151 @@ while not stop and taken < max_jobs and steps < 2000 do
       if parks >= 200 then stop, more = true, true end
       break
     end
-    local lw = leaky_lease_wait(bucket, id, now)
-    if lw then
-      out[2], out[3] = lw, 3
-      stop = true
-      break
+    if bucket.conc > 0 then
+      local lw = leaky_lease_wait(bucket, id, now)
+      if lw then
+        out[2], out[3] = lw, 3
+        stop = true
+        break
+      end
     end
-    cur_lk, cur_lv = lk, lv
-    if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) or call_lane_first(P, K_V, fk, lane, s2, lane_at, s2, now, call_lanes) then
-      -- A key whose calls wait is behind, or a call of this key waits in
-      -- a lane not ahead of this job's: the call gets the slot.
-      out[2], out[3] = CALL_YIELD, 1
-      stop = true
-      break
+    if calls_live then
+      cur_lk, cur_lv = lk, lv
+      if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) or call_lane_first(P, nil, fk, lane, s2, lane_at, s2, now, call_lanes) then
+        -- A key whose calls wait is behind, or a call of this key waits in
+        -- a lane not ahead of this job's: the call gets the slot.
+        out[2], out[3] = CALL_YIELD, 1
+        stop = true
+        break
+      end
     end
-    local slot = math.max(su, pslot)
+    local slot = su
+    if pslot > slot then slot = pslot end
     leaky_book(bucket, slot, costs, id)
-    leaky_partition_book(part, slot, costs, now)
+    if part then leaky_partition_book(part, slot, costs) end
     -- The job leaves its flow for asynq's active list (the flow's ZREM
     -- comes after the loop).
-    fl.took[#fl.took + 1] = id
-    fl.at = fl.at + 1
-    local nxt = fl.ids[fl.at]
+    local at = fl.at + 1
+    fl.at = at
+    local nxt = fl.ids[at]
     if nxt == nil then
-      redis.call('SREM', K_GROUPS, g)
+      redis.call('SREM', A .. 'groups', g)
       drop_first(rk, rv)
-      unpark(g)
+      parked[g] = nil
+      if not gone then gone = {} end
+      gone[#gone + 1] = g
+      run = false
+    elseif run then
+      -- (A run's partition moves to now, and, sole, stays as it is.)
     else
       -- The partition can go again when its limits allow its next job's
       -- costs (a job without a limit's cost is not held by it).
       local e = now
-      if #pl > 0 then
+      if part then
         -- (Limits that count requests alone need not read its costs.)
-        local nc = {}
+        local nc = NONE
         if named(pl) then nc = costs_of(redis.call('HGET', T .. nxt, 'sc')) end
         e = leaky_partition_earliest(part, nc, now)
       end
       rescore(rv, e)
       if e > now then parked[g] = e end
+      run = part == nil and fv.sole and lv.sole and rv.sole
     end
     -- To asynq's active state; the list, the leases and the counters are
     -- written once for the whole take, below.
     -- (Its group field goes empty, not away, in the same write: asynq
     -- reads "" as no group.)
     redis.call('HSET', tk, 'state', 'active', 'group', '')
-    went[#went + 1] = id
+    taken = taken + 1
+    went[taken] = id
     went_lane[lane] = (went_lane[lane] or 0) + 1
     -- Fair share: the key and the lane each move on by 1/weight (written
-    -- once, below).
-    rescore(fv, s1 + 1 / (weights[fk] or 1))
-    rescore(lv, s2 + 1 / (lweights[lane] or 1))
-    out[#out + 1] = id
-    out[#out + 1] = f[2]
-    out[#out + 1] = slot - now
-    taken = taken + 1
+    -- once, below; a sole one's stays).
+    if not fv.sole then rescore(fv, s1 + 1 / (weights[fk] or 1)) end
+    if not lv.sole then rescore(lv, s2 + 1 / (lweights[lane] or 1)) end
+    local o = #out
+    out[o + 1], out[o + 2], out[o + 3] = id, msg, slot - now
   until true
 end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
 for key, v in pairs(views) do
-  flush(key, v)
+  if v and v.dirty then flush(key, v) end
 end
-if #gone > 0 then redis.call('ZREM', K_PK, unpack(gone)) end
-do
+local K_PK = P .. 'pk'
+if gone then redis.call('ZREM', K_PK, unpack(gone)) end
+if next(parked) then
   local z = {}
-  for g, t in pairs(parked) do
-    z[#z + 1] = t
-    z[#z + 1] = g
+  for pg, t in pairs(parked) do
+    z[#z + 1] = string.format('%d', t)
+    z[#z + 1] = pg
   end
-  if #z > 0 then redis.call('ZADD', K_PK, unpack(z)) end
+  redis.call('ZADD', K_PK, unpack(z))
 end
-for g, fl in pairs(flows) do
-  if #fl.took > 0 then
-    redis.call('ZREM', G .. g, unpack(fl.took))
+for _, f in pairs(flows) do
+  local n = f.rank + f.at - 1
+  if n == 1 then
+    redis.call('ZREMRANGEBYRANK', f.key, '0', '0')
+  elseif n > 1 then
+    redis.call('ZREMRANGEBYRANK', f.key, '0', n - 1)
   end
 end
-if #went > 0 then
-  redis.call('LPUSH', KEYS[7], unpack(went))
-  local lease_at = math.floor(now_s) + lease_s
+local K_LEASE = A .. 'lease'
+if taken > 0 then
+  redis.call('LPUSH', A .. 'active', unpack(went))
+  -- (Unix seconds, written once for all.)
+  local lease_at = string.format('%d', math.floor(now / 1000000) + tonumber(ARGV[5]))
   local z = {}
-  for _, id in ipairs(went) do
-    z[#z + 1] = lease_at
-    z[#z + 1] = id
+  for i = 1, taken do
+    z[2 * i - 1], z[2 * i] = lease_at, went[i]
   end
-  redis.call('ZADD', KEYS[8], unpack(z))
-  for lane, n in pairs(went_lane) do
-    count(KEYS[4], 'pending:' .. lane, -n)
-    count(KEYS[4], 'active:' .. lane, n)
+  redis.call('ZADD', K_LEASE, unpack(z))
+  for l, n in pairs(went_lane) do
+    if n == 1 then
+      count(K_COUNTS, 'pending:' .. l, '-1')
+      count(K_COUNTS, 'active:' .. l, '1')
+    else
+      count(K_COUNTS, 'pending:' .. l, -n)
+      count(K_COUNTS, 'active:' .. l, n)
+    end
   end
 end
 
 leaky_commit(bucket, now)
 
 -- When does something else come due?
-local next = -1
-local function sooner(t)
-  if t and (next < 0 or t < next) then next = t end
-end
+local due = -1
 if look or taken < max_jobs then
   -- (What forward_due read still stands unless something of it moved.)
-  for z, name in pairs({[5] = 'scheduled', [6] = 'retry'}) do
+  if not forward_due then space, forward_due, due_firsts, first_score = take_forward() end
+  if firsts == nil then firsts = due_firsts(K_SCHED, K_RETRY, K_CAL) end
+  for _, name in ipairs({'scheduled', 'retry'}) do
     local first = firsts[name]
-    if first == nil then first = first_score(KEYS[z]) end
-    if first then sooner(math.max(0, math.floor(first * 1000000) - now)) end
+    if first == nil then first = first_score(A .. name) end
+    if first then
+      local t = math.max(0, math.floor(first * 1000000) - now)
+      if due < 0 or t < due then due = t end
+    end
   end
   local cal = firsts.cal
   if cal == nil then cal = first_score(K_CAL) end
-  if cal then sooner(math.max(0, cal - now)) end
-  local lease = redis.call('ZRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+  if cal then
+    local t = math.max(0, cal - now)
+    if due < 0 or t < due then due = t end
+  end
+  local lease = redis.call('ZRANGE', K_LEASE, '0', '0', 'WITHSCORES')
   if #lease > 0 then
     local exp = tonumber(lease[2]) * 1000000
-    if exp <= now then out[5] = 1 else sooner(exp - now) end
+    if exp <= now then
+      out[5] = 1
+    elseif due < 0 or exp - now < due then
+      due = exp - now
+    end
   end
 end
-if more then sooner(0) end
-out[4] = next
+if more then due = 0 end
+out[4] = due
 if taken == 0 and out[2] < 0 and not more then
   -- Nothing can go now: the next enqueue wakes the workers.
-  redis.call('HSET', K_V, 'sleep', 1)
+  redis.call('HSET', P .. 'v', 'sleep', '1')
 end
 return out
