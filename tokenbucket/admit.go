@@ -23,9 +23,6 @@ type Admission struct {
 	// Interval (µs a token takes to come back) and Capacity are the
 	// bucket's shape, Cost the tokens asked.
 	Interval, Capacity, Cost int64
-	// Now is the clock the script decides on: "" for Redis TIME, else the
-	// limiter's Config.Now in µs when the Admission was made.
-	Now string
 
 	limiter *Limiter
 }
@@ -36,9 +33,12 @@ func (l *Limiter) Admission(key string, n int64) (Admission, error) {
 	if err := checkArgs(l.limit, key, n); err != nil {
 		return Admission{}, err
 	}
-	return Admission{Key: l.key(key), Interval: l.params.Interval, Capacity: l.params.Capacity, Cost: n,
-		Now: script.NowArg(l.now), limiter: l}, nil
+	return Admission{Key: l.key(key), Interval: l.params.Interval, Capacity: l.params.Capacity, Cost: n, limiter: l}, nil
 }
+
+// Clock is the now the script decides on, read when it is sent: "" for
+// Redis TIME, else the limiter's Config.Now in µs.
+func (a Admission) Clock() string { return script.NowArg(a.limiter.now) }
 
 // Limiter is the limiter the admission is of.
 func (a Admission) Limiter() *Limiter { return a.limiter }

@@ -69,7 +69,7 @@ func TestAdmitLuaMatchesModel(t *testing.T) {
 					keys = append(keys, a.Key)
 					index[a.Key] = len(keys)
 				}
-				args[0] = a.Now
+				args[0] = a.Clock()
 				args = append(args, index[a.Key], a.Cost)
 				adms = append(adms, a)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/shaperhq/shaper/internal/script"
 	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 // CallBooker books the proxied calls of one upstream in fair share
@@ -41,18 +42,22 @@ func (b *CallBooker) Book(ctx context.Context, c Call) (Turn, error) {
 	})
 }
 
-// run books a batch: one script call for each plan among them (its keys
-// and args; one, unless the limits changed under the batch).
+// run books a batch: one script call for each group of calls that may
+// share one (batchable: one, unless the limits changed under the batch).
 func (b *CallBooker) run(ctx context.Context, calls []*script.Call[callReq, callRes]) {
 	for len(calls) > 0 {
-		plan := calls[0].Req.plan
+		first := calls[0].Req
+		var lim *tokenbucket.Limiter
 		var group, rest []*script.Call[callReq, callRes]
 		for _, c := range calls {
-			if samePlan(c.Req.plan, plan) {
-				group = append(group, c)
-			} else {
+			if !batchable(first, c.Req, lim) {
 				rest = append(rest, c)
+				continue
 			}
+			if a := c.Req.c.Admit; a != nil {
+				lim = a.Limiter()
+			}
+			group = append(group, c)
 		}
 		reqs := make([]callReq, len(group))
 		for i, c := range group {

@@ -3,6 +3,8 @@ package jobstore
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,5 +94,69 @@ func TestCallBookerSharesScriptCalls(t *testing.T) {
 	}
 	if k, _ := srv.Client(t).Exists(context.Background(), m.s.callQueueKey(), m.s.callMarkKey()).Result(); k != 0 {
 		t.Errorf("calls alone with room left marks (%d keys)", k)
+	}
+}
+
+// TestCallQueuedForBatchKeepsItsWait: a call that waits in the
+// CallBooker's queue while two batches are in flight (Redis paused 300
+// ms) is judged on the wait it has left when its batch is sent, not on
+// the wait it had when it queued: its slot, 900 ms ahead when its batch
+// is sent, lies beyond the 750 ms left of its wait then (1,050 ms from
+// when it queued), so it is refused rather than booked past its wait.
+func TestCallQueuedForBatchKeepsItsWait(t *testing.T) {
+	m := newCallSim(t, "batch-wait", shaper.Upstream{Limits: []leaky.Limit{{Rate: 1, Per: 400 * time.Millisecond}}})
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	bk := NewCallBooker(rdb, m.s)
+	if err := callTurnScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	call := func(id string, deadline time.Time) Call {
+		return Call{Upstream: m.u, Bucket: m.b, FairKey: id, ID: id, Lookahead: 2 * time.Second, Deadline: deadline}
+	}
+	if tn, err := bk.Book(ctx, call("x0", time.Now().Add(10*time.Second))); err != nil || tn.Slot == nil {
+		t.Fatalf("first call: %+v %v, want a slot now", tn, err)
+	}
+	ctl := srv.Client(t)
+	start := time.Now()
+	if err := ctl.Do(ctx, "CLIENT", "PAUSE", 300, "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, id := range []string{"y1", "y2"} {
+		wg.Go(func() {
+			if tn, err := bk.Book(ctx, call(id, time.Now().Add(10*time.Second))); err != nil || tn.Slot == nil {
+				t.Errorf("%s: %+v %v, want a slot", id, tn, err)
+			}
+		})
+	}
+	// y3 queues once y1 and y2 are in flight, held by the pause.
+	for held := 0; held < 2; {
+		info, err := ctl.Info(ctx, "clients").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "blocked_clients:"); ok {
+				held, _ = strconv.Atoi(v)
+			}
+		}
+		if time.Since(start) > 200*time.Millisecond {
+			t.Fatalf("%d calls held by the pause after %v, want 2", held, time.Since(start))
+		}
+	}
+	deadline := start.Add(1050 * time.Millisecond)
+	tn, err := bk.Book(ctx, call("y3", deadline))
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tn.Slot != nil {
+		at := tn.Slot.SendAt()
+		t.Fatalf("y3 booked a slot %v after it queued, its wait ending %v after: want it refused, its slot beyond its wait",
+			at.Sub(start).Round(time.Millisecond), deadline.Sub(start))
+	}
+	if !tn.Refused {
+		t.Errorf("y3: %+v, want refused", tn)
 	}
 }
