@@ -19,6 +19,7 @@ import (
 	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 func targetOf(base *url.URL, path string) (*url.URL, error) { return queue.Target(base, path) }
@@ -71,11 +72,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, e *proxyEntry, pa
 	// Admission and the booking wait for a busy Redis within the call's
 	// own wait (proxy_store.go).
 	r = s.withCallBudget(r, time.Now().Add(c.maxWait))
-	if ok, refused := s.admitCall(w, r); !ok {
-		code = refused
-		return
+	admit := s.callAdmit(r)
+	if admit == nil {
+		if ok, refused := s.admitCall(w, r); !ok {
+			code = refused
+			return
+		}
 	}
-	code = s.call(w, r, e, c, body)
+	code = s.call(w, r, e, c, body, admit)
 }
 
 func (s *Server) tooLarge(w http.ResponseWriter) {
@@ -86,7 +90,7 @@ func (s *Server) tooLarge(w http.ResponseWriter) {
 // call waits for the call's slot and sends it, again after a 429 while
 // the wait allows; it answers the caller and returns the code for the
 // metric.
-func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c callSpec, body []byte) string {
+func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c callSpec, body []byte, admit *tokenbucket.Admission) string {
 	ctx := r.Context()
 	start := time.Now()
 	deadline := start.Add(c.maxWait)
@@ -107,29 +111,45 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 		lease = id
 	}
 	for {
-		remaining := time.Until(deadline)
-		var res *leaky.Reservation
-		refused := false
+		var t jobstore.Turn
 		err := s.book(ctx, deadline, func(ctx context.Context) (err error) {
-			res, refused, err = s.reserveCall(ctx, e, c, fk, id, lease, limits, remaining)
+			t, err = s.reserveCall(ctx, e, c, fk, id, lease, limits, deadline, admit)
 			return err
 		})
+		if admit != nil {
+			switch {
+			case t.Denied != nil:
+				s.refuseCall(w, r, *t.Denied)
+				return "429"
+			case t.Admitted:
+				s.m.AdmissionDecisions.WithLabelValues("allowed").Inc()
+			case err != nil && ctx.Err() == nil:
+				// The script call failed before admission was decided:
+				// admission decides on its own, under its policy for a
+				// Redis that fails, as when it was asked first.
+				if ok, refused := s.admitCall(w, r); !ok {
+					return refused
+				}
+			}
+			admit = nil
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return "canceled"
 			}
 			return s.pacingDown(w, r, err)
 		}
-		if !res.OK {
-			pause := res.RetryAfter
-			if res.Reason == leaky.ReasonConcurrency {
+		res := t.Slot
+		if res == nil {
+			pause := t.Wait
+			if t.Reason == leaky.ReasonConcurrency {
 				pause = min(pause, 10*time.Millisecond)
 			}
-			if refused || time.Until(deadline) < pause {
+			if t.Refused || time.Until(deadline) < pause {
 				// Beyond the wait: a call waiting as long gets a slot
 				// RetryAfter later.
 				queueTime()
-				s.answerSlotRefused(w, e, pause, reasonText(res.Reason))
+				s.answerSlotRefused(w, e, pause, reasonText(t.Reason))
 				return "429"
 			}
 			mark.waits(ctx, pause)
