@@ -134,6 +134,12 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 			admit = nil
 		}
 		if err != nil {
+			if t.Slot != nil {
+				// Booked after the call's budget: give it back.
+				cctx, cancel := context.WithTimeout(bg, time.Second)
+				e.bucket.Cancel(cctx, t.Slot)
+				cancel()
+			}
 			if ctx.Err() != nil {
 				return "canceled"
 			}
