@@ -135,10 +135,14 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 		}
 		if err != nil {
 			if t.Slot != nil {
-				// Booked after the call's budget: give it back.
+				// Booked after the call's budget: give it back, and its
+				// costs when its slot had begun already.
 				cctx, cancel := context.WithTimeout(bg, time.Second)
-				e.bucket.Cancel(cctx, t.Slot)
+				restored, cerr := e.bucket.Cancel(cctx, t.Slot)
 				cancel()
+				if cerr == nil && restored == 0 {
+					s.giveBackCosts(bg, e, c, limits)
+				}
 			}
 			if ctx.Err() != nil {
 				return "canceled"
@@ -170,8 +174,12 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 				// Wait gave the slot back: nothing is sent.
 				return "canceled"
 			}
-			// Too late or blocked: book again, without this slot's lease.
+			// Too late or blocked: book again, without this slot's lease
+			// or (too late: the slot is spent) its costs.
 			e.bucket.Release(bg, res)
+			if errors.Is(err, leaky.ErrLate) {
+				s.giveBackCosts(bg, e, c, limits)
+			}
 			continue
 		}
 		if !waitObserved {
@@ -181,6 +189,9 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 		resp, err := s.send(ctx, e, c, body, res)
 		if err != nil {
 			e.bucket.Release(bg, res)
+			if errors.Is(err, errSlotGone) {
+				s.giveBackCosts(bg, e, c, limits)
+			}
 			if ctx.Err() != nil {
 				return "canceled"
 			}
@@ -237,6 +248,25 @@ func (s *Server) pacingDown(w http.ResponseWriter, r *http.Request, err error) s
 	s.log.Error("cannot book a proxied call's slot", "path", proxyRoute, "err", err)
 	writeProblem(w, storeUnavailable("shaper could not reach Redis to book the call's send slot; nothing was sent: retry shortly"))
 	return "503"
+}
+
+// giveBackCosts gives back the named costs of a slot the call could not
+// use because it woke too late for it: nothing was sent, so the upstream
+// counted none of its tokens. The request it counted stays spent, as a
+// late slot's does for a job: the slot has begun, and the bucket cannot
+// tell whether a later send was spaced on it (leaky.Bucket.Cancel).
+func (s *Server) giveBackCosts(ctx context.Context, e *proxyEntry, c callSpec, limits []leaky.Limit) {
+	for cost, n := range c.costs {
+		if n <= 0 {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := e.bucket.Settle(sctx, cost, n, 0, c.partition, limits)
+		cancel()
+		if err != nil {
+			s.m.RedisErrors.WithLabelValues("pacing").Inc()
+		}
+	}
 }
 
 // send sends the call on its slot. It sends nothing, answering

@@ -67,3 +67,36 @@ func TestProxyLateBookingIsGivenBack(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyLateSlotGivesItsCostsBack: a call whose booking answer comes
+// back too late to send on its slot (Redis paused 300 ms after the
+// script read its clock) books again and is sent, and the tokens of the
+// slot it could not use are given back: the bucket holds one call's 400
+// tokens, not two calls' worth, so a send of 600 more fits at once.
+func TestProxyLateSlotGivesItsCostsBack(t *testing.T) {
+	own := redistest.New(t)
+	f := newProxyFixtureOn(t, own.Client(t), &recorder{}, func(u *shaper.Upstream) {
+		u.Limits = []leaky.Limit{leaky.PerSecond(1000), {Rate: 1000, Per: time.Minute, Cost: "tokens", Burst: 1000}}
+	}, func(c *Config) {
+		// The scripts' clock is read when the script call is sent, so a
+		// Redis that holds the call answers a slot already past.
+		c.PacerNow = time.Now
+	})
+	if resp, body := f.call("GET", "/proxy/api/v1/x", ""); resp.StatusCode != 200 {
+		t.Fatalf("first call: got %d %s, want 200", resp.StatusCode, body)
+	}
+	ctl := own.Client(t)
+	if err := ctl.Do(context.Background(), "CLIENT", "PAUSE", 300, "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := f.call("POST", "/proxy/api/v1/x", `{}`, "Shaper-Cost", "tokens=400"); resp.StatusCode != 200 {
+		t.Fatalf("the call held by the pause: got %d %s, want 200", resp.StatusCode, body)
+	}
+	if n := len(f.up.requests()); n != 2 {
+		t.Fatalf("upstream got %d requests, want 2", n)
+	}
+	r, err := elsewhere(t, f.rdb, f.upstream()).Reserve(context.Background(), leaky.Costs{"tokens": 600}, leaky.MaxWait(time.Minute))
+	if err != nil || !r.OK || r.Delay > 5*time.Second {
+		t.Fatalf("a reservation of 600 tokens after the call: got %+v %v, want it at once: the late slot's 400 tokens given back", r, err)
+	}
+}
