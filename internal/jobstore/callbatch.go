@@ -2,6 +2,8 @@ package jobstore
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,11 +20,21 @@ type CallBooker struct {
 	s     Space
 	rdb   redis.Scripter
 	batch *script.Batcher[callReq, callRes]
+	// keys are the script's own KEYS, built once.
+	keys []string
+
+	// The last plan made, kept while its bucket's limits are the same
+	// (leaky.Bucket.BookingVersion), so that a call does not build the
+	// bucket's keys and arguments again.
+	mu        sync.Mutex
+	plan      leaky.Plan
+	planOf    *leaky.Bucket
+	planLease time.Duration
 }
 
 // NewCallBooker returns a CallBooker for the calls of s's upstream.
 func NewCallBooker(rdb redis.Scripter, s Space) *CallBooker {
-	b := &CallBooker{s: s, rdb: rdb}
+	b := &CallBooker{s: s, rdb: rdb, keys: s.callKeys()}
 	// A call already in a running batch may be booked there: its caller,
 	// gone or not, gets the answer, so that a booked slot and lease are
 	// given back rather than held until they lapse.
@@ -33,13 +45,24 @@ func NewCallBooker(rdb redis.Scripter, s Space) *CallBooker {
 // Book books call c's slot if it is its turn and within its lookahead,
 // as BookCall does, in a script call it may share with other calls.
 func (b *CallBooker) Book(ctx context.Context, c Call) (Turn, error) {
-	return bookCall(ctx, c, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
+	return bookCall(ctx, c, b.planFor, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
 		r, err := b.batch.Do(ctx, callReq{c, plan})
 		if err != nil {
 			return Turn{}, err
 		}
 		return r.turn, r.err
 	})
+}
+
+// planFor is bucket's plan for leases outliving their slot by lease: the
+// one kept when its limits have not changed since.
+func (b *CallBooker) planFor(bucket *leaky.Bucket, lease time.Duration) leaky.Plan {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.planOf != bucket || b.planLease != lease || b.plan.Version() != bucket.BookingVersion() {
+		b.plan, b.planOf, b.planLease = bucket.Plan(lease), bucket, lease
+	}
+	return b.plan
 }
 
 // run books a batch: one script call for each group of calls that may
@@ -63,7 +86,7 @@ func (b *CallBooker) run(ctx context.Context, calls []*script.Call[callReq, call
 		for i, c := range group {
 			reqs[i] = c.Req
 		}
-		out, err := b.s.runCalls(ctx, b.rdb, reqs)
+		out, err := b.s.runBatch(ctx, b.rdb, b.keys, reqs)
 		for i, c := range group {
 			if err != nil {
 				c.Err = err

@@ -3,6 +3,7 @@ package jobstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -158,5 +159,28 @@ func TestCallQueuedForBatchKeepsItsWait(t *testing.T) {
 	}
 	if !tn.Refused {
 		t.Errorf("y3: %+v, want refused", tn)
+	}
+}
+
+// TestCallBookerKeepsItsPlan: a CallBooker builds a bucket's booking
+// keys and arguments once while the bucket's limits stay the same, and
+// again once they change (or for another lease lifetime).
+func TestCallBookerKeepsItsPlan(t *testing.T) {
+	m := newCallSim(t, "batch-plan", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(100)}})
+	bk := NewCallBooker(srv.Client(t), m.s)
+	p1, p2 := bk.planFor(m.b, time.Second), bk.planFor(m.b, time.Second)
+	if &p1.Args[0] != &p2.Args[0] {
+		t.Errorf("the same limits: the plan was built again")
+	}
+	if p3 := bk.planFor(m.b, 2*time.Second); &p3.Args[0] == &p1.Args[0] || p3.Args[1] == p1.Args[1] {
+		t.Errorf("another lease lifetime: got the plan kept for the first, want one of its own")
+	}
+	if err := m.b.SetLimits([]leaky.Limit{leaky.PerSecond(50)}, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	p4 := bk.planFor(m.b, time.Second)
+	if p4.Version() == p1.Version() || p4.Version() != m.b.BookingVersion() || slices.Equal(p4.Args, p1.Args) {
+		t.Errorf("after the limits changed: got a plan of version %d (args %v), want version %d under the new limits",
+			p4.Version(), p4.Args, m.b.BookingVersion())
 	}
 }

@@ -26,6 +26,12 @@ func (s Space) callQueueKey() string { return s.our + "cq" }
 func (s Space) callMarkKey() string  { return s.our + "cw" }
 func (s Space) callTimeKey() string  { return s.our + "cv" }
 
+// callKeys are call_turn.lua's own KEYS, before the admission buckets
+// and the bucket's.
+func (s Space) callKeys() []string {
+	return []string{s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}
+}
+
 var callTurnScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), tokenbucket.AdmitLua(), lua("call_turn.lua"))
 
 // ReasonTurn: a call's fairness key is ahead of another key that waits,
@@ -96,7 +102,7 @@ type Turn struct {
 // lookahead (see call_turn.lua), in one script call of its own. A
 // CallBooker books concurrent calls together.
 func (s Space) BookCall(ctx context.Context, rdb redis.Scripter, c Call) (Turn, error) {
-	return bookCall(ctx, c, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
+	return bookCall(ctx, c, (*leaky.Bucket).Plan, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
 		ts, err := s.runCalls(ctx, rdb, []callReq{{c, plan}})
 		if err != nil {
 			return Turn{}, err
@@ -105,12 +111,13 @@ func (s Space) BookCall(ctx context.Context, rdb redis.Scripter, c Call) (Turn, 
 	})
 }
 
-// bookCall books c through book, again under fresh limits after an
-// operator changed them (without its admission, paid the first time).
-func bookCall(ctx context.Context, c Call, book func(context.Context, Call, leaky.Plan) (Turn, error)) (Turn, error) {
+// bookCall books c through book, under the plan planOf makes, again
+// under fresh limits after an operator changed them (without its
+// admission, paid the first time).
+func bookCall(ctx context.Context, c Call, planOf func(*leaky.Bucket, time.Duration) leaky.Plan, book func(context.Context, Call, leaky.Plan) (Turn, error)) (Turn, error) {
 	admitted := false
 	for range 3 {
-		plan := c.Bucket.Plan(c.LeaseAfterSlot)
+		plan := planOf(c.Bucket, c.LeaseAfterSlot)
 		t, err := book(ctx, c, plan)
 		if c.Admit != nil && err == nil && t.Denied == nil {
 			admitted, c.Admit = true, nil
@@ -148,9 +155,12 @@ func (s Space) callArgs(args []any, c Call, adm int) ([]any, error) {
 	if lane == "" {
 		lane = shaper.DefaultLane
 	}
-	pargs, err := c.Bucket.PartitionArgs(c.PartitionLimits)
-	if err != nil {
-		return nil, fmt.Errorf("book call on %s: partition limits: %w", s.Upstream, err)
+	var pargs []any
+	if len(c.PartitionLimits) > 0 {
+		var err error
+		if pargs, err = c.Bucket.PartitionArgs(c.PartitionLimits); err != nil {
+			return nil, fmt.Errorf("book call on %s: partition limits: %w", s.Upstream, err)
+		}
 	}
 	remaining := c.Remaining
 	if !c.Deadline.IsZero() {
@@ -161,7 +171,11 @@ func (s Space) callArgs(args []any, c Call, adm int) ([]any, error) {
 	if adm > 0 {
 		args = append(args, c.Admit.Cost)
 	}
-	args = append(args, pargs...)
+	if pargs == nil {
+		args = append(args, 0)
+	} else {
+		args = append(args, pargs...)
+	}
 	args = append(args, c.Partition, len(c.Costs))
 	for _, name := range sortedCosts(c.Costs) {
 		args = append(args, name, c.Costs[name])
@@ -174,8 +188,13 @@ func (s Space) callArgs(args []any, c Call, adm int) ([]any, error) {
 // batchable). An error is the script call's; a call's own (its
 // arguments, its reply) is in its result.
 func (s Space) runCalls(ctx context.Context, rdb redis.Scripter, calls []callReq) ([]callRes, error) {
+	return s.runBatch(ctx, rdb, s.callKeys(), calls)
+}
+
+// runBatch is runCalls with the script's own KEYS built already (callKeys).
+func (s Space) runBatch(ctx context.Context, rdb redis.Scripter, own []string, calls []callReq) ([]callRes, error) {
 	out := make([]callRes, len(calls))
-	keys, args, sent := s.batchArgs(calls, out)
+	keys, args, sent := s.batchArgs(own, calls, out)
 	if len(sent) == 0 {
 		return out, nil
 	}
@@ -197,12 +216,12 @@ func (s Space) runCalls(ctx context.Context, rdb redis.Scripter, calls []callReq
 
 // batchArgs are the KEYS and ARGV of call_turn.lua for calls, and which
 // of them it books (sent): a call whose arguments cannot be made has its
-// error in out instead.
-func (s Space) batchArgs(calls []callReq, out []callRes) (keys []string, args []any, sent []int) {
+// error in out instead. own are the script's own KEYS (callKeys).
+func (s Space) batchArgs(own []string, calls []callReq, out []callRes) (keys []string, args []any, sent []int) {
 	first := calls[0]
 	u := first.c.Upstream
 	keys = make([]string, 4, 4+len(first.plan.Keys)+1)
-	keys[0], keys[1], keys[2], keys[3] = s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()
+	copy(keys, own)
 	args = make([]any, 0, 8+2*len(u.Fairness.Weights)+len(first.plan.Args)+16*len(calls))
 	args = append(args, 0, s.our, first.c.Lookahead.Microseconds(), CallMark.Microseconds(), len(u.Fairness.Weights))
 	for _, k := range sortedKeys(u.Fairness.Weights) {
@@ -282,6 +301,9 @@ func adoptTurn(r callReq, v any, issued, received time.Time) (Turn, error) {
 }
 
 func sortedCosts(c leaky.Costs) []string {
+	if len(c) == 0 {
+		return nil
+	}
 	m := make(map[string]int, len(c))
 	for k := range c {
 		m[k] = 0
