@@ -37,8 +37,13 @@ func NewCallBooker(rdb redis.Scripter, s Space) *CallBooker {
 	b := &CallBooker{s: s, rdb: rdb, keys: s.callKeys()}
 	// A call already in a running batch may be booked there: its caller,
 	// gone or not, gets the answer, so that a booked slot and lease are
-	// given back rather than held until they lapse.
-	b.batch = script.NewBatcher(script.BatchOptions{WaitSent: true}, b.run)
+	// given back rather than held until they lapse. One batch in flight,
+	// not two: the calls that queue behind it go together in the next,
+	// and a script call's cost is mostly its own (the bucket read and
+	// written once, the clock, the arguments), not its calls'. At 32
+	// callers on 2 cores (bench/cmd/proxy) that halved the script calls a
+	// call, 0.19 to 0.10, and cut Redis's CPU a call by a third.
+	b.batch = script.NewBatcher(script.BatchOptions{WaitSent: true, MaxInFlight: 1}, b.run)
 	return b
 }
 
