@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -43,7 +42,7 @@ func (s *Server) withCallBudget(r *http.Request, deadline time.Time) *http.Reque
 // errBookedLate is a booking Redis answered after the call's budget: what
 // it booked is given back, and the call is answered as if Redis had not
 // answered in time.
-var errBookedLate = fmt.Errorf("booking answered after the call's budget: %w", context.DeadlineExceeded)
+var errBookedLate = errors.New("booking answered after the call's budget")
 
 // book runs one Redis call of the booking (fn) within the call's budget,
 // behind the store breaker: while Redis is known to be down it fails at
