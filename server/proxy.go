@@ -23,6 +23,7 @@ import (
 	"github.com/shaperhq/shaper/internal/pushback"
 	"github.com/shaperhq/shaper/internal/wire"
 	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 // The proxy: `ANY /proxy/{upstream}/{rest}` (and, with
@@ -397,9 +398,10 @@ func (s *Server) answerSlotRefused(w http.ResponseWriter, e *proxyEntry, after t
 		RetryAfter: secs})
 }
 
-// admitCall charges a call's admission token as an enqueue's; refused, it
-// answers shaper's own 429 with admission's rate-limit headers, which
-// names admission, not the upstream.
+// admitCall charges a call's admission token as an enqueue's, on its
+// own; refused, it answers shaper's own 429 with admission's rate-limit
+// headers, which names admission, not the upstream. A call on a single
+// Redis server pays it in its booking's script call instead (callAdmit).
 func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string) {
 	k := caller(r)
 	res, err := s.admission.Allow(r.Context(), k.Name, 1)
@@ -407,19 +409,39 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string
 		s.internalError(w, r, "admission", err)
 		return false, "503"
 	}
-	// Only a refusal carries admission's rate-limit headers: on an answer
-	// relayed from the upstream they would pass for the upstream's.
 	if !res.Allowed {
-		writeRateHeaders(w, s, res)
-		s.m.AdmissionDecisions.WithLabelValues("denied").Inc()
-		secs := max(1, int64(math.Ceil(res.RetryAfter.Seconds())))
-		writeProblem(w, problem{Type: wire.TypeRateLimited, Title: "Admission limit exceeded", Status: http.StatusTooManyRequests,
-			Detail:     fmt.Sprintf("key %s is over shaper's admission limit (api.admission), not the upstream's: retry in %d s; nothing was sent", k.Name, secs),
-			RetryAfter: secs})
+		s.refuseCall(w, r, res)
 		return false, "429"
 	}
 	s.m.AdmissionDecisions.WithLabelValues("allowed").Inc()
 	return true, ""
+}
+
+// callAdmit is the admission a call pays in its booking's script call,
+// or nil when it pays on its own first (admitCall): on a Redis Cluster,
+// or for a key name the bucket cannot take, which Allow answers.
+func (s *Server) callAdmit(r *http.Request) *tokenbucket.Admission {
+	if s.callAdmission == nil {
+		return nil
+	}
+	a, err := s.callAdmission.Admission(caller(r).Name, 1)
+	if err != nil {
+		return nil
+	}
+	return &a
+}
+
+// refuseCall answers a call admission refused: shaper's own 429 with
+// admission's rate-limit headers, naming admission, not the upstream.
+// Only a refusal carries them: on an answer relayed from the upstream
+// they would pass for the upstream's.
+func (s *Server) refuseCall(w http.ResponseWriter, r *http.Request, res shaper.Result) {
+	writeRateHeaders(w, s, res)
+	s.m.AdmissionDecisions.WithLabelValues("denied").Inc()
+	secs := max(1, int64(math.Ceil(res.RetryAfter.Seconds())))
+	writeProblem(w, problem{Type: wire.TypeRateLimited, Title: "Admission limit exceeded", Status: http.StatusTooManyRequests,
+		Detail:     fmt.Sprintf("key %s is over shaper's admission limit (api.admission), not the upstream's: retry in %d s; nothing was sent", caller(r).Name, secs),
+		RetryAfter: secs})
 }
 
 // errSlotGone is a slot that could not be used (woke too late, or a block

@@ -19,6 +19,7 @@ import (
 	"github.com/shaperhq/shaper/internal/ratelimit"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 func targetOf(base *url.URL, path string) (*url.URL, error) { return queue.Target(base, path) }
@@ -71,11 +72,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, e *proxyEntry, pa
 	// Admission and the booking wait for a busy Redis within the call's
 	// own wait (proxy_store.go).
 	r = s.withCallBudget(r, time.Now().Add(c.maxWait))
-	if ok, refused := s.admitCall(w, r); !ok {
-		code = refused
-		return
+	admit := s.callAdmit(r)
+	if admit == nil {
+		if ok, refused := s.admitCall(w, r); !ok {
+			code = refused
+			return
+		}
 	}
-	code = s.call(w, r, e, c, body)
+	code = s.call(w, r, e, c, body, admit)
 }
 
 func (s *Server) tooLarge(w http.ResponseWriter) {
@@ -86,7 +90,7 @@ func (s *Server) tooLarge(w http.ResponseWriter) {
 // call waits for the call's slot and sends it, again after a 429 while
 // the wait allows; it answers the caller and returns the code for the
 // metric.
-func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c callSpec, body []byte) string {
+func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c callSpec, body []byte, admit *tokenbucket.Admission) string {
 	ctx := r.Context()
 	start := time.Now()
 	deadline := start.Add(c.maxWait)
@@ -107,29 +111,55 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 		lease = id
 	}
 	for {
-		remaining := time.Until(deadline)
-		var res *leaky.Reservation
-		refused := false
+		var t jobstore.Turn
 		err := s.book(ctx, deadline, func(ctx context.Context) (err error) {
-			res, refused, err = s.reserveCall(ctx, e, c, fk, id, lease, limits, remaining)
+			t, err = s.reserveCall(ctx, e, c, fk, id, lease, limits, deadline, admit)
 			return err
 		})
+		if admit != nil {
+			switch {
+			case t.Denied != nil:
+				s.refuseCall(w, r, *t.Denied)
+				return "429"
+			case t.Admitted:
+				s.m.AdmissionDecisions.WithLabelValues("allowed").Inc()
+			case err != nil && ctx.Err() == nil:
+				// The script call failed before admission was decided:
+				// admission decides on its own, under its policy for a
+				// Redis that fails, as when it was asked first.
+				if ok, refused := s.admitCall(w, r); !ok {
+					return refused
+				}
+			}
+			admit = nil
+		}
 		if err != nil {
+			if t.Slot != nil {
+				// Booked after the call's budget: give it back, and its
+				// costs when its slot had begun already.
+				cctx, cancel := context.WithTimeout(bg, time.Second)
+				restored, cerr := e.bucket.Cancel(cctx, t.Slot)
+				cancel()
+				if cerr == nil && restored == 0 {
+					s.giveBackCosts(bg, e, c, limits)
+				}
+			}
 			if ctx.Err() != nil {
 				return "canceled"
 			}
 			return s.pacingDown(w, r, err)
 		}
-		if !res.OK {
-			pause := res.RetryAfter
-			if res.Reason == leaky.ReasonConcurrency {
+		res := t.Slot
+		if res == nil {
+			pause := t.Wait
+			if t.Reason == leaky.ReasonConcurrency {
 				pause = min(pause, 10*time.Millisecond)
 			}
-			if refused || time.Until(deadline) < pause {
+			if t.Refused || time.Until(deadline) < pause {
 				// Beyond the wait: a call waiting as long gets a slot
 				// RetryAfter later.
 				queueTime()
-				s.answerSlotRefused(w, e, pause, reasonText(res.Reason))
+				s.answerSlotRefused(w, e, pause, reasonText(t.Reason))
 				return "429"
 			}
 			mark.waits(ctx, pause)
@@ -144,8 +174,12 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 				// Wait gave the slot back: nothing is sent.
 				return "canceled"
 			}
-			// Too late or blocked: book again, without this slot's lease.
+			// Too late or blocked: book again, without this slot's lease
+			// or (too late: the slot is spent) its costs.
 			e.bucket.Release(bg, res)
+			if errors.Is(err, leaky.ErrLate) {
+				s.giveBackCosts(bg, e, c, limits)
+			}
 			continue
 		}
 		if !waitObserved {
@@ -155,6 +189,9 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 		resp, err := s.send(ctx, e, c, body, res)
 		if err != nil {
 			e.bucket.Release(bg, res)
+			if errors.Is(err, errSlotGone) {
+				s.giveBackCosts(bg, e, c, limits)
+			}
 			if ctx.Err() != nil {
 				return "canceled"
 			}
@@ -211,6 +248,25 @@ func (s *Server) pacingDown(w http.ResponseWriter, r *http.Request, err error) s
 	s.log.Error("cannot book a proxied call's slot", "path", proxyRoute, "err", err)
 	writeProblem(w, storeUnavailable("shaper could not reach Redis to book the call's send slot; nothing was sent: retry shortly"))
 	return "503"
+}
+
+// giveBackCosts gives back the named costs of a slot the call could not
+// use because it woke too late for it: nothing was sent, so the upstream
+// counted none of its tokens. The request it counted stays spent, as a
+// late slot's does for a job: the slot has begun, and the bucket cannot
+// tell whether a later send was spaced on it (leaky.Bucket.Cancel).
+func (s *Server) giveBackCosts(ctx context.Context, e *proxyEntry, c callSpec, limits []leaky.Limit) {
+	for cost, n := range c.costs {
+		if n <= 0 {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := e.bucket.Settle(sctx, cost, n, 0, c.partition, limits)
+		cancel()
+		if err != nil {
+			s.m.RedisErrors.WithLabelValues("pacing").Inc()
+		}
+	}
 }
 
 // send sends the call on its slot. It sends nothing, answering

@@ -39,16 +39,28 @@ func (s *Server) withCallBudget(r *http.Request, deadline time.Time) *http.Reque
 	return r.WithContext(context.WithValue(r.Context(), budgetKey{}, s.callBudget(deadline)))
 }
 
+// errBookedLate is a booking Redis answered after the call's budget: what
+// it booked is given back, and the call is answered as if Redis had not
+// answered in time.
+var errBookedLate = errors.New("booking answered after the call's budget")
+
 // book runs one Redis call of the booking (fn) within the call's budget,
 // behind the store breaker: while Redis is known to be down it fails at
-// once with errStoreHeld.
+// once with errStoreHeld. A script call sent within the budget is read to
+// its answer for up to StoreTimeout past it, so that a slot and lease it
+// booked too late are known, and given back (errBookedLate), rather than
+// held until they lapse.
 func (s *Server) book(ctx context.Context, deadline time.Time, fn func(ctx context.Context) error) error {
 	if !s.store.allow() {
 		return errStoreHeld
 	}
-	bctx, cancel := context.WithDeadline(ctx, s.callBudget(deadline))
+	budget := s.callBudget(deadline)
+	bctx, cancel := context.WithDeadline(ctx, budget.Add(s.cfg.StoreTimeout))
 	defer cancel()
 	err := fn(bctx)
+	if err == nil && time.Now().After(budget) {
+		err = errBookedLate
+	}
 	if !errors.Is(err, leaky.ErrCostTooLarge) {
 		// A cost no limit can carry says nothing about Redis.
 		s.store.record(ctx, err)

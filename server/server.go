@@ -28,6 +28,7 @@ import (
 	"github.com/shaperhq/shaper/api"
 	"github.com/shaperhq/shaper/httplimit"
 	"github.com/shaperhq/shaper/internal/jobstore"
+	"github.com/shaperhq/shaper/internal/script"
 	"github.com/shaperhq/shaper/internal/ui"
 	"github.com/shaperhq/shaper/internal/wire"
 	"github.com/shaperhq/shaper/leaky"
@@ -102,6 +103,11 @@ type Server struct {
 	ups       map[string]upstreamEntry
 	mux       *http.ServeMux
 	store     *breaker
+	// callAdmission is admission's Redis limiter, which a proxied call
+	// pays in its booking's script call; nil when they cannot share one
+	// (a Cluster keeps a key's bucket in a slot of its own), and a call
+	// pays admission on its own first.
+	callAdmission *tokenbucket.Limiter
 	// maxBatch is the most jobs a batch may hold: MaxBatch, or the
 	// admission capacity if that is smaller.
 	maxBatch int
@@ -185,6 +191,9 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 	tb, err := tokenbucket.New(rdb, cfg.Admission, tokenbucket.Config{Prefix: cfg.Prefix})
 	if err != nil {
 		return nil, fmt.Errorf("server: admission: %w", err)
+	}
+	if script.ShardingOf(rdb) == script.OneNode {
+		s.callAdmission = tb
 	}
 	s.admission = &shaper.Fallible{
 		Limiter: &gatedLimiter{limiter: tb, store: s.store, budget: cfg.StoreTimeout},

@@ -140,3 +140,32 @@ for i = 1, #KEYS do
 end
 return out
 `)
+
+// admitLua is the library through which a script of another package
+// decides admission in its own call (see AdmitLua): allowScript's
+// arithmetic on one request, on a bucket the caller reads (with the rest
+// of its keys, in one MGET if it likes) and writes once after its last
+// request. Needs nothing before it. It defines:
+//
+//	tb_admit(tat, now, interval, capacity, cost) -> level, tat2: the
+//	  decision on a bucket whose TAT is tat (nil: none, the bucket is full)
+//	  for cost tokens at now: level is the bucket's level before it, as
+//	  the allow scripts answer it (negated when denied; Admission.Result
+//	  reads it), tat2 the TAT after an allowed request (nil when denied),
+//	  which the caller passes as tat to the bucket's next decision
+//	tb_keep(key, tat, now, interval) writes a bucket's TAT, with the TTL
+//	  the allow scripts give it: once it would be full again, plus one
+//	  interval and the rounding up to whole milliseconds
+const admitLua = `
+local function tb_admit(tat, now, interval, capacity, cost)
+  local level = (tat or now) - now
+  if level < 0 then level = 0 end
+  local after = level + cost * interval
+  if after > capacity * interval then return -level end
+  return level, now + after
+end
+
+local function tb_keep(key, tat, now, interval)
+  redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', math.floor((tat - now + interval + 999) / 1000)))
+end
+`

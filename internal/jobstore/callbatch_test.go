@@ -3,6 +3,9 @@ package jobstore
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,5 +95,90 @@ func TestCallBookerSharesScriptCalls(t *testing.T) {
 	}
 	if k, _ := srv.Client(t).Exists(context.Background(), m.s.callQueueKey(), m.s.callMarkKey()).Result(); k != 0 {
 		t.Errorf("calls alone with room left marks (%d keys)", k)
+	}
+}
+
+// TestCallQueuedForBatchKeepsItsWait: a call that waits in the
+// CallBooker's queue while a batch is in flight (Redis paused 300 ms) is
+// judged on the wait it has left when its batch is sent, not on the wait
+// it had when it queued: its slot, 500 ms ahead when its batch is sent,
+// lies beyond the 350 ms left of its wait then (650 ms from when it
+// queued), so it is refused rather than booked past its wait.
+func TestCallQueuedForBatchKeepsItsWait(t *testing.T) {
+	m := newCallSim(t, "batch-wait", shaper.Upstream{Limits: []leaky.Limit{{Rate: 1, Per: 400 * time.Millisecond}}})
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	bk := NewCallBooker(rdb, m.s)
+	if err := callTurnScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	call := func(id string, deadline time.Time) Call {
+		return Call{Upstream: m.u, Bucket: m.b, FairKey: id, ID: id, Lookahead: 2 * time.Second, Deadline: deadline}
+	}
+	if tn, err := bk.Book(ctx, call("x0", time.Now().Add(10*time.Second))); err != nil || tn.Slot == nil {
+		t.Fatalf("first call: %+v %v, want a slot now", tn, err)
+	}
+	ctl := srv.Client(t)
+	start := time.Now()
+	if err := ctl.Do(ctx, "CLIENT", "PAUSE", 300, "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if tn, err := bk.Book(ctx, call("y1", time.Now().Add(10*time.Second))); err != nil || tn.Slot == nil {
+			t.Errorf("y1: %+v %v, want a slot", tn, err)
+		}
+	}()
+	// y2 queues once y1 is in flight, held by the pause.
+	for held := 0; held < 1; {
+		info, err := ctl.Info(ctx, "clients").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "blocked_clients:"); ok {
+				held, _ = strconv.Atoi(v)
+			}
+		}
+		if time.Since(start) > 200*time.Millisecond {
+			t.Fatalf("%d calls held by the pause after %v, want 1", held, time.Since(start))
+		}
+	}
+	deadline := start.Add(650 * time.Millisecond)
+	tn, err := bk.Book(ctx, call("y2", deadline))
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tn.Slot != nil {
+		t.Fatalf("y2 booked a slot %v after it queued, its wait ending %v after: want it refused, its slot beyond its wait",
+			tn.Slot.SendAt().Sub(start).Round(time.Millisecond), deadline.Sub(start))
+	}
+	if !tn.Refused {
+		t.Errorf("y2: %+v, want refused", tn)
+	}
+}
+
+// TestCallBookerKeepsItsPlan: a CallBooker builds a bucket's booking
+// keys and arguments once while the bucket's limits stay the same, and
+// again once they change (or for another lease lifetime).
+func TestCallBookerKeepsItsPlan(t *testing.T) {
+	m := newCallSim(t, "batch-plan", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(100)}})
+	bk := NewCallBooker(srv.Client(t), m.s)
+	p1, p2 := bk.planFor(m.b, time.Second), bk.planFor(m.b, time.Second)
+	if &p1.Args[0] != &p2.Args[0] {
+		t.Errorf("the same limits: the plan was built again")
+	}
+	if p3 := bk.planFor(m.b, 2*time.Second); &p3.Args[0] == &p1.Args[0] || p3.Args[1] == p1.Args[1] {
+		t.Errorf("another lease lifetime: got the plan kept for the first, want one of its own")
+	}
+	if err := m.b.SetLimits([]leaky.Limit{leaky.PerSecond(50)}, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	p4 := bk.planFor(m.b, time.Second)
+	if p4.Version() == p1.Version() || p4.Version() != m.b.BookingVersion() || slices.Equal(p4.Args, p1.Args) {
+		t.Errorf("after the limits changed: got a plan of version %d (args %v), want version %d under the new limits",
+			p4.Version(), p4.Args, m.b.BookingVersion())
 	}
 }

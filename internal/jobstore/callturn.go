@@ -3,6 +3,7 @@ package jobstore
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/shaperhq/shaper/internal/gcra"
 	"github.com/shaperhq/shaper/internal/script"
 	"github.com/shaperhq/shaper/leaky"
+	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 // Proxied calls in fair share (call_turn.lua): beside the take's ready
@@ -24,7 +26,13 @@ func (s Space) callQueueKey() string { return s.our + "cq" }
 func (s Space) callMarkKey() string  { return s.our + "cw" }
 func (s Space) callTimeKey() string  { return s.our + "cv" }
 
-var callTurnScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), lua("call_turn.lua"))
+// callKeys are call_turn.lua's own KEYS, before the admission buckets
+// and the bucket's.
+func (s Space) callKeys() []string {
+	return []string{s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}
+}
+
+var callTurnScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), tokenbucket.AdmitLua(), lua("call_turn.lua"))
 
 // ReasonTurn: a call's fairness key is ahead of another key that waits,
 // by more than one of its sends; it comes back when the others had theirs.
@@ -54,6 +62,10 @@ type Call struct {
 	// Lookahead is the latest slot the call books, from now; Remaining
 	// how long it may still wait.
 	Lookahead, Remaining time.Duration
+	// Deadline, when set, is when the call stops waiting: its remaining
+	// wait is then taken from it when its script call is sent, so that a
+	// call that queued for a batch does not book a slot past its wait.
+	Deadline time.Time
 	// Lease is the call's concurrency lease id, when the bucket has a cap.
 	Lease string
 	// ID names the call, the same on each attempt: its place in its
@@ -61,6 +73,11 @@ type Call struct {
 	ID string
 	// Now overrides Redis's clock (tests).
 	Now func() time.Time
+	// Admit, when set, is the admission the call pays before it books, in
+	// the same script call (tokenbucket.AdmitLua): a call admission
+	// refuses books nothing. Its bucket lies in a slot of its own, so
+	// only a client of a single Redis server may set it.
+	Admit *tokenbucket.Admission
 }
 
 // Turn is what an attempt decided.
@@ -72,13 +89,20 @@ type Turn struct {
 	Wait    time.Duration
 	Reason  leaky.Reason
 	Refused bool
+	// Admitted is set when the call paid its admission (Call.Admit) in
+	// this booking; Denied, when admission refused it, is admission's
+	// decision (and nothing was booked). A booking that paid admission
+	// and then failed, booking again under fresh limits, answers Admitted
+	// beside its error.
+	Admitted bool
+	Denied   *shaper.Result
 }
 
 // BookCall books call c's slot if it is its turn and within its
 // lookahead (see call_turn.lua), in one script call of its own. A
 // CallBooker books concurrent calls together.
 func (s Space) BookCall(ctx context.Context, rdb redis.Scripter, c Call) (Turn, error) {
-	return bookCall(ctx, c, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
+	return bookCall(ctx, c, (*leaky.Bucket).Plan, func(ctx context.Context, c Call, plan leaky.Plan) (Turn, error) {
 		ts, err := s.runCalls(ctx, rdb, []callReq{{c, plan}})
 		if err != nil {
 			return Turn{}, err
@@ -87,23 +111,29 @@ func (s Space) BookCall(ctx context.Context, rdb redis.Scripter, c Call) (Turn, 
 	})
 }
 
-// bookCall books c through book, again under fresh limits after an
-// operator changed them.
-func bookCall(ctx context.Context, c Call, book func(context.Context, Call, leaky.Plan) (Turn, error)) (Turn, error) {
+// bookCall books c through book, under the plan planOf makes, again
+// under fresh limits after an operator changed them (without its
+// admission, paid the first time).
+func bookCall(ctx context.Context, c Call, planOf func(*leaky.Bucket, time.Duration) leaky.Plan, book func(context.Context, Call, leaky.Plan) (Turn, error)) (Turn, error) {
+	admitted := false
 	for range 3 {
-		plan := c.Bucket.Plan(c.LeaseAfterSlot)
+		plan := planOf(c.Bucket, c.LeaseAfterSlot)
 		t, err := book(ctx, c, plan)
+		if c.Admit != nil && err == nil && t.Denied == nil {
+			admitted, c.Admit = true, nil
+		}
+		t.Admitted = t.Admitted || admitted
 		if err != nil || t.Reason != leaky.ReasonStale {
 			return t, err
 		}
 		// An operator changed the limits since this process read them, and
 		// nothing was booked under the old ones: read them, book again.
 		if err := c.Bucket.Refresh(ctx, plan.Version()); err != nil {
-			return Turn{}, err
+			return Turn{Admitted: admitted}, err
 		}
 	}
 	// Changed three times over within one call: come back shortly.
-	return Turn{Wait: 10 * time.Millisecond, Reason: leaky.ReasonStale}, nil
+	return Turn{Wait: 10 * time.Millisecond, Reason: leaky.ReasonStale, Admitted: admitted}, nil
 }
 
 // callReq is one call to book under plan; callRes what became of it.
@@ -117,26 +147,35 @@ type callRes struct {
 	err  error
 }
 
-// args are call c's arguments to call_turn.lua (A there); the plan's
-// args, shared by the batch, go once before every call's.
-func (s Space) callArgs(c Call) ([]any, error) {
-	u := c.Upstream
+// callArgs appends call c's arguments to call_turn.lua (A there) to
+// args; adm is the index of its admission bucket among the script's (0
+// for none).
+func (s Space) callArgs(args []any, c Call, adm int) ([]any, error) {
 	lane := c.Lane
 	if lane == "" {
 		lane = shaper.DefaultLane
 	}
-	pargs, err := c.Bucket.PartitionArgs(c.PartitionLimits)
-	if err != nil {
-		return nil, fmt.Errorf("book call on %s: partition limits: %w", s.Upstream, err)
+	var pargs []any
+	if len(c.PartitionLimits) > 0 {
+		var err error
+		if pargs, err = c.Bucket.PartitionArgs(c.PartitionLimits); err != nil {
+			return nil, fmt.Errorf("book call on %s: partition limits: %w", s.Upstream, err)
+		}
 	}
-	args := make([]any, 0, 16+len(pargs)+2*len(c.Costs)+2*len(u.Fairness.Weights))
-	args = append(args, script.NowArg(c.Now), c.Lookahead.Microseconds(), max(c.Remaining, 0).Microseconds(), c.Lease,
-		c.FairKey, s.our, lane, max(u.Lanes[lane], 1), CallMark.Microseconds(), c.ID)
-	args = append(args, len(u.Fairness.Weights))
-	for _, k := range sortedKeys(u.Fairness.Weights) {
-		args = append(args, k, u.Fairness.Weights[k])
+	remaining := c.Remaining
+	if !c.Deadline.IsZero() {
+		remaining = time.Until(c.Deadline)
 	}
-	args = append(args, pargs...)
+	args = append(args, script.NowArg(c.Now), max(remaining, 0).Microseconds(), c.Lease, c.FairKey, lane,
+		max(c.Upstream.Lanes[lane], 1), c.ID, adm)
+	if adm > 0 {
+		args = append(args, c.Admit.Cost)
+	}
+	if pargs == nil {
+		args = append(args, 0)
+	} else {
+		args = append(args, pargs...)
+	}
 	args = append(args, c.Partition, len(c.Costs))
 	for _, name := range sortedCosts(c.Costs) {
 		args = append(args, name, c.Costs[name])
@@ -145,28 +184,20 @@ func (s Space) callArgs(c Call) ([]any, error) {
 }
 
 // runCalls books calls, in order, in one script call; they share one
-// plan (its keys and args: one bucket under one set of limits, see
-// samePlan). An error is the script call's; a call's own (its arguments,
-// its reply) is in its result.
+// plan, lookahead, fairness weights and admission limiter (see
+// batchable). An error is the script call's; a call's own (its
+// arguments, its reply) is in its result.
 func (s Space) runCalls(ctx context.Context, rdb redis.Scripter, calls []callReq) ([]callRes, error) {
+	return s.runBatch(ctx, rdb, s.callKeys(), calls)
+}
+
+// runBatch is runCalls with the script's own KEYS built already (callKeys).
+func (s Space) runBatch(ctx context.Context, rdb redis.Scripter, own []string, calls []callReq) ([]callRes, error) {
 	out := make([]callRes, len(calls))
-	keys := append([]string{s.vKey(), s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}, calls[0].plan.Keys...)
-	args := append([]any{0, len(calls[0].plan.Args)}, calls[0].plan.Args...)
-	var sent []int
-	for i, r := range calls {
-		a, err := s.callArgs(r.c)
-		if err != nil {
-			out[i].err = err
-			continue
-		}
-		args = append(args, len(a))
-		args = append(args, a...)
-		sent = append(sent, i)
-	}
+	keys, args, sent := s.batchArgs(own, calls, out)
 	if len(sent) == 0 {
 		return out, nil
 	}
-	args[0] = len(sent)
 	issued := time.Now()
 	v, err := script.Run(ctx, rdb, "jobstore.call_turn", callTurnScript, keys, args...)
 	if err != nil {
@@ -183,10 +214,69 @@ func (s Space) runCalls(ctx context.Context, rdb redis.Scripter, calls []callReq
 	return out, nil
 }
 
-// samePlan is whether calls under plans p and q may share a script call:
-// the same bucket keys and booking args.
-func samePlan(p, q leaky.Plan) bool {
-	return slices.Equal(p.Keys, q.Keys) && slices.Equal(p.Args, q.Args)
+// batchArgs are the KEYS and ARGV of call_turn.lua for calls, and which
+// of them it books (sent): a call whose arguments cannot be made has its
+// error in out instead. own are the script's own KEYS (callKeys).
+func (s Space) batchArgs(own []string, calls []callReq, out []callRes) (keys []string, args []any, sent []int) {
+	first := calls[0]
+	u := first.c.Upstream
+	keys = make([]string, 4, 4+len(first.plan.Keys)+1)
+	copy(keys, own)
+	args = make([]any, 0, 8+2*len(u.Fairness.Weights)+len(first.plan.Args)+16*len(calls))
+	args = append(args, 0, s.our, first.c.Lookahead.Microseconds(), CallMark.Microseconds(), len(u.Fairness.Weights))
+	for _, k := range sortedKeys(u.Fairness.Weights) {
+		args = append(args, k, u.Fairness.Weights[k])
+	}
+	// Admission's buckets, each named once; the calls give their index.
+	adm := make([]int, len(calls))
+	var lim *tokenbucket.Admission
+	for i, r := range calls {
+		a := r.c.Admit
+		if a == nil {
+			continue
+		}
+		if lim == nil {
+			lim = a
+		}
+		for j := 4; j < len(keys); j++ {
+			if keys[j] == a.Key {
+				adm[i] = j - 3
+			}
+		}
+		if adm[i] == 0 {
+			keys = append(keys, a.Key)
+			adm[i] = len(keys) - 4
+		}
+	}
+	if lim == nil {
+		args = append(args, 0)
+	} else {
+		args = append(args, len(keys)-4, lim.Clock(), lim.Interval, lim.Capacity)
+	}
+	keys = append(keys, first.plan.Keys...)
+	args = append(args, len(first.plan.Args))
+	args = append(args, first.plan.Args...)
+	for i, r := range calls {
+		a, err := s.callArgs(args, r.c, adm[i])
+		if err != nil {
+			out[i].err = err
+			continue
+		}
+		args = a
+		sent = append(sent, i)
+	}
+	args[0] = len(sent)
+	return keys, args, sent
+}
+
+// batchable is whether call r may share the script call of a batch
+// whose first call is first and whose admission limiter is lim (nil for
+// none yet): the same bucket keys and booking args, lookahead and
+// fairness weights, and no admission of another limiter.
+func batchable(first, r callReq, lim *tokenbucket.Limiter) bool {
+	return slices.Equal(first.plan.Keys, r.plan.Keys) && slices.Equal(first.plan.Args, r.plan.Args) &&
+		first.c.Lookahead == r.c.Lookahead && maps.Equal(first.c.Upstream.Fairness.Weights, r.c.Upstream.Fairness.Weights) &&
+		(r.c.Admit == nil || lim == nil || r.c.Admit.Limiter() == lim)
 }
 
 // adoptTurn reads one call's reply.
@@ -194,11 +284,16 @@ func adoptTurn(r callReq, v any, issued, received time.Time) (Turn, error) {
 	c, plan := r.c, r.plan
 	out, err := script.Ints(v, -1)
 	n := plan.Limits()
-	if err != nil || len(out) < 5 || (out[0] == 1 && len(out) != 5+2*n && len(out) != 5+2*n+2*len(c.PartitionLimits)) {
+	if err != nil || len(out) < 5 || (out[0] == 1 && len(out) != 5+2*n && len(out) != 5+2*n+2*len(c.PartitionLimits)) ||
+		(out[0] == 2 && c.Admit == nil) {
 		return Turn{}, fmt.Errorf("script jobstore.call_turn: malformed reply %v: %v", v, err)
 	}
-	if out[0] != 1 {
+	switch out[0] {
+	case 0:
 		return Turn{Wait: time.Duration(out[1]) * time.Microsecond, Reason: leaky.Reason(out[2]), Refused: out[3] == 1}, nil
+	case 2:
+		res := c.Admit.Result(out[1])
+		return Turn{Denied: &res}, nil
 	}
 	res := c.Bucket.AdoptBooked(plan, out[4], out[1], c.Lease, out[5:5+2*n], c.Partition, c.PartitionLimits, out[5+2*n:], issued, received)
 	res.Reason = leaky.Reason(out[2])
@@ -206,6 +301,9 @@ func adoptTurn(r callReq, v any, issued, received time.Time) (Turn, error) {
 }
 
 func sortedCosts(c leaky.Costs) []string {
+	if len(c) == 0 {
+		return nil
+	}
 	m := make(map[string]int, len(c))
 	for k := range c {
 		m[k] = 0

@@ -245,3 +245,24 @@ func TakeLibraries() []string { return takeLibraries() }
 // back full (fullLookEvery), the period under way ending at once; not while
 // the Taker is in use.
 func (t *Taker) SetLookEvery(d time.Duration) { t.lookEvery = d; t.lookAt.Store(0) }
+
+// BookCallsTogether books calls in one script call, in order, as a
+// CallBooker's batch does.
+func (s Space) BookCallsTogether(ctx context.Context, rdb redis.Scripter, calls []Call) ([]Turn, error) {
+	reqs := make([]callReq, len(calls))
+	for i, c := range calls {
+		reqs[i] = callReq{c, c.Bucket.Plan(c.LeaseAfterSlot)}
+	}
+	out, err := s.runCalls(ctx, rdb, reqs)
+	if err != nil {
+		return nil, err
+	}
+	turns := make([]Turn, len(out))
+	for i, r := range out {
+		if r.err != nil {
+			return nil, r.err
+		}
+		turns[i] = r.turn
+	}
+	return turns, nil
+}

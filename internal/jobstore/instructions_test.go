@@ -14,6 +14,7 @@ import (
 	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/queue"
+	"github.com/shaperhq/shaper/tokenbucket"
 )
 
 // irPayload is a job's payload of the size the dispatch benchmark's jobs
@@ -54,8 +55,9 @@ func measure(t *testing.T, n int, op func(i int)) (ir, cmds float64) {
 }
 
 // TestRedisInstructions measures (it asserts nothing) the instructions
-// Redis executes for a take of k jobs, a finish of k, and, beside them,
-// asynq's dequeue and done of one job: counts that do not move with the
+// Redis executes for a take of k jobs, a finish of k, a proxied call's
+// booking (with and without its admission) and, beside them, asynq's
+// dequeue and done of one job: counts that do not move with the
 // machine's load, as CPU time does; and the commands Redis runs for each,
 // which do not move either. Each take and finish runs on an upstream of
 // its own with few jobs active, as in the dispatch benchmark: jobs of one
@@ -150,6 +152,45 @@ func TestRedisInstructions(t *testing.T) {
 		c.bucket.Release(ctx, tn.Slot)
 	})
 	row("proxied call alone with room: book (call_turn) and release", ir, cmds, 1)
+	// The same call paying its key's admission in its booking, as the
+	// proxy books one on a single Redis; beside it, admission asked on
+	// its own (a lone caller's script), as a call on a Cluster pays it
+	// before its booking; and ten calls booked together, each paying its
+	// admission, as a CallBooker's batch books them under load.
+	lim, err := tokenbucket.New(rdb, tokenbucket.Limit{Capacity: 1_000_000_000, Refill: 1_000_000, Per: time.Second}, tokenbucket.Config{Prefix: "ir"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ir, cmds = measure(t, n, func(int) {
+		if _, err := lim.Allow(ctx, "ir", 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	row("a call's admission on its own (tokenbucket, a lone caller)", ir, cmds, 1)
+	paying := func(id string) jobstore.Call {
+		a, err := lim.Admission("ir", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return jobstore.Call{Upstream: c.u, Bucket: c.bucket, FairKey: "t", ID: id, Lookahead: 250 * time.Millisecond, Remaining: time.Second, Admit: &a}
+	}
+	ir, cmds = measure(t, n, func(i int) {
+		tn, err := c.space.BookCall(ctx, rdb, paying(fmt.Sprint("a", i)))
+		if err != nil || tn.Slot == nil || !tn.Admitted {
+			t.Fatalf("book: %+v, %v", tn, err)
+		}
+	})
+	row("proxied call alone with room, paying its admission in its booking", ir, cmds, 1)
+	ir, cmds = measure(t, n, func(i int) {
+		calls := make([]jobstore.Call, 10)
+		for j := range calls {
+			calls[j] = paying(fmt.Sprint("b", i, "-", j))
+		}
+		if _, err := c.space.BookCallsTogether(ctx, rdb, calls); err != nil {
+			t.Fatal(err)
+		}
+	})
+	row("ten proxied calls booked together, each paying its admission", ir, cmds, 10)
 	t.Logf("Redis instructions (thousands; callgrind) and commands (commandstats, script calls included):\n"+
 		"| operation | per call | per job | commands per job |\n| --- | ---: | ---: | ---: |\n%s", strings.Join(rows, "\n"))
 }

@@ -28,30 +28,42 @@
 -- key ahead of it: a call whose slot, after one send of theirs each, lies
 -- beyond its wait is refused at once rather than once it finds out.
 --
--- KEYS[1] -> v (the upstream's hash of the take; not written)
--- KEYS[2] -> f (fairness keys with jobs -> virtual start)
--- KEYS[3] -> cq (keys with calls waiting -> virtual time)
--- KEYS[4] -> cw (keys with calls waiting -> µs until their mark lapses)
--- KEYS[5] -> cv (FK|LANE -> the calls' virtual time in a lane without jobs)
--- KEYS[6..] -> the upstream bucket's BookingKeys
+-- Admission: a call may pay its key's admission first, in the same
+-- script call (tokenbucket's AdmitLua): a call admission refuses books
+-- nothing, leaves no mark and stands in no line. Each admission bucket is
+-- read once per batch, with the upstream bucket's TATs, and written once,
+-- at the end; a script call that raises writes none, since none of its
+-- calls gets an answer.
+--
+-- KEYS[1] -> f (fairness keys with jobs -> virtual start)
+-- KEYS[2] -> cq (keys with calls waiting -> virtual time)
+-- KEYS[3] -> cw (keys with calls waiting -> µs until their mark lapses)
+-- KEYS[4] -> cv (FK|LANE -> the calls' virtual time in a lane without jobs)
+-- KEYS[5..4+m] -> the admission buckets the batch's calls pay (m of them)
+-- KEYS[5+m..] -> the upstream bucket's BookingKeys
 -- ARGV[1] -> how many calls to book, in order (a replica's concurrent
 --   calls share one script call)
--- ARGV[2] -> s, the count of the bucket's BookingArgs; ARGV[3..2+s] ->
---   them (the same for every call of the batch); then for each call the
---   count of its arguments and the arguments, A below:
+-- ARGV[2] -> our prefix P:s:{Q}: (the lanes' zsets l:FK, the lines ln:FK
+--   and ld, the calls' lanes cl:FK)
+-- ARGV[3] -> lookahead µs: the latest slot to book
+-- ARGV[4] -> µs a call's mark outlives this attempt
+-- ARGV[5] -> w; ARGV[6..5+2w] -> w × (fairness key, weight) (others weigh 1)
+-- then m; when m > 0, admission's now override ("" = Redis TIME), its
+--   buckets' interval µs and capacity
+-- then s, the count of the bucket's BookingArgs, and them
+-- then for each call in turn, A below (its length follows from its
+--   counts):
 -- A[1] -> now override in µs ("" = Redis TIME)
--- A[2] -> lookahead µs: the latest slot to book
--- A[3] -> the call's remaining wait µs
--- A[4] -> lease id ("" = none)
--- A[5] -> the call's fairness key
--- A[6] -> our prefix P:s:{Q}: (the lanes' zsets, l:FK)
--- A[7] -> the call's lane
--- A[8] -> the lane's weight
--- A[9] -> µs a call's mark outlives this attempt
--- A[10] -> the call's id (its place in its key's line)
--- A[11..] -> w, w × (fairness key, weight) (others weigh 1); then the
---   partition's limits as PartitionArgs, the partition, c, c × (cost
---   name, amount)
+-- A[2] -> the call's remaining wait µs
+-- A[3] -> lease id ("" = none)
+-- A[4] -> the call's fairness key
+-- A[5] -> the call's lane
+-- A[6] -> the lane's weight
+-- A[7] -> the call's id (its place in its key's line)
+-- A[8] -> the index among KEYS[5..4+m] of the admission bucket the call
+--   pays (0: none); when not 0, A[9] -> the tokens it pays
+-- then the partition's limits as PartitionArgs, the partition, c, c ×
+--   (cost name, amount)
 --
 -- The bucket (its dynamic limits, block, TATs) and the partitions' TATs
 -- are read once per batch and kept as the calls book, each call deciding
@@ -62,11 +74,33 @@
 -- Returns one reply per call, in order: {ok, wait, reason, refused, now, prev_1, next_1, ..., prev_n,
 -- next_n, then prev and next of each partition limit (none when an
 -- operator's override replaced them)}: booked (ok 1), wait is the µs from
--- now to the slot; not booked, the call comes back in wait µs (reason 1 a
+-- now to the slot; not booked (ok 0), the call comes back in wait µs (reason 1 a
 -- limit, 2 a block, 3 concurrency, 4 its partition, 5 stale limits, 6 its turn), or when
 -- refused is 1 its slot (as estimated) lies beyond its wait, and wait is
--- by how much.
-local K_V, K_F, K_CQ, K_CW, K_CV = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- by how much; refused by admission (ok 2), wait is the bucket's level as
+-- tb_admit answered it.
+local K_F, K_CQ, K_CW, K_CV = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local P, la, stale = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local weights = {}
+local nw = tonumber(ARGV[5])
+for i = 1, nw do
+  weights[ARGV[4 + 2 * i]] = tonumber(ARGV[5 + 2 * i])
+end
+local function weight(k) return weights[k] or 1 end
+local at = 6 + 2 * nw
+-- Admission's buckets, KEYS[5..4+M], and where their state is.
+local M = tonumber(ARGV[at])
+local adm_clock, adm_iv, adm_cap
+if M > 0 then
+  adm_clock, adm_iv, adm_cap = ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  at = at + 4
+else
+  at = at + 1
+end
+-- The bucket's args start at SA, its keys at KB.
+local SA, KB = at + 1, 5 + M
+local n = tonumber(ARGV[SA + 4])
+at = SA + tonumber(ARGV[at])
 -- One reading of Redis's clock for the whole batch.
 local clock
 local function call_now(override)
@@ -76,9 +110,12 @@ local function call_now(override)
 end
 
 -- The bucket, open for the batch on one clock (bk_now); leaky's library
--- keeps the partitions' TATs read so far with it.
-local SA = {unpack(ARGV, 3, 2 + tonumber(ARGV[2]))}
+-- keeps the partitions' TATs read so far with it. Admission's
+-- buckets are read with the bucket's TATs when it first opens
+-- (adm_tat[i]: TAT, nil for none), and those that admitted a call
+-- written at the end.
 local bk, bk_now
+local adm_tat, adm_kept
 -- Writes what the batch booked on the bucket and the partitions.
 local function flush()
   if not bk then return end
@@ -89,98 +126,128 @@ end
 local function bucket(now)
   if bk and bk_now == now then return bk end
   flush()
-  bk, bk_now = leaky_open(KEYS, 6, SA, 1, now), now
+  if M > 0 and not adm_tat then
+    local _, vals
+    bk, _, vals = leaky_open(KEYS, KB, ARGV, SA, now, {unpack(KEYS, 5, 4 + M)})
+    adm_tat, adm_kept = {}, {}
+    for i = 1, M do adm_tat[i] = tonumber(vals[i]) end
+  else
+    bk = leaky_open(KEYS, KB, ARGV, SA, now)
+  end
+  bk_now = now
   return bk
 end
+-- What a call without costs or partition limits reads for them: shared,
+-- never written, so that such a call builds no table of its own.
+local NONE = {}
+local NO_PART = {lim = NONE, tat = NONE, key = NONE}
 
--- Keys a call alone with room found empty (f, cq, ln:FK), so that the
--- next such call of the batch asks only about the others: a call that
--- takes the full turn (which may write them) forgets them all.
-local empty = {}
-local function none_exist(keys)
-  local ask = {}
-  for _, k in ipairs(keys) do
-    if not empty[k] then ask[#ask + 1] = k end
-  end
-  if #ask > 0 and redis.call('EXISTS', unpack(ask)) > 0 then return false end
-  for _, k in ipairs(ask) do empty[k] = true end
-  return true
-end
-
--- One call's turn, A its arguments (the body is not indented, to keep
--- its history readable).
-local function turn(A)
-local now = call_now(A[1])
-local la, remaining = tonumber(A[2]), tonumber(A[3])
-local lease, fk, P, lane = A[4], A[5], A[6], A[7]
-local lweight, stale = tonumber(A[8]), tonumber(A[9])
-local id = A[10]
-local weights = {}
-local nw = tonumber(A[11])
-for i = 1, nw do
-  weights[A[10 + 2 * i]] = tonumber(A[11 + 2 * i])
-end
-local function weight(k) return weights[k] or 1 end
-local b = bucket(now)
-local n = tonumber(SA[5])
-local plim, a = leaky_limits(A, 12 + 2 * nw)
-local pk = A[a]
-local over = leaky_partition_override(b, pk)
-if over then plim = over end
-if pk == '' then plim = {} end
-local costs = {}
-local nc = tonumber(A[a + 1])
-for i = 1, nc do
-  costs[A[a + 2 * i]] = tonumber(A[a + 1 + 2 * i])
-end
-
--- The partition's own limits first, as the take and ReserveIn do: a call
--- they hold back does not compete for the upstream's slots, so it leaves
--- no mark.
-local part = leaky_partition(b, pk, plim, now)
-local pslot = leaky_partition_earliest(part, costs, now)
-if pslot > now then
-  if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
-  return {0, pslot - now, 4, 0, now}
-end
-local slot, why = leaky_earliest(b, costs, now)
-
--- One send's spacing at the bucket's pace of requests (or of this call's
--- costs, without a request limit).
-local spacing = 0
-for _, l in ipairs(b.lim) do
-  local c = 1
-  if l.cost ~= '' then c = costs[l.cost] or 0 end
-  if l.interval * c > spacing then spacing = l.interval * c end
-end
-local K_LN, K_LD = P .. 'ln:' .. fk, P .. 'ld'
-
--- Books the slot (and the partition's) and returns the reply.
-local function book()
+-- Books the slot (and the partition's, whose TATs are answered unless
+-- an operator's override replaced its limits) and returns the reply.
+local function book(b, part, over, slot, now, why, costs, lease)
   local out = {1, slot - now, why, 0, now}
-  local prev, pprev = {}, {}
-  for i = 1, n do prev[i] = b.lim[i].tat end
-  for j = 1, #plim do pprev[j] = part.tat[j] end
+  local lim, pl = b.lim, part.lim
+  for i = 1, n do
+    out[4 + 2 * i], out[5 + 2 * i] = lim[i].tat, 0
+  end
+  local base = 5 + 2 * n
+  if not over then
+    for j = 1, #pl do
+      out[base + 2 * j - 1], out[base + 2 * j] = part.tat[j], 0
+    end
+  end
   leaky_book(b, slot, costs, lease)
   leaky_partition_book(part, slot, costs)
-  for i = 1, n do
-    out[#out + 1] = prev[i]
-    out[#out + 1] = b.lim[i].tat
-  end
+  for i = 1, n do out[5 + 2 * i] = lim[i].tat end
   if not over then
-    for j = 1, #plim do
-      out[#out + 1] = pprev[j]
-      out[#out + 1] = part.tat[j]
-    end
+    for j = 1, #pl do out[base + 2 * j] = part.tat[j] end
   end
   return out
 end
+
+-- Keys a call alone with room found empty (f, cq, and each ln:FK), so
+-- that the next such call of the batch asks only about the others: a
+-- call that takes the full turn (which may write them) forgets them all.
+local f_empty, cq_empty, ln_empty = false, false, {}
+local ask = {}
+local function none_exist(k_ln)
+  local k = 0
+  if not f_empty then k = k + 1; ask[k] = K_F end
+  if not cq_empty then k = k + 1; ask[k] = K_CQ end
+  if not ln_empty[k_ln] then k = k + 1; ask[k] = k_ln end
+  if k > 0 and redis.call('EXISTS', unpack(ask, 1, k)) > 0 then return false end
+  f_empty, cq_empty, ln_empty[k_ln] = true, true, true
+  return true
+end
+
+-- Where the next call's arguments start, once a turn has read its own.
+local next_at
 
 -- Room: a slot within ROOM µs of now, so the upstream is not what holds
 -- calls back. At a pace whose spacing is shorter (over 1,000 sends a
 -- second) the calls of one batch, on one clock, book one after the other
 -- within it; at a slower pace only a slot free now is room.
 local ROOM = 1000
+
+-- One call's turn, its arguments (A) at ARGV[at] (the body is not
+-- indented, to keep its history readable).
+local function turn(at)
+local now = call_now(ARGV[at])
+local remaining = tonumber(ARGV[at + 1])
+local lease, fk, lane = ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+local lweight = tonumber(ARGV[at + 5])
+local id = ARGV[at + 6]
+local adm = tonumber(ARGV[at + 7])
+local adm_cost
+if adm > 0 then
+  adm_cost = tonumber(ARGV[at + 8])
+  at = at + 9
+else
+  at = at + 8
+end
+local plim = NONE
+if ARGV[at] == '0' then
+  at = at + 1
+else
+  plim, at = leaky_limits(ARGV, at)
+end
+local pk = ARGV[at]
+local costs = NONE
+local nc = tonumber(ARGV[at + 1])
+if nc > 0 then
+  costs = {}
+  for i = 1, nc do
+    costs[ARGV[at + 2 * i]] = tonumber(ARGV[at + 1 + 2 * i])
+  end
+end
+next_at = at + 2 + 2 * nc
+local b = bucket(now)
+
+-- Admission first: a call it refuses leaves no trace.
+if adm > 0 then
+  local level, tat = tb_admit(adm_tat[adm], call_now(adm_clock), adm_iv, adm_cap, adm_cost)
+  if not tat then return {2, level, 0, 0, now} end
+  adm_tat[adm], adm_kept[adm] = tat, true
+end
+
+local over = leaky_partition_override(b, pk)
+if over then plim = over end
+if pk == '' then plim = NONE end
+
+-- The partition's own limits first, as the take and ReserveIn do: a call
+-- they hold back does not compete for the upstream's slots, so it leaves
+-- no mark.
+local part = NO_PART
+if #plim > 0 then
+  part = leaky_partition(b, pk, plim, now)
+  local pslot = leaky_partition_earliest(part, costs, now)
+  if pslot > now then
+    if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
+    return {0, pslot - now, 4, 0, now}
+  end
+end
+local slot, why = leaky_earliest(b, costs, now)
+local K_LN = P .. 'ln:' .. fk
 
 -- Alone with room: no key waits with jobs (f is empty) or with calls (cq
 -- is empty: no marks), and no call of this key stands in line (ln:FK is
@@ -192,11 +259,22 @@ local ROOM = 1000
 -- contention, even with nobody marked yet (callers that each hold a
 -- booked slot): that takes the way below, which marks it, so that keys
 -- take turns.
-if slot - now < ROOM and none_exist({K_F, K_CQ, K_LN}) and
+if slot - now < ROOM and none_exist(K_LN) and
     (lease == '' or not leaky_lease_wait(b, lease, now)) then
-  return book()
+  return book(b, part, over, slot, now, why, costs, lease)
 end
-empty = {}
+f_empty, cq_empty = false, false
+if next(ln_empty) then ln_empty = {} end
+
+-- One send's spacing at the bucket's pace of requests (or of this call's
+-- costs, without a request limit).
+local spacing = 0
+for _, l in ipairs(b.lim) do
+  local c = 1
+  if l.cost ~= '' then c = costs[l.cost] or 0 end
+  if l.interval * c > spacing then spacing = l.interval * c end
+end
+local K_LD = P .. 'ld'
 
 -- The calls of this key ahead of this one in its line, those that still
 -- come back: each takes one send before this call's.
@@ -319,7 +397,7 @@ if lease ~= '' then
   if lw then return reply(math.min(lw, 10000), 3) end
 end
 leave()
-local out = book()
+local out = book(b, part, over, slot, now, why, costs, lease)
 
 -- The key's turn is spent, as a job's would be.
 local ns = s + q
@@ -358,19 +436,23 @@ if infs then redis.call('PEXPIRE', K_CV, 600000) end
 return out
 end
 
-local replies, at = {}, 3 + tonumber(ARGV[2])
+local replies = {}
 for i = 1, tonumber(ARGV[1]) do
-  local cnt = tonumber(ARGV[at])
   -- A call that raises (a Redis error) ends the script with no reply for
   -- anyone, so nothing is sent; what the calls before it booked (their
-  -- leases are written as they book) is written with its TTLs first.
-  local ok, r = pcall(turn, {unpack(ARGV, at + 1, at + cnt)})
+  -- leases are written as they book) is written with its TTLs first, and
+  -- no admission they paid.
+  local ok, r = pcall(turn, at)
   if not ok then
     flush()
     error(r)
   end
   replies[i] = r
-  at = at + 1 + cnt
+  at = next_at
 end
 flush()
+if adm_kept then
+  local adm_now = call_now(adm_clock)
+  for i in pairs(adm_kept) do tb_keep(KEYS[4 + i], adm_tat[i], adm_now, adm_iv) end
+end
 return replies
