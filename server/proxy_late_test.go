@@ -5,31 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
 
-// busy holds Redis in a script of its own for d: commands sent meanwhile
-// run once it ends, as they would behind a slow script of another's.
-func busy(t *testing.T, rdb redis.UniversalClient, d time.Duration) <-chan error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		done <- rdb.Eval(context.Background(), `
-local t = redis.call('TIME')
-local from = t[1] * 1000000 + t[2]
-repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - from >= tonumber(ARGV[1])
-return 1`, nil, d.Microseconds()).Err()
-	}()
-	return done
-}
-
 // TestProxyLateBookingIsGivenBack: a call whose booking Redis answers
 // only after the call's budget (its wait, 300 ms; its script run behind
-// another's of 450 ms) is answered 503 as before, and the slot and
+// Redis's pause of writes for 450 ms) is answered 503 as before, and the slot and
 // concurrency lease its script booked are given back at once, not held
 // until they lapse: a reservation made next gets that slot, with the
 // lease free. Redis is reached as serve reaches it (config.FailFast).
@@ -47,13 +30,13 @@ func TestProxyLateBookingIsGivenBack(t *testing.T) {
 	}
 	// The next slot is 600 ms after the first call's. The call's script
 	// runs 450 ms from now, after its wait: its slot, 150 ms ahead then,
-	// is within the wait it had when its script was sent.
-	held := busy(t, own.Client(t), 450*time.Millisecond)
-	time.Sleep(50 * time.Millisecond)
-	resp, body := f.call("GET", "/proxy/api/v1/late", "", "Shaper-Max-Wait", "0.3")
-	if err := <-held; err != nil {
+	// is within the wait it had when its script was sent. (CLIENT PAUSE
+	// is in force once it answers, as a slow script of another's started
+	// from a goroutine need not be on a loaded machine.)
+	if err := own.Client(t).Do(context.Background(), "CLIENT", "PAUSE", 450, "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
+	resp, body := f.call("GET", "/proxy/api/v1/late", "", "Shaper-Max-Wait", "0.3")
 	if resp.StatusCode != 503 {
 		t.Fatalf("the late call: got %d %s, want 503", resp.StatusCode, body)
 	}
