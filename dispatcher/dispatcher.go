@@ -100,6 +100,15 @@ type upstream struct {
 	// idling is set while the fetch loop sleeps (idle): then no take is
 	// under way.
 	idling atomic.Bool
+	// paced: the last take's slots were spread out by the limits. run
+	// and takeRTT are how long a job holds its worker and how long a take
+	// takes, lately. See gather.
+	paced   atomic.Bool
+	run     ewma
+	takeRTT ewma
+	// gatherAll: the loop waits for every worker to be free, not a
+	// quarter of them (see gather).
+	gatherAll atomic.Bool
 	// finish stores outcomes in one script call; ends is the finisher
 	// that calls it.
 	finish func(ctx context.Context, items []jobstore.Finished) ([]error, error)

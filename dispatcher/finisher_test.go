@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -188,4 +190,64 @@ func TestOutcomesHeldWhileStoreUnreachable(t *testing.T) {
 	if n := counterValue(d.m.RedisErrors.WithLabelValues("results")); n != 3 {
 		t.Errorf("%v results errors counted, want 3", n)
 	}
+}
+
+// With jobs that run shorter than a take's round trip and a limit too
+// high to space them, a take is for all the workers and a finish for all
+// their outcomes, not one call per worker as each frees. (Bounds are loose:
+// a loaded machine may split a few.)
+func TestCallsCarryEveryWorker(t *testing.T) {
+	const workers, jobs = 8, 400
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{Name: "mail"}, 1)
+	var batch []*queue.Job
+	for i := range jobs {
+		batch = append(batch, &queue.Job{Upstream: "mail", Task: "t", Body: []byte(strconv.Itoa(i))})
+	}
+	for _, r := range h.q.EnqueueBatch(context.Background(), batch) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	before := commandCalls(t, h, "time")
+	spy := &finishSpy{}
+	var ran atomic.Int64
+	h.startWith(Config{Upstreams: []shaper.Upstream{{Name: "mail", Workers: workers, Limits: []leaky.Limit{leaky.PerSecond(1000000)}}}},
+		noop(&ran), func(d *Dispatcher) { spy.wrap(d.ups["mail"]) })
+	waitUntil(t, "every outcome stored", func() bool {
+		n := 0
+		for _, c := range spy.got() {
+			n += len(c)
+		}
+		return n == jobs
+	})
+	takes := commandCalls(t, h, "time") - before
+	finishes := len(spy.got())
+	t.Logf("%d jobs, %d workers: %d takes, %d finishes", jobs, workers, takes, finishes)
+	// Taking and finishing for each worker as it frees, as the
+	// dispatcher once did, makes about a call for every 3 jobs.
+	if takes > jobs/4 {
+		t.Errorf("%d takes for %d jobs with %d workers, want at most %d", takes, jobs, workers, jobs/4)
+	}
+	if finishes > jobs/4 {
+		t.Errorf("%d finishes for %d jobs with %d workers, want at most %d", finishes, jobs, workers, jobs/4)
+	}
+}
+
+// commandCalls is how many times Redis has run command (from INFO
+// commandstats, scripts' commands included).
+func commandCalls(t *testing.T, h *harness, command string) int {
+	t.Helper()
+	info, err := h.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+command+":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		return n
+	}
+	return 0
 }

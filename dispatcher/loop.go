@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -219,23 +220,34 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 	want := func() int {
 		return min(cap(u.slots)-len(u.slots), u.ends.room(), maxTake)
 	}
+	var gathering time.Time // when the loop began waiting for more free workers
+	// hold is how long the loop waits for workers before it takes.
+	hold := func() (int, time.Duration) {
+		if n := want(); n > 0 {
+			return n, u.gather(n, &gathering)
+		}
+		// A free worker waits no longer than a horizon for a job.
+		return 0, d.cfg.Horizon
+	}
 	for ctx.Err() == nil {
-		n := want()
-		if n <= 0 {
-			// Every worker holds a job (or the finisher is behind); the
-			// next one to finish pokes us.
+		n, gap := hold()
+		if gap > 0 {
+			// Every worker holds a job (or the finisher is behind, or more
+			// workers are about to be free); the next one to finish pokes
+			// us.
 			u.starved.Store(true)
-			if want() <= 0 {
-				// Woken by finishing workers, or after a horizon: a free
-				// worker waits no longer than that for a job.
-				d.idle(ctx, u, d.cfg.Horizon)
+			if _, gap = hold(); gap > 0 {
+				d.idle(ctx, u, gap)
 			}
 			u.starved.Store(false)
 			continue
 		}
+		gathering = time.Time{}
+		u.gatherAll.Store(false)
 		// Not cut short by the shutdown: a take that ran in Redis must
 		// reach the workers, which put its jobs back when they see it.
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		issued := time.Now()
 		tk, err := u.taker.Take(tctx, n)
 		cancel()
 		if err != nil {
@@ -250,9 +262,19 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		u.takeRTT.note(time.Since(issued))
 		if blocked := tk.Reason == leaky.ReasonBlocked; blocked != paused {
 			paused = blocked
 			d.m.UpstreamPaused.WithLabelValues(name).Set(map[bool]float64{true: 1}[blocked])
+		}
+		if len(tk.Jobs) > 0 {
+			// Slots booked ahead (beyond what the round trips' jitter
+			// explains) say the upstream's limits hold the sends back.
+			ahead := time.Duration(0)
+			for _, j := range tk.Jobs {
+				ahead = max(ahead, time.Until(j.Slot.SendAt()))
+			}
+			u.paced.Store(ahead > pacedAhead)
 		}
 		for _, j := range tk.Jobs {
 			u.slots <- struct{}{}
@@ -330,12 +352,14 @@ func (d *Dispatcher) worker(ctx, sendCtx context.Context, u *upstream, j jobstor
 // finisher, which holds the job until the outcome is stored; the worker
 // is free for its next job at once.
 func (d *Dispatcher) job(ctx context.Context, u *upstream, j jobstore.Taken, workers *sync.WaitGroup) {
+	start := time.Now()
 	if e, ok := d.work(ctx, u, j); ok {
 		u.ends.add(e, u.finishTarget())
 	} else {
 		u.hold(j.ID, false)
 		workers.Done()
 	}
+	u.run.note(time.Since(start))
 	<-u.slots
 	busy := len(u.slots)
 	if busy == 0 && u.idling.Load() {
@@ -343,12 +367,64 @@ func (d *Dispatcher) job(ctx context.Context, u *upstream, j jobstore.Taken, wor
 		// those waiting to be stored soon.
 		u.ends.wake()
 	}
-	// A starved loop is woken once a quarter of the workers are free (or
-	// by its timer), so that a take carries several jobs rather than one
-	// each time a worker frees.
-	if u.starved.Load() && cap(u.slots)-busy >= max(1, cap(u.slots)/4) {
+	// A starved loop is woken once a quarter of the workers are free, or
+	// all of them (or by its timer), so that a take carries several jobs
+	// rather than one each time a worker frees (see gather).
+	if u.starved.Load() && (busy == 0 || !u.gatherAll.Load() && cap(u.slots)-busy >= max(1, cap(u.slots)/4)) {
 		u.poke()
 	}
+}
+
+// pacedAhead is how far ahead of now a take's latest slot must be for the
+// upstream's limits to count as holding its sends back (see gather).
+const pacedAhead = time.Millisecond
+
+// gather tells how long the fetch loop, with n workers free, waits for
+// more to be free before it takes (0: take now). A take's fixed cost in
+// Redis is several times its cost per job, so taking for each worker as
+// it frees costs several times a take for all of them. The loop waits
+// only while every job running is bound by the workers, not by the
+// limits (see paced: while the limits space the sends out, a worker not
+// refilled at once lets the booked sends run dry, which a strict limit
+// never gives back), and runs shorter than a take's round trip: then it
+// waits for all of them to be free, for at most a take's round trip since
+// it began to wait (gathering, kept by the caller), which is no longer
+// than the ones it did not wait for would wait for the next take. It
+// takes at once when no job runs (the first job of an idle upstream goes
+// at once), and for slower jobs (an HTTP upstream's) as it always did:
+// whenever a worker is free, and once a quarter of them are after every
+// one was busy (see job).
+func (u *upstream) gather(n int, gathering *time.Time) time.Duration {
+	all := false
+	defer func() { u.gatherAll.Store(all) }()
+	if len(u.slots) == 0 || n >= maxTake || u.paced.Load() {
+		return 0
+	}
+	run, rtt := u.run.get(), u.takeRTT.get()
+	if run <= 0 || run > rtt {
+		return 0
+	}
+	all = true
+	now := time.Now()
+	if gathering.IsZero() {
+		*gathering = now
+	}
+	return max(gathering.Add(rtt).Sub(now), 0)
+}
+
+// ewma is an exponentially weighted moving average of durations, for one
+// writer (a lost update between writers only slows it a little).
+type ewma struct{ ns atomic.Int64 }
+
+func (e *ewma) get() time.Duration { return time.Duration(e.ns.Load()) }
+
+func (e *ewma) note(d time.Duration) {
+	old := e.ns.Load()
+	if old == 0 {
+		e.ns.Store(int64(d))
+		return
+	}
+	e.ns.Store(old + (int64(d)-old)/8)
 }
 
 // idle sleeps up to d, or until the upstream is poked.
