@@ -31,7 +31,6 @@ import (
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/internal/jobstore"
 	"github.com/shaperhq/shaper/internal/keyspace"
-	"github.com/shaperhq/shaper/internal/script"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/metrics"
 	"github.com/shaperhq/shaper/queue"
@@ -98,8 +97,23 @@ type upstream struct {
 	// starved is set while the fetch loop waits for a free worker or a
 	// concurrency lease: a job finishing then pokes it.
 	starved atomic.Bool
-	finish  *script.Batcher[jobstore.Finished, error]
-	bounds  jobstore.Bounds // finished jobs kept, and their tombstones
+	// idling is set while the fetch loop sleeps (idle): then no take is
+	// under way.
+	idling atomic.Bool
+	// paced: the last take's slots were spread out by the limits. run
+	// and takeRTT are how long a job holds its worker and how long a take
+	// takes, lately. See gather.
+	paced   atomic.Bool
+	run     ewma
+	takeRTT ewma
+	// gatherAll: the loop waits for every worker to be free, not a
+	// quarter of them (see gather).
+	gatherAll atomic.Bool
+	// finish stores outcomes in one script call; ends is the finisher
+	// that calls it.
+	finish func(ctx context.Context, items []jobstore.Finished) ([]error, error)
+	ends   finisher
+	bounds jobstore.Bounds // finished jobs kept, and their tombstones
 
 	mu       sync.Mutex
 	inFlight map[string]bool // jobs this replica holds, whose leases it extends
@@ -175,7 +189,7 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	}
 	u := &upstream{cfg: uc, bucket: bucket, space: jobstore.For(d.cfg.Prefix, uc.Name), bounds: jobstore.For(d.cfg.Prefix, uc.Name).FinishBounds(uc, queue.IdempotentIDPattern),
 		store: jobstore.AsynqKeys(jobstore.QueueName(uc.Name)), slots: make(chan struct{}, uc.Workers),
-		wake: make(chan struct{}, 1), handoff: make(chan jobstore.Taken), inFlight: map[string]bool{}, sweepAt: map[jobstore.Zset]time.Time{}}
+		wake: make(chan struct{}, 1), handoff: make(chan jobstore.Taken), ends: newFinisher(), inFlight: map[string]bool{}, sweepAt: map[jobstore.Zset]time.Time{}}
 	u.setSpacing(configuredLimits(u))
 	d.setLimitGauges(u, configuredLimits(u))
 	u.taker, err = jobstore.NewTaker(d.rdb, u.space, jobstore.TakerConfig{Upstream: uc, Bucket: bucket,
@@ -183,24 +197,14 @@ func (d *Dispatcher) newUpstream(pacer *leaky.Pacer, uc shaper.Upstream) (*upstr
 	if err != nil {
 		return nil, err
 	}
-	u.finish = script.NewBatcher(script.BatchOptions{}, func(ctx context.Context, calls []*script.Call[jobstore.Finished, error]) {
-		items := make([]jobstore.Finished, len(calls))
-		for i, c := range calls {
-			items[i] = c.Req
-		}
-		errs, err := jobstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items,
-			jobstore.WakeOnRetry(u.space.SleepKey(), jobstore.WakeChannel(d.cfg.Prefix), uc.Name),
-			jobstore.KeepAtMost(u.bounds), jobstore.AnnounceFinal(jobstore.FinalChannel(d.cfg.Prefix)),
-			jobstore.Callbacks(u.space.CallbacksDueKey()))
-		for i, c := range calls {
-			switch {
-			case err != nil:
-				c.Err = err
-			default:
-				c.Res = errs[i]
-			}
-		}
-	})
+	opts := []jobstore.FinishOption{
+		jobstore.WakeOnRetry(u.space.SleepKey(), jobstore.WakeChannel(d.cfg.Prefix), uc.Name),
+		jobstore.KeepAtMost(u.bounds), jobstore.AnnounceFinal(jobstore.FinalChannel(d.cfg.Prefix)),
+		jobstore.Callbacks(u.space.CallbacksDueKey()),
+	}
+	u.finish = func(ctx context.Context, items []jobstore.Finished) ([]error, error) {
+		return jobstore.Finish(ctx, d.rdb, u.store, u.space.CountsKey(), u.space.BacklogKey(), items, opts...)
+	}
 	if uc.BaseURL != "" {
 		// Validate has checked it.
 		base, err := url.Parse(uc.BaseURL)

@@ -73,6 +73,12 @@ func newHarness(t *testing.T, fakeCfg fakeupstream.Config, up shaper.Upstream, m
 
 func (h *harness) start(cfg Config, handlers map[string]Handler) *Dispatcher {
 	h.t.Helper()
+	return h.startWith(cfg, handlers, nil)
+}
+
+// startWith is start with prepare run on the dispatcher before it runs.
+func (h *harness) startWith(cfg Config, handlers map[string]Handler, prepare func(*Dispatcher)) *Dispatcher {
+	h.t.Helper()
 	cfg.Logger = quietLogger()
 	for i := range cfg.Upstreams {
 		if cfg.Upstreams[i].BaseURL == "" && cfg.Upstreams[i].Name != "mail" {
@@ -87,6 +93,9 @@ func (h *harness) start(cfg Config, handlers map[string]Handler) *Dispatcher {
 		if err := d.Handle(name, fn); err != nil {
 			h.t.Fatal(err)
 		}
+	}
+	if prepare != nil {
+		prepare(d)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel, h.done = cancel, make(chan error, 1)

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -91,12 +92,20 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		d.followLimits(bgCtx)
 	}()
 
+	// workers counts the jobs taken and not yet let go of: a job is let
+	// go of once its outcome is stored (or it is put back).
 	var workers sync.WaitGroup
 	// Requests in flight outlive ctx by up to ShutdownTimeout.
 	sendCtx, stopSends := context.WithCancel(context.Background())
-	var loops sync.WaitGroup
+	var loops, finishers sync.WaitGroup
+	stopFinishers := make(chan struct{})
 	for _, name := range d.order {
 		u := d.ups[name]
+		finishers.Add(1)
+		go func() {
+			defer finishers.Done()
+			d.finishing(ctx, stopFinishers, u, &workers)
+		}()
 		d.log.Info("draining upstream", "upstream", name, "limits", limitsString(u.cfg.Limits),
 			"workers", u.cfg.Workers, "concurrency", u.cfg.Concurrency)
 		loops.Add(1)
@@ -121,6 +130,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		stopSends()
 		<-done
 	}
+	close(stopFinishers)
+	finishers.Wait()
 	stopSends()
 	stopBg()
 	bg.Wait()
@@ -204,23 +215,40 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			d.m.UpstreamPaused.WithLabelValues(name).Set(0)
 		}
 	}()
+	// want is how many jobs a take may give: one for each free worker,
+	// while the finisher has room for their outcomes.
+	want := func() int {
+		return min(cap(u.slots)-len(u.slots), u.ends.room(), maxTake)
+	}
+	var gathering time.Time // when the loop began waiting for more free workers
+	// hold is how long the loop waits for workers before it takes.
+	hold := func() (int, time.Duration) {
+		if n := want(); n > 0 {
+			return n, u.gather(n, &gathering)
+		}
+		// A free worker waits no longer than a horizon for a job.
+		return 0, d.cfg.Horizon
+	}
 	for ctx.Err() == nil {
-		free := cap(u.slots) - len(u.slots)
-		if free == 0 {
-			// Every worker holds a job; the next one to finish pokes us.
+		n, gap := hold()
+		if gap > 0 {
+			// Every worker holds a job (or the finisher is behind, or more
+			// workers are about to be free); the next one to finish pokes
+			// us.
 			u.starved.Store(true)
-			if cap(u.slots)-len(u.slots) == 0 {
-				// Woken by finishing workers, or after a horizon: a free
-				// worker waits no longer than that for a job.
-				d.idle(ctx, u, d.cfg.Horizon)
+			if _, gap = hold(); gap > 0 {
+				d.idle(ctx, u, gap)
 			}
 			u.starved.Store(false)
 			continue
 		}
+		gathering = time.Time{}
+		u.gatherAll.Store(false)
 		// Not cut short by the shutdown: a take that ran in Redis must
 		// reach the workers, which put its jobs back when they see it.
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		tk, err := u.taker.Take(tctx, min(free, maxTake))
+		issued := time.Now()
+		tk, err := u.taker.Take(tctx, n)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -234,9 +262,19 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		u.takeRTT.note(time.Since(issued))
 		if blocked := tk.Reason == leaky.ReasonBlocked; blocked != paused {
 			paused = blocked
 			d.m.UpstreamPaused.WithLabelValues(name).Set(map[bool]float64{true: 1}[blocked])
+		}
+		if len(tk.Jobs) > 0 {
+			// Slots booked ahead (beyond what the round trips' jitter
+			// explains) say the upstream's limits hold the sends back.
+			ahead := time.Duration(0)
+			for _, j := range tk.Jobs {
+				ahead = max(ahead, time.Until(j.Slot.SendAt()))
+			}
+			u.paced.Store(ahead > pacedAhead)
 		}
 		for _, j := range tk.Jobs {
 			u.slots <- struct{}{}
@@ -256,7 +294,7 @@ func (d *Dispatcher) fetch(ctx, sendCtx context.Context, u *upstream, workers *s
 			}
 			continue
 		}
-		if len(tk.Jobs) == min(free, maxTake) {
+		if len(tk.Jobs) == n {
 			continue
 		}
 		// The backstop look, jittered so a replica's upstreams do not all
@@ -310,24 +348,94 @@ func (d *Dispatcher) worker(ctx, sendCtx context.Context, u *upstream, j jobstor
 	}
 }
 
-// job runs one taken job and frees what it held.
+// job runs one taken job and hands its outcome to the upstream's
+// finisher, which holds the job until the outcome is stored; the worker
+// is free for its next job at once.
 func (d *Dispatcher) job(ctx context.Context, u *upstream, j jobstore.Taken, workers *sync.WaitGroup) {
-	defer workers.Done()
-	defer func() {
+	start := time.Now()
+	if e, ok := d.work(ctx, u, j); ok {
+		u.ends.add(e, u.finishTarget())
+	} else {
 		u.hold(j.ID, false)
-		<-u.slots
-		// A starved loop is woken once a quarter of the workers are free
-		// (or by its timer), so that a take carries several jobs rather
-		// than one each time a worker frees.
-		if u.starved.Load() && cap(u.slots)-len(u.slots) >= max(1, cap(u.slots)/4) {
-			u.poke()
-		}
-	}()
-	d.work(ctx, u, j)
+		workers.Done()
+	}
+	u.run.note(time.Since(start))
+	<-u.slots
+	busy := len(u.slots)
+	if busy == 0 && u.idling.Load() {
+		// No job runs and none is being taken: no outcome will join
+		// those waiting to be stored soon.
+		u.ends.wake()
+	}
+	// A starved loop is woken once a quarter of the workers are free, or
+	// all of them (or by its timer), so that a take carries several jobs
+	// rather than one each time a worker frees (see gather).
+	if u.starved.Load() && (busy == 0 || !u.gatherAll.Load() && cap(u.slots)-busy >= max(1, cap(u.slots)/4)) {
+		u.poke()
+	}
+}
+
+// pacedAhead is how far ahead of now a take's latest slot must be for the
+// upstream's limits to count as holding its sends back (see gather).
+const pacedAhead = time.Millisecond
+
+// gather tells how long the fetch loop, with n workers free, waits for
+// more to be free before it takes (0: take now). A take's fixed cost in
+// Redis is several times its cost per job, so taking for each worker as
+// it frees costs several times a take for all of them. The loop waits
+// only while every job running is bound by the workers, not by the
+// limits (see paced: while the limits space the sends out, a worker not
+// refilled at once lets the booked sends run dry, which a strict limit
+// never gives back), and runs shorter than a take's round trip: then it
+// waits for all of them to be free, for at most a take's round trip since
+// it began to wait (gathering, kept by the caller), which is no longer
+// than the ones it did not wait for would wait for the next take. It
+// takes at once when no job runs (the first job of an idle upstream goes
+// at once), and for slower jobs (an HTTP upstream's) as it always did:
+// whenever a worker is free, and once a quarter of them are after every
+// one was busy (see job).
+func (u *upstream) gather(n int, gathering *time.Time) time.Duration {
+	all := false
+	defer func() { u.gatherAll.Store(all) }()
+	if len(u.slots) == 0 || n >= maxTake || u.paced.Load() {
+		return 0
+	}
+	run, rtt := u.run.get(), u.takeRTT.get()
+	if run <= 0 || run > rtt {
+		return 0
+	}
+	all = true
+	now := time.Now()
+	if gathering.IsZero() {
+		*gathering = now
+	}
+	return max(gathering.Add(rtt).Sub(now), 0)
+}
+
+// ewma is an exponentially weighted moving average of durations, for one
+// writer (a lost update between writers only slows it a little).
+type ewma struct{ ns atomic.Int64 }
+
+func (e *ewma) get() time.Duration { return time.Duration(e.ns.Load()) }
+
+func (e *ewma) note(d time.Duration) {
+	old := e.ns.Load()
+	if old == 0 {
+		e.ns.Store(int64(d))
+		return
+	}
+	e.ns.Store(old + (int64(d)-old)/8)
 }
 
 // idle sleeps up to d, or until the upstream is poked.
 func (d *Dispatcher) idle(ctx context.Context, u *upstream, dur time.Duration) {
+	u.idling.Store(true)
+	defer u.idling.Store(false)
+	if len(u.slots) == 0 {
+		// No job runs and none is being taken: the finisher need not
+		// wait for more outcomes.
+		u.ends.wake()
+	}
 	t := time.NewTimer(dur)
 	defer t.Stop()
 	select {
@@ -521,9 +629,9 @@ func (d *Dispatcher) sweep(ctx context.Context, u *upstream, z jobstore.Zset, fu
 	u.mu.Unlock()
 }
 
-// work runs one taken job: waits for its slot, sends it, records the
-// outcome.
-func (d *Dispatcher) work(ctx context.Context, u *upstream, t jobstore.Taken) {
+// work runs one taken job: waits for its slot, sends it, and returns the
+// outcome to store (false: nothing is left to store).
+func (d *Dispatcher) work(ctx context.Context, u *upstream, t jobstore.Taken) (ending, bool) {
 	name := u.cfg.Name
 	msg, err := jobstore.Unmarshal(t.Msg)
 	if err != nil {
@@ -531,22 +639,20 @@ func (d *Dispatcher) work(ctx context.Context, u *upstream, t jobstore.Taken) {
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
 		msg = &jobstore.Message{Type: queue.TaskType, ID: t.ID, Queue: u.store.Queue(), Payload: t.Msg}
 		job := queue.Job{ID: t.ID, Upstream: name}
-		d.end(ctx, u, t, msg, &job, nil, dead("undecodable task message: %v", err))
-		return
+		return d.end(ctx, u, t, msg, &job, nil, dead("undecodable task message: %v", err))
 	}
 	job, err := queue.DecodeJob(msg.ID, msg.Payload)
 	if err != nil {
 		job = queue.Job{ID: t.ID, Upstream: name}
 		d.m.Dispatches.WithLabelValues(name, "dead").Inc()
-		d.end(ctx, u, t, msg, &job, nil, dead("undecodable job: %v", err))
-		return
+		return d.end(ctx, u, t, msg, &job, nil, dead("undecodable job: %v", err))
 	}
 	// The job as stored, before the send puts its sensitive headers back
 	// or a handler changes it: a success keeps it (less its request)
 	// without decoding the payload again.
 	stored := job
 	stored.Cost = maps.Clone(job.Cost) // a handler may change its own
-	d.end(ctx, u, t, msg, &job, &stored, d.run(ctx, u, t, msg, &job))
+	return d.end(ctx, u, t, msg, &job, &stored, d.run(ctx, u, t, msg, &job))
 }
 
 // run sends a job when its slot comes and decides its outcome.
@@ -617,11 +723,11 @@ func (d *Dispatcher) run(ctx context.Context, u *upstream, t jobstore.Taken, msg
 	}
 }
 
-// end records a job's outcome in Redis, with its response, and releases
-// what the job held. While Redis is unreachable it keeps trying, up to
-// outcomeWait, so that an answered job is not sent again.
+// end releases what a job held besides its lease and returns its outcome
+// to store, with its response. A job that goes back to its queue unsent
+// is put back here, and false returned.
 // stored is the job as decoded from msg (nil: it could not be).
-func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg *jobstore.Message, job, stored *queue.Job, o outcome) {
+func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg *jobstore.Message, job, stored *queue.Job, o outcome) (ending, bool) {
 	name := u.cfg.Name
 	bg := context.WithoutCancel(ctx)
 	if o.kind == outRequeue {
@@ -635,7 +741,7 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg
 		if err != nil {
 			d.log.Error("could not put a job back; when its lease runs out it is recovered", "upstream", name, "job", t.ID, "err", err)
 		}
-		return
+		return ending{}, false
 	}
 	if t.Slot.Lease != "" {
 		rctx, cancel := context.WithTimeout(bg, 2*time.Second)
@@ -666,35 +772,11 @@ func (d *Dispatcher) end(ctx context.Context, u *upstream, t jobstore.Taken, msg
 		f.Outcome = jobstore.Dead
 	}
 	f.ErrMsg = o.lastError()
-	err := d.untilStored(bg, "results", "record a job's outcome", u, t.ID, func(ctx context.Context) error {
-		itemErr, err := u.finish.Do(ctx, f)
-		if err == nil && itemErr != nil {
-			d.log.Warn("a job's outcome came after its lease ran out; recovery already gave it back", "upstream", name, "job", t.ID)
-		}
-		return err
-	})
-	if err != nil {
-		d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", t.ID, "err", err)
-		return
-	}
+	e := ending{f: f}
 	if job.Secrets != "" {
-		switch f.Outcome {
-		case jobstore.Retry:
-			d.keepSecrets(bg, job, time.Until(f.RetryAt))
-		default:
-			d.forgetSecrets(bg, job)
-		}
+		e.job = job
 	}
-	switch f.Outcome {
-	case jobstore.Succeeded:
-		u.due(jobstore.Completed, time.Now().Add(f.Retention))
-	case jobstore.Dead:
-		u.due(jobstore.Archived, time.Now().Add(u.cfg.DeadRetention))
-	}
-	if f.Outcome == jobstore.Retry {
-		// This replica knows when it comes due; wake in time for it.
-		u.poke()
-	}
+	return e, true
 }
 
 // untilStored runs write until Redis takes it: while Redis is unreachable

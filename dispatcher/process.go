@@ -79,28 +79,6 @@ func unreachable(err error) bool {
 	return false
 }
 
-// keepSecrets renews the sensitive headers of a job handed back for delay;
-// a failure leaves them the TTL the worker's read gave them.
-func (d *Dispatcher) keepSecrets(ctx context.Context, job *queue.Job, delay time.Duration) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := queue.RenewSecrets(rctx, d.rdb, d.cfg.Prefix, job, time.Now(), delay); err != nil {
-		d.m.RedisErrors.WithLabelValues("secrets").Inc()
-		d.log.Warn("could not renew the sensitive headers of a job handed back", "job", job.ID, "for", delay, "err", err)
-	}
-}
-
-// forgetSecrets deletes a finished job's sensitive headers; the side key's
-// TTL covers a failed delete.
-func (d *Dispatcher) forgetSecrets(ctx context.Context, job *queue.Job) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := queue.DeleteSecrets(dctx, d.rdb, d.cfg.Prefix, job); err != nil {
-		d.m.RedisErrors.WithLabelValues("secrets").Inc()
-		d.log.Warn("could not delete a finished job's sensitive headers; they expire with their TTL", "job", job.ID, "err", err)
-	}
-}
-
 // block pauses the upstream for every replica; it returns the block's
 // end (zero if it could not be placed).
 func (d *Dispatcher) block(ctx context.Context, u *upstream, dur time.Duration, reason string) time.Time {
