@@ -79,33 +79,32 @@ var allowScript = redis.NewScript(`
 local interval = tonumber(ARGV[1])
 local span = tonumber(ARGV[2]) * interval
 local now = ARGV[3]
+local call, format, floor = redis.call, string.format, math.floor
 if now == '' then
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = t[1] * 1000000 + t[2]
 else
   now = tonumber(now)
 end
-local tats = redis.call('MGET', unpack(KEYS))
+local tats = call('MGET', unpack(KEYS))
 local out = {}
 local n = 0
 -- The last TAT and TTL written, and their strings: buckets decided alike
--- (every new bucket that takes one token, say) are written with the same
--- values, which are then formatted once.
+-- are written with the same values, which are then formatted once.
 local lastTat, tatStr, lastTTL, ttlStr
-for i = 1, #KEYS do
+local listed = #ARGV - 3
+for i = 1, listed do
   local level = (tonumber(tats[i]) or now) - now
   if level < 0 then level = 0 end
   local took = false
   local reqs = ARGV[3 + i]
-  local cost, units, iter = 1, 0, nil
-  if reqs then
-    cost = tonumber(reqs)
-    if cost == nil then
-      iter = string.gmatch(reqs, '%d+')
-      cost = tonumber(iter())
-    elseif cost < 0 then
-      units, cost = -cost - 1, 1
-    end
+  local units, iter = 0, nil
+  local cost = tonumber(reqs)
+  if cost == nil then
+    iter = string.gmatch(reqs, '%d+')
+    cost = tonumber(iter())
+  elseif cost < 0 then
+    units, cost = -cost - 1, 1
   end
   while cost do
     n = n + 1
@@ -129,13 +128,39 @@ for i = 1, #KEYS do
   if took then
     local tat = now + level
     if tat ~= lastTat then
-      lastTat, tatStr = tat, string.format('%d', tat)
+      lastTat, tatStr = tat, format('%d', tat)
     end
-    local ttl = math.floor((level + interval + 999) / 1000)
+    local ttl = floor((level + interval + 999) / 1000)
     if ttl ~= lastTTL then
-      lastTTL, ttlStr = ttl, string.format('%d', ttl)
+      lastTTL, ttlStr = ttl, format('%d', ttl)
     end
-    redis.call('SET', KEYS[i], tatStr, 'PX', ttlStr)
+    call('SET', KEYS[i], tatStr, 'PX', ttlStr)
+  end
+end
+-- The other buckets have one request of cost 1 each. A full one (absent,
+-- nearly every bucket over a large key space) gives its token and is
+-- written with the TAT and TTL every full bucket gets, formatted once.
+local fullTat, fullTTL
+for i = listed + 1, #KEYS do
+  n = n + 1
+  local tat = tats[i]
+  local level = 0
+  if tat then
+    level = tonumber(tat) - now
+    if level < 0 then level = 0 end
+  end
+  if level == 0 then
+    out[n] = 0
+    if not fullTat then
+      fullTat, fullTTL = format('%d', now + interval), format('%d', floor((interval + interval + 999) / 1000))
+    end
+    call('SET', KEYS[i], fullTat, 'PX', fullTTL)
+  elseif level + interval > span then
+    out[n] = -level
+  else
+    out[n] = level
+    level = level + interval
+    call('SET', KEYS[i], format('%d', now + level), 'PX', format('%d', floor((level + interval + 999) / 1000)))
   end
 end
 return out

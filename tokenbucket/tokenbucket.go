@@ -47,7 +47,10 @@ type Config struct {
 	MaxBatch int
 	// MaxInFlight bounds how many round trips of shared decisions run at
 	// once; zero means 2. A caller alone in Allow sends its decision on its
-	// own, beside them.
+	// own, beside them. A caller who finds shared round trips running
+	// waits to send until its batch would hold a MaxInFlight-th of the
+	// decisions waiting and running (script.BatchOptions.EvenBatches), so
+	// batches stay large when many callers come and go.
 	MaxInFlight int
 }
 
@@ -100,7 +103,7 @@ func New(rdb redis.UniversalClient, l Limit, cfg Config) (*Limiter, error) {
 	}
 	lim.shape = [2]any{lim.params.Interval, lim.params.Capacity}
 	if cfg.MaxBatch != 1 {
-		lim.batch = script.NewBatcher(script.BatchOptions{MaxBatch: cfg.MaxBatch, MaxInFlight: cfg.MaxInFlight}, lim.run)
+		lim.batch = script.NewBatcher(script.BatchOptions{MaxBatch: cfg.MaxBatch, MaxInFlight: cfg.MaxInFlight, EvenBatches: true}, lim.run)
 	}
 	return lim, nil
 }

@@ -426,6 +426,75 @@ func TestBatchTouchesEachBucketOnce(t *testing.T) {
 	}
 }
 
+// TestPlainBucketsMatchModel: buckets with one request of cost 1 in a
+// batch (the script's short way, nearly every bucket over a large key
+// space) are decided as the model decides them whatever state they are
+// in: absent, full again, part spent, with one token left, empty; and written as the model
+// writes them, each with its TTL, while an empty one is left alone.
+func TestPlainBucketsMatchModel(t *testing.T) {
+	noLeaks(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	clock := newFakeClock()
+	l := hourly(3)
+	lim := newLimiter(t, rdb, l, Config{Now: clock.Now})
+	loc := NewLocal(l, clock.Now)
+	take := func(key string, cost int64) {
+		t.Helper()
+		got, err := lim.Allow(ctx, key, cost)
+		want, _ := loc.Allow(ctx, key, cost)
+		if err != nil || got != want || !got.Allowed {
+			t.Fatalf("setting up %s: got %+v, %v; want %+v, allowed", key, got, err, want)
+		}
+	}
+	take("refilled", 1)
+	take("half", 1)
+	clock.Advance(90 * time.Minute) // "refilled" is full again, its key still there
+	take("half", 1)
+	take("empty", 3)
+	take("last", 2) // one token left
+	keys := []string{"absent", "refilled", "half", "empty", "last", "absent2", "hot", "hot"}
+	calls := make([]*script.Call[request, shaper.Result], len(keys))
+	for i, k := range keys {
+		calls[i] = &script.Call[request, shaper.Result]{Req: request{key: lim.key(k), cost: 1}}
+	}
+	if invs, _ := lim.plan(calls, ""); len(invs[0].Args) != 4 {
+		t.Fatalf("plan: got ARGV %v, want the shape, the clock and one entry (the bucket with two requests)", invs[0].Args)
+	}
+	before, err := rdb.Get(ctx, lim.key("empty")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim.run(ctx, calls)
+	for i, k := range keys {
+		want, _ := loc.Allow(ctx, k, 1)
+		if calls[i].Err != nil || calls[i].Res != want {
+			t.Fatalf("request %d (%s): got %+v, %v; want %+v", i, k, calls[i].Res, calls[i].Err, want)
+		}
+	}
+	if calls[3].Res.Allowed {
+		t.Fatalf("empty bucket: got allowed, want denied")
+	}
+	p := l.params()
+	for _, k := range []string{"absent", "refilled", "half", "empty", "last", "absent2", "hot"} {
+		raw, err := rdb.Get(ctx, lim.key(k)).Result()
+		if err != nil {
+			t.Fatalf("bucket %s: %v", k, err)
+		}
+		if tat, err := strconv.ParseInt(raw, 10, 64); err != nil || tat != loc.tats[k] {
+			t.Fatalf("bucket %s holds %q, want the model's TAT %d", k, raw, loc.tats[k])
+		}
+		ttl, err := rdb.PTTL(ctx, lim.key(k)).Result()
+		level := loc.tats[k] - clock.Now().UnixMicro()
+		if err != nil || ttl <= 0 || ttl.Milliseconds() > gcra.CeilDiv(level+p.Interval, 1000) {
+			t.Fatalf("bucket %s: PTTL %v, %v; want in (0, %dms]", k, ttl, err, gcra.CeilDiv(level+p.Interval, 1000))
+		}
+	}
+	if after, _ := rdb.Get(ctx, lim.key("empty")).Result(); after != before {
+		t.Fatalf("denied bucket: holds %q after, %q before; a denial writes nothing", after, before)
+	}
+}
+
 // TestBatchOfManyBuckets: a batch naming more buckets than one script call
 // takes (MaxBatch is the user's to raise) is split, and decided in full.
 func TestBatchOfManyBuckets(t *testing.T) {

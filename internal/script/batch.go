@@ -29,10 +29,13 @@ type Batcher[Q, R any] struct {
 	maxBatch    int
 	maxInFlight int
 	waitSent    bool
+	even        bool
 
 	mu       sync.Mutex
 	pending  []*Call[Q, R]
 	inFlight int
+	waiting  int // calls in pending still waiting
+	running  int // calls in running batches
 }
 
 // Call is one caller's request in a batch. The batch function sets Res or
@@ -73,6 +76,18 @@ type BatchOptions struct {
 	// is known to the caller and can be undone (a booked slot given back).
 	// Without it Do returns ctx.Err() at once, as for a call not yet sent.
 	WaitSent bool
+	// EvenBatches makes a caller who finds batches running wait for
+	// company even when a round trip is free: a batch starts beside
+	// running ones only once it would hold at least a MaxInFlight-th of
+	// all the calls in the Batcher (those waiting and those running), or
+	// MaxBatch calls. When nothing runs, the waiting calls go at once, so
+	// a lone caller still never waits, and no call waits longer than the
+	// batches running when it came. Without it, the first caller back
+	// from a batch that ended finds the round trip free and takes it
+	// nearly alone, and the others wait a whole round trip behind it: at
+	// many callers, half the batches are a few calls, each costing Redis
+	// a round trip.
+	EvenBatches bool
 }
 
 // ErrBatchPanicked is what the other calls of a batch get when the batch
@@ -88,7 +103,7 @@ var ErrBatchPanicked = errors.New("batch function panicked")
 // cannot hold a leader past every deadline in its batch. Each caller still
 // stops waiting when its own context ends.
 func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls []*Call[Q, R])) *Batcher[Q, R] {
-	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight, waitSent: opts.WaitSent}
+	b := &Batcher[Q, R]{run: run, maxBatch: opts.MaxBatch, maxInFlight: opts.MaxInFlight, waitSent: opts.WaitSent, even: opts.EvenBatches}
 	if b.maxBatch <= 0 {
 		b.maxBatch = 128
 	}
@@ -104,14 +119,15 @@ func NewBatcher[Q, R any](opts BatchOptions, run func(ctx context.Context, calls
 // then a request already in a running batch waits for its result.
 func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	b.mu.Lock()
-	if b.inFlight < b.maxInFlight && len(b.pending) == 0 {
+	if b.inFlight < b.maxInFlight && len(b.pending) == 0 && b.readyLocked(1) {
 		b.inFlight++
+		b.running++
 		b.mu.Unlock()
 		return b.alone(ctx, req)
 	}
 	c := &Call[Q, R]{Req: req}
 	c.deadline, _ = ctx.Deadline()
-	if b.inFlight < b.maxInFlight {
+	if b.inFlight < b.maxInFlight && b.readyLocked(b.waiting+1) {
 		b.inFlight++
 		c.state = leading
 		b.mu.Unlock()
@@ -121,6 +137,7 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 	c.state = waiting
 	c.wake = make(chan callState, 1) // only a caller who waits is woken
 	b.pending = append(b.pending, c)
+	b.waiting++
 	b.mu.Unlock()
 
 	// The token says what the state became, so reading it needs no lock.
@@ -155,6 +172,8 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, req Q) (R, error) {
 		// queue does not stall behind a caller who has left.
 		b.inFlight--
 		b.promoteLocked()
+	case waiting:
+		b.waiting--
 	}
 	c.state = abandoned
 	b.mu.Unlock()
@@ -171,6 +190,7 @@ func (b *Batcher[Q, R]) alone(ctx context.Context, req Q) (R, error) {
 	defer func() {
 		b.mu.Lock()
 		b.inFlight--
+		b.running--
 		b.promoteLocked()
 		b.mu.Unlock()
 	}()
@@ -188,9 +208,11 @@ func (b *Batcher[Q, R]) lead(ctx context.Context, first *Call[Q, R]) {
 	for ; i < len(b.pending) && len(batch) < b.maxBatch; i++ {
 		if c := b.pending[i]; c.state == waiting {
 			c.state = taken
+			b.waiting--
 			batch = append(batch, c)
 		}
 	}
+	b.running += len(batch)
 	n := copy(b.pending, b.pending[i:])
 	clear(b.pending[n:])
 	b.pending = b.pending[:n]
@@ -211,6 +233,7 @@ func (b *Batcher[Q, R]) lead(ctx context.Context, first *Call[Q, R]) {
 			}
 		}
 		b.inFlight--
+		b.running -= len(batch)
 		b.promoteLocked()
 		b.mu.Unlock()
 	}()
@@ -239,10 +262,29 @@ func latestDeadline[Q, R any](calls []*Call[Q, R]) (time.Time, bool) {
 	return latest, true
 }
 
-// promoteLocked wakes waiting callers to lead while there is room.
+// readyLocked tells whether n waiting calls (a caller arriving counted
+// among them) may start a batch, as far as EvenBatches is concerned: when
+// nothing runs, when they fill a batch, or when they are at least their
+// share of all the calls in the Batcher.
+func (b *Batcher[Q, R]) readyLocked(n int) bool {
+	switch {
+	case !b.even || b.inFlight == 0 || n >= b.maxBatch:
+		return true
+	case n <= 0:
+		return false
+	}
+	return n*b.maxInFlight >= b.running+n
+}
+
+// promoteLocked wakes waiting callers to lead while there is room and,
+// with EvenBatches, while the calls still waiting make a batch.
 func (b *Batcher[Q, R]) promoteLocked() {
+	left := b.waiting // those no leader promoted here will take
 	for b.inFlight < b.maxInFlight && len(b.pending) > 0 {
 		c := b.pending[0]
+		if c.state == waiting && !b.readyLocked(left) {
+			return
+		}
 		n := copy(b.pending, b.pending[1:])
 		b.pending[n] = nil
 		b.pending = b.pending[:n]
@@ -250,8 +292,10 @@ func (b *Batcher[Q, R]) promoteLocked() {
 			continue
 		}
 		c.state = leading
+		b.waiting--
 		b.inFlight++
 		c.wake <- leading
+		left -= b.maxBatch
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -360,5 +361,213 @@ func TestBatchKeepsTheLatestDeadline(t *testing.T) {
 	calls = append(calls, &Call[int, int]{})
 	if _, ok := latestDeadline(calls); ok {
 		t.Error("latestDeadline with a caller without one: got ok, want none")
+	}
+}
+
+// heldBatches is a batch function that holds every batch until the test
+// releases it by name (its first request), so that several batches can
+// run at once and end in the order the test chooses.
+type heldBatches struct {
+	mu       sync.Mutex
+	sizes    []int
+	release  map[int]chan struct{}
+	started  chan []int
+	finished chan int
+}
+
+func newHeldBatches() *heldBatches {
+	return &heldBatches{release: map[int]chan struct{}{}, started: make(chan []int, 64), finished: make(chan int, 64)}
+}
+
+func (h *heldBatches) run(ctx context.Context, calls []*Call[int, int]) {
+	reqs := make([]int, len(calls))
+	for i, c := range calls {
+		reqs[i] = c.Req
+		c.Res = c.Req * 2
+	}
+	release := make(chan struct{})
+	h.mu.Lock()
+	h.sizes = append(h.sizes, len(calls))
+	h.release[reqs[0]] = release
+	h.mu.Unlock()
+	h.started <- reqs
+	<-release
+	h.finished <- reqs[0]
+}
+
+// end releases the batch led by first and waits until it has returned.
+func (h *heldBatches) end(t *testing.T, first int) {
+	t.Helper()
+	h.mu.Lock()
+	release := h.release[first]
+	h.mu.Unlock()
+	if release == nil {
+		t.Fatalf("no batch led by %d is running", first)
+	}
+	close(release)
+	if got := <-h.finished; got != first {
+		t.Fatalf("batch led by %d finished, want %d", got, first)
+	}
+}
+
+// waitPending blocks until n callers are queued, and fails if they are
+// not within seconds (a batch started that should not have, say).
+func (h *heldBatches) waitPending(t *testing.T, b *Batcher[int, int], n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); b.pendingLen() < n; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			h.mu.Lock()
+			sizes := slices.Clone(h.sizes)
+			h.mu.Unlock()
+			t.Fatalf("got %d callers queued, want %d (batch sizes so far %v)", b.pendingLen(), n, sizes)
+		}
+	}
+}
+
+// noneStarted fails if a batch starts within a short while.
+func (h *heldBatches) noneStarted(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case reqs := <-h.started:
+		t.Fatalf("a batch of %v started; want none yet: %s", reqs, why)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+// TestEvenBatchesWaitForTheirShare: with EvenBatches, a caller who finds
+// a batch running and a round trip free waits until the calls waiting
+// with it are their share of all the calls (half, with two in flight),
+// where without it the first such caller runs nearly alone.
+func TestEvenBatchesWaitForTheirShare(t *testing.T) {
+	noLeaks(t)
+	for _, even := range []bool{false, true} {
+		h := newHeldBatches()
+		b := NewBatcher(BatchOptions{MaxInFlight: 2, EvenBatches: even}, h.run)
+		var wg sync.WaitGroup
+		results := make([]int, 40)
+		do := func(i int) {
+			wg.Go(func() {
+				r, err := b.Do(context.Background(), i)
+				if err != nil {
+					t.Error(err)
+				}
+				results[i] = r
+			})
+		}
+		// Two callers alone take both round trips; eight queue behind them.
+		do(0)
+		<-h.started
+		do(1)
+		<-h.started
+		for i := 10; i < 18; i++ {
+			do(i)
+		}
+		h.waitPending(t, b, 8)
+		h.end(t, 0) // the eight go together beside caller 1's batch
+		eight := <-h.started
+		if len(eight) != 8 {
+			t.Fatalf("even=%v: got a batch of %v after the first ended, want the eight waiting", even, eight)
+		}
+		h.end(t, 1)
+		// Eight calls run in one batch, and a round trip is free.
+		if !even {
+			do(20)
+			if reqs := <-h.started; len(reqs) != 1 {
+				t.Fatalf("even=false: got a batch of %v, want caller 20 alone at once", reqs)
+			}
+			h.end(t, 20)
+			h.end(t, eight[0])
+			wg.Wait()
+			continue
+		}
+		for i := 20; i < 27; i++ {
+			do(i)
+		}
+		h.waitPending(t, b, 7)
+		h.noneStarted(t, "seven waiting beside a batch of eight are less than half of fifteen")
+		do(27)
+		reqs := <-h.started
+		if len(reqs) != 8 || reqs[0] < 20 {
+			t.Fatalf("even=true: got a batch of %v, want the eight callers 20 to 27", reqs)
+		}
+		// Three wait beside two batches of eight; when both end, nothing
+		// runs, so the three go at once however few they are.
+		for i := 30; i < 33; i++ {
+			do(i)
+		}
+		h.waitPending(t, b, 3)
+		h.end(t, eight[0])
+		h.noneStarted(t, "three waiting beside a batch of eight are less than half of eleven")
+		h.end(t, reqs[0])
+		three := <-h.started
+		if len(three) != 3 {
+			t.Fatalf("even=true: got a batch of %v once nothing ran, want the three waiting", three)
+		}
+		h.end(t, three[0])
+		wg.Wait()
+		if fmt.Sprint(h.sizes) != "[1 1 8 8 3]" {
+			t.Fatalf("even=true: got batch sizes %v, want [1 1 8 8 3]", h.sizes)
+		}
+		for _, i := range []int{0, 1, 10, 17, 20, 27, 30, 32} {
+			if results[i] != 2*i {
+				t.Fatalf("even=true: caller %d got %d, want %d", i, results[i], 2*i)
+			}
+		}
+		if b.waiting != 0 || b.running != 0 || b.inFlight != 0 {
+			t.Fatalf("after the calls: %d waiting, %d running, %d in flight; want none", b.waiting, b.running, b.inFlight)
+		}
+	}
+}
+
+// TestEvenBatchesForgetCallersWhoLeft: a waiting caller whose context
+// ends no longer counts toward a batch's share, so the callers still
+// waiting are not held back for it and not sent early because of it.
+func TestEvenBatchesForgetCallersWhoLeft(t *testing.T) {
+	noLeaks(t)
+	h := newHeldBatches()
+	b := NewBatcher(BatchOptions{MaxInFlight: 2, EvenBatches: true}, h.run)
+	var wg sync.WaitGroup
+	do := func(ctx context.Context, i int) {
+		wg.Go(func() { b.Do(ctx, i) })
+	}
+	// A batch of four runs: callers 0 and 1 hold both round trips, four
+	// queue and go together when 0 ends, then 1 ends.
+	do(context.Background(), 0)
+	<-h.started
+	do(context.Background(), 1)
+	<-h.started
+	for i := 10; i < 14; i++ {
+		do(context.Background(), i)
+	}
+	h.waitPending(t, b, 4)
+	h.end(t, 0)
+	four := <-h.started
+	h.end(t, 1)
+	// Three callers wait (their share would be four) and leave.
+	ctx, cancel := context.WithCancel(context.Background())
+	for i := 20; i < 23; i++ {
+		do(ctx, i)
+	}
+	h.waitPending(t, b, 3)
+	cancel()
+	for b.pendingLen() > 0 {
+		runtime.Gosched()
+	}
+	// Three more must again wait for a fourth.
+	for i := 30; i < 33; i++ {
+		do(context.Background(), i)
+	}
+	h.waitPending(t, b, 3)
+	h.noneStarted(t, "three waiting beside a batch of four are less than half of seven; the three who left must not count")
+	do(context.Background(), 33)
+	reqs := <-h.started
+	if got := slices.Sorted(slices.Values(reqs)); fmt.Sprint(got) != "[30 31 32 33]" {
+		t.Fatalf("got a batch of %v, want callers 30 to 33 without those who left", reqs)
+	}
+	h.end(t, four[0])
+	h.end(t, reqs[0])
+	wg.Wait()
+	if b.waiting != 0 || b.running != 0 || b.inFlight != 0 {
+		t.Fatalf("after the calls: %d waiting, %d running, %d in flight; want none", b.waiting, b.running, b.inFlight)
 	}
 }
