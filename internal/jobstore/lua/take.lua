@@ -546,14 +546,6 @@ if next(parked) then
   end
   redis.call('ZADD', K_PK, unpack(z))
 end
-for _, f in pairs(flows) do
-  local n = f.rank + f.at - 1
-  if n == 1 then
-    redis.call('ZREMRANGEBYRANK', f.key, '0', '0')
-  elseif n > 1 then
-    redis.call('ZREMRANGEBYRANK', f.key, '0', n - 1)
-  end
-end
 local K_LEASE = A .. 'lease'
 if taken > 0 then
   redis.call('LPUSH', A .. 'active', unpack(went))
@@ -572,6 +564,17 @@ if taken > 0 then
       count(K_COUNTS, 'pending:' .. l, -n)
       count(K_COUNTS, 'active:' .. l, n)
     end
+  end
+end
+-- The taken jobs leave their flows last, once they are in the active list
+-- and leased: a write refused part way (a key of the slot moved away while
+-- a Cluster reshards) leaves a job in both, taken again, never in neither.
+for _, f in pairs(flows) do
+  local n = f.rank + f.at - 1
+  if n == 1 then
+    redis.call('ZREMRANGEBYRANK', f.key, '0', '0')
+  elseif n > 1 then
+    redis.call('ZREMRANGEBYRANK', f.key, '0', n - 1)
   end
 end
 
