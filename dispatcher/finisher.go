@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -159,7 +160,7 @@ func (d *Dispatcher) finishing(ctx context.Context, stop <-chan struct{}, u *ups
 func (d *Dispatcher) store(u *upstream, batch []ending, workers *sync.WaitGroup) []ending {
 	name := u.cfg.Name
 	items := make([]jobstore.Finished, 0, len(batch))
-	warned := false
+	warned, tried := false, false
 	for pause := 50 * time.Millisecond; len(batch) > 0; pause = min(2*pause, time.Second) {
 		items = items[:0]
 		for i := range batch {
@@ -169,19 +170,31 @@ func (d *Dispatcher) store(u *upstream, batch []ending, workers *sync.WaitGroup)
 		errs, err := u.finish(ctx, items)
 		cancel()
 		if err == nil {
-			for i, e := range errs {
-				if e != nil {
-					d.log.Warn("a job's outcome came after its lease ran out; recovery already gave it back", "upstream", name, "job", batch[i].f.ID)
-				}
-			}
-			d.stored(u, batch)
+			d.finished(u, batch, errs, tried)
 			break
 		}
 		d.m.RedisErrors.WithLabelValues("results").Inc()
 		if !unreachable(err) {
-			d.log.Error("could not record jobs' outcomes; when their leases run out they are sent again", "upstream", name, "jobs", len(batch), "err", err)
+			if len(batch) == 1 {
+				d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", batch[0].f.ID, "err", err)
+				break
+			}
+			// One outcome Redis or the store refuses must not take the
+			// others of its finish with it: each goes on its own.
+			for i := range batch {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				errs, err := u.finish(ctx, items[i:i+1])
+				cancel()
+				if err != nil {
+					d.m.RedisErrors.WithLabelValues("results").Inc()
+					d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", batch[i].f.ID, "err", err)
+					continue
+				}
+				d.finished(u, batch[i:i+1], errs, tried)
+			}
 			break
 		}
+		tried = true
 		now := time.Now()
 		kept := batch[:0]
 		var lost []ending
@@ -213,6 +226,32 @@ func (d *Dispatcher) store(u *upstream, batch []ending, workers *sync.WaitGroup)
 	u.release(batch, workers)
 	clear(batch)
 	return batch[:0]
+}
+
+// finished takes a finish's answer for batch: errs[i] is set for an
+// outcome whose job was no longer this worker's to finish (its lease ran
+// out and recovery gave it back, or an earlier attempt of this finish,
+// which timed out on the client, stored it after all: tried). What follows
+// a stored outcome (the next due time, the sensitive headers) follows only
+// those stored now: a job recovery gave back keeps its headers for its next
+// attempt.
+func (d *Dispatcher) finished(u *upstream, batch []ending, errs []error, tried bool) {
+	done := batch
+	if slices.ContainsFunc(errs, func(e error) bool { return e != nil }) {
+		done = make([]ending, 0, len(batch))
+		for i := range batch {
+			if i >= len(errs) || errs[i] == nil {
+				done = append(done, batch[i])
+				continue
+			}
+			if tried {
+				d.log.Info("a job's outcome was stored already, or its lease ran out meanwhile", "upstream", u.cfg.Name, "job", batch[i].f.ID)
+			} else {
+				d.log.Warn("a job's outcome came after its lease ran out; recovery already gave it back", "upstream", u.cfg.Name, "job", batch[i].f.ID)
+			}
+		}
+	}
+	d.stored(u, done)
 }
 
 // stored does what follows a batch of outcomes once it is in Redis.

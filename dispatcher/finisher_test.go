@@ -192,6 +192,67 @@ func TestOutcomesHeldWhileStoreUnreachable(t *testing.T) {
 	}
 }
 
+// An outcome the store refuses (here one whose message names another
+// queue, in a finish of several) does not take the others of its finish
+// with it: they are stored each on its own, and none is sent again.
+func TestOneRefusedOutcomeSparesTheOthers(t *testing.T) {
+	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{Name: "mail"}, 1)
+	gate := make(chan struct{})
+	spy := &finishSpy{hold: func(call int) <-chan struct{} {
+		if call == 1 {
+			return gate
+		}
+		return nil
+	}}
+	var ran, refused atomic.Int64
+	var u *upstream
+	h.startWith(Config{Upstreams: []shaper.Upstream{{Name: "mail", Workers: 2, Limits: []leaky.Limit{leaky.PerSecond(100000)}}}},
+		noop(&ran), func(d *Dispatcher) {
+			u = d.ups["mail"]
+			spy.wrap(u)
+			next := u.finish
+			u.finish = func(ctx context.Context, items []jobstore.Finished) ([]error, error) {
+				if len(items) > 1 && refused.Add(1) == 1 {
+					items = append([]jobstore.Finished(nil), items...)
+					msg := *items[len(items)-1].Msg
+					msg.Queue = "elsewhere"
+					items[len(items)-1].Msg = &msg
+				}
+				return next(ctx, items)
+			}
+		})
+	var ids []string
+	for range 6 {
+		ids = append(ids, h.enqueue(&queue.Job{Upstream: "mail", Task: "t"}).ID)
+	}
+	waitUntil(t, "six outcomes decided with the first finish held", func() bool { return queued(u) == 6 })
+	close(gate)
+	for id, info := range h.waitFor(ids, queue.StateSucceeded, queue.StateDead) {
+		if info.State != queue.StateSucceeded || info.Attempts != 1 {
+			t.Errorf("job %s: %s after %d attempts, want succeeded after 1", id, info.State, info.Attempts)
+		}
+	}
+	if n := ran.Load(); n != 6 {
+		t.Errorf("the handler ran %d times for 6 jobs, want 6", n)
+	}
+	calls := spy.got()
+	bad := -1
+	for i, c := range calls {
+		if len(c) > 1 {
+			bad = i
+			break
+		}
+	}
+	if bad < 0 || len(calls) < bad+1+len(calls[bad]) {
+		t.Fatalf("finish calls %v: want a refused finish of several, then one call for each of its outcomes", calls)
+	}
+	for i, id := range calls[bad] {
+		if c := calls[bad+1+i]; len(c) != 1 || c[0] != id {
+			t.Errorf("finish calls %v: after the refused %v, want %s on its own", calls, calls[bad], id)
+		}
+	}
+}
+
 // With jobs that run shorter than a take's round trip and a limit too
 // high to space them, a take is for all the workers and a finish for all
 // their outcomes, not one call per worker as each frees. (Bounds are loose:
