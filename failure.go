@@ -91,6 +91,18 @@ func (f *Fallible) Allow(ctx context.Context, key string, n int64) (Result, erro
 	if err == nil || errors.Is(err, ErrInvalid) || ctx.Err() != nil {
 		return res, err
 	}
+	return f.Decide(ctx, key, n, err)
+}
+
+// Decide applies the policy to a failure of the limiter's store met
+// elsewhere, without asking the limiter again: for a decision Redis was to
+// make inside another script call that failed, where that call may have
+// spent the token already. It logs and observes as Allow does. A nil err,
+// or the caller's own context ended, is returned as is.
+func (f *Fallible) Decide(ctx context.Context, key string, n int64, err error) (Result, error) {
+	if err == nil || ctx.Err() != nil {
+		return Result{}, err
+	}
 	f.report(err)
 	if f.Observe != nil {
 		f.Observe(f.Policy, err)

@@ -74,6 +74,42 @@ func TestFallible(t *testing.T) {
 	}
 }
 
+// countingLimiter counts the calls it is asked.
+type countingLimiter struct{ n *int }
+
+func (c countingLimiter) Allow(ctx context.Context, key string, n int64) (shaper.Result, error) {
+	*c.n++
+	return shaper.Result{Allowed: true}, nil
+}
+
+// Decide applies the policy to a failure met elsewhere without asking the
+// limiter (whose token the failed call may have spent already).
+func TestFallibleDecide(t *testing.T) {
+	asked := 0
+	var observed []shaper.OnRedisError
+	f := &shaper.Fallible{Limiter: countingLimiter{&asked}, Policy: shaper.FailClosed, Logger: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)),
+		Observe: func(p shaper.OnRedisError, err error) { observed = append(observed, p) }}
+	res, err := f.Decide(context.Background(), "k", 1, errors.New("i/o timeout"))
+	if err != nil || res.Allowed || res.RetryAfter != time.Second {
+		t.Fatalf("fail closed: got %+v, %v; want denied with RetryAfter 1s", res, err)
+	}
+	if asked != 0 || len(observed) != 1 || observed[0] != shaper.FailClosed {
+		t.Fatalf("limiter asked %d times, observed %v; want 0 and one decision under fail closed", asked, observed)
+	}
+	f.Policy = shaper.FailOpen
+	if res, err := f.Decide(context.Background(), "k", 1, errors.New("i/o timeout")); err != nil || !res.Allowed {
+		t.Fatalf("fail open: got %+v, %v; want allowed", res, err)
+	}
+	if _, err := f.Decide(context.Background(), "k", 1, nil); err != nil || asked != 0 || len(observed) != 2 {
+		t.Fatalf("no failure: got %v, asked %d, observed %v; want nothing decided", err, asked, observed)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := f.Decide(ctx, "k", 1, context.Canceled); !errors.Is(err, context.Canceled) || len(observed) != 2 {
+		t.Fatalf("caller gone: got %v, observed %v; want its error back, nothing decided", err, observed)
+	}
+}
+
 func TestFallibleLogsAtMostOncePerInterval(t *testing.T) {
 	var logs bytes.Buffer
 	f := &shaper.Fallible{Limiter: broken{errors.New("down")}, Logger: slog.New(slog.NewTextHandler(&logs, nil)), LogEvery: time.Hour}

@@ -417,14 +417,37 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string
 	return true, ""
 }
 
+// admitFailed decides a call's admission under admission's policy for a
+// Redis that fails, after the script call that was to decide it failed
+// with err; on a CROSSSLOT error (a proxy in front of several shards that
+// a plain client cannot tell from one Redis) calls pay admission on their
+// own from then on.
+func (s *Server) admitFailed(w http.ResponseWriter, r *http.Request, err error) (bool, string) {
+	if strings.Contains(err.Error(), "CROSSSLOT") && s.callAdmission.Swap(nil) != nil {
+		s.log.Warn("Redis refused a proxied call's admission and booking in one script call (CROSSSLOT): calls pay admission on their own from now on", "err", err)
+	}
+	res, err := s.admission.Decide(r.Context(), caller(r).Name, 1, err)
+	if err != nil {
+		s.internalError(w, r, "admission", err)
+		return false, "503"
+	}
+	if !res.Allowed {
+		s.refuseCall(w, r, res)
+		return false, "429"
+	}
+	s.m.AdmissionDecisions.WithLabelValues("allowed").Inc()
+	return true, ""
+}
+
 // callAdmit is the admission a call pays in its booking's script call,
 // or nil when it pays on its own first (admitCall): on a Redis Cluster,
 // or for a key name the bucket cannot take, which Allow answers.
 func (s *Server) callAdmit(r *http.Request) *tokenbucket.Admission {
-	if s.callAdmission == nil {
+	tb := s.callAdmission.Load()
+	if tb == nil {
 		return nil
 	}
-	a, err := s.callAdmission.Admission(caller(r).Name, 1)
+	a, err := tb.Admission(caller(r).Name, 1)
 	if err != nil {
 		return nil
 	}

@@ -105,7 +105,7 @@ func TestProxyAdmissionOnCluster(t *testing.T) {
 	f := newProxyFixtureOn(t, cl.Client(t), &recorder{}, nil, func(c *Config) {
 		c.Admission = tokenbucket.Limit{Capacity: 1, Refill: 1, Per: time.Hour}
 	})
-	if f.s.callAdmission != nil {
+	if f.s.callAdmission.Load() != nil {
 		t.Fatal("on a Cluster, calls pay admission in their booking: want it paid on its own")
 	}
 	if resp, body := f.call("GET", "/proxy/api/v1/x", ""); resp.StatusCode != 200 || resp.Header.Get("RateLimit") != "" {

@@ -124,10 +124,12 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, e *proxyEntry, c c
 			case t.Admitted:
 				s.m.AdmissionDecisions.WithLabelValues("allowed").Inc()
 			case err != nil && ctx.Err() == nil:
-				// The script call failed before admission was decided:
-				// admission decides on its own, under its policy for a
-				// Redis that fails, as when it was asked first.
-				if ok, refused := s.admitCall(w, r); !ok {
+				// The script call failed, and whether it decided
+				// admission is unknown: admission decides under its
+				// policy for a Redis that fails, as when it was asked
+				// first, without asking Redis again (which could spend
+				// a second token for the call).
+				if ok, refused := s.admitFailed(w, r, err); !ok {
 					return refused
 				}
 			}

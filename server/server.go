@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,7 +96,7 @@ type Server struct {
 	rdb       redis.UniversalClient
 	q         *queue.Queue
 	st        *status.Reader
-	admission shaper.Limiter
+	admission *shaper.Fallible
 	policy    httplimit.Policy
 	log       *slog.Logger
 	m         *metrics.Metrics
@@ -107,7 +108,7 @@ type Server struct {
 	// pays in its booking's script call; nil when they cannot share one
 	// (a Cluster keeps a key's bucket in a slot of its own), and a call
 	// pays admission on its own first.
-	callAdmission *tokenbucket.Limiter
+	callAdmission atomic.Pointer[tokenbucket.Limiter]
 	// maxBatch is the most jobs a batch may hold: MaxBatch, or the
 	// admission capacity if that is smaller.
 	maxBatch int
@@ -193,7 +194,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, st *status.Reader, cfg Confi
 		return nil, fmt.Errorf("server: admission: %w", err)
 	}
 	if script.ShardingOf(rdb) == script.OneNode {
-		s.callAdmission = tb
+		s.callAdmission.Store(tb)
 	}
 	s.admission = &shaper.Fallible{
 		Limiter: &gatedLimiter{limiter: tb, store: s.store, budget: cfg.StoreTimeout},
