@@ -75,29 +75,46 @@ func noop(ran *atomic.Int64) map[string]Handler {
 	})}
 }
 
-// A worker goes on to its next job while its last job's outcome is being
-// stored; the job stays active (held) until then, and the outcomes that
-// came meanwhile are stored together.
-func TestWorkersGoOnWhileOutcomesAreStored(t *testing.T) {
+// spied starts a dispatcher of one upstream, mail, with workers workers
+// and a no-op handler that counts its runs; its finish is wrapped by spy,
+// then by wrap when not nil. It enqueues jobs jobs and returns their ids.
+func spied(t *testing.T, workers, jobs int, spy *finishSpy, wrap func(*upstream)) (*harness, *upstream, *atomic.Int64, []string) {
+	t.Helper()
 	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{Name: "mail"}, 1)
-	gate := make(chan struct{})
-	spy := &finishSpy{hold: func(call int) <-chan struct{} {
+	ran := new(atomic.Int64)
+	var u *upstream
+	h.startWith(Config{Upstreams: []shaper.Upstream{{Name: "mail", Workers: workers, Limits: []leaky.Limit{leaky.PerSecond(100000)}}}},
+		noop(ran), func(d *Dispatcher) {
+			u = d.ups["mail"]
+			spy.wrap(u)
+			if wrap != nil {
+				wrap(u)
+			}
+		})
+	var ids []string
+	for range jobs {
+		ids = append(ids, h.enqueue(&queue.Job{Upstream: "mail", Task: "t"}).ID)
+	}
+	return h, u, ran, ids
+}
+
+// holdFirst holds a finishSpy's first call until gate is closed.
+func holdFirst(gate chan struct{}) func(int) <-chan struct{} {
+	return func(call int) <-chan struct{} {
 		if call == 1 {
 			return gate
 		}
 		return nil
-	}}
-	var ran atomic.Int64
-	var u *upstream
-	h.startWith(Config{Upstreams: []shaper.Upstream{{Name: "mail", Workers: 2, Limits: []leaky.Limit{leaky.PerSecond(100000)}}}},
-		noop(&ran), func(d *Dispatcher) {
-			u = d.ups["mail"]
-			spy.wrap(u)
-		})
-	var ids []string
-	for range 6 {
-		ids = append(ids, h.enqueue(&queue.Job{Upstream: "mail", Task: "t"}).ID)
 	}
+}
+
+// A worker goes on to its next job while its last job's outcome is being
+// stored; the job stays active (held) until then, and the outcomes that
+// came meanwhile are stored together.
+func TestWorkersGoOnWhileOutcomesAreStored(t *testing.T) {
+	gate := make(chan struct{})
+	spy := &finishSpy{hold: holdFirst(gate)}
+	h, u, ran, ids := spied(t, 2, 6, spy, nil)
 	// Two workers run all six jobs while the first finish is held.
 	waitUntil(t, "six outcomes decided with the first finish held", func() bool { return queued(u) == 6 })
 	if n := ran.Load(); n != 6 {
@@ -123,20 +140,9 @@ func TestWorkersGoOnWhileOutcomesAreStored(t *testing.T) {
 
 // Run returns only once every job's outcome is stored.
 func TestRunWaitsForOutcomes(t *testing.T) {
-	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{Name: "mail"}, 1)
 	gate := make(chan struct{})
 	spy := &finishSpy{hold: func(int) <-chan struct{} { return gate }}
-	var ran atomic.Int64
-	var u *upstream
-	h.startWith(Config{Upstreams: []shaper.Upstream{{Name: "mail", Workers: 4, Limits: []leaky.Limit{leaky.PerSecond(100000)}}}},
-		noop(&ran), func(d *Dispatcher) {
-			u = d.ups["mail"]
-			spy.wrap(u)
-		})
-	var ids []string
-	for range 4 {
-		ids = append(ids, h.enqueue(&queue.Job{Upstream: "mail", Task: "t"}).ID)
-	}
+	h, u, _, ids := spied(t, 4, 4, spy, nil)
 	waitUntil(t, "four outcomes decided", func() bool { return queued(u) == 4 })
 	h.cancel()
 	h.cancel = nil
@@ -196,35 +202,21 @@ func TestOutcomesHeldWhileStoreUnreachable(t *testing.T) {
 // queue, in a finish of several) does not take the others of its finish
 // with it: they are stored each on its own, and none is sent again.
 func TestOneRefusedOutcomeSparesTheOthers(t *testing.T) {
-	h := newHarness(t, fakeupstream.Config{}, shaper.Upstream{Name: "mail"}, 1)
 	gate := make(chan struct{})
-	spy := &finishSpy{hold: func(call int) <-chan struct{} {
-		if call == 1 {
-			return gate
-		}
-		return nil
-	}}
-	var ran, refused atomic.Int64
-	var u *upstream
-	h.startWith(Config{Upstreams: []shaper.Upstream{{Name: "mail", Workers: 2, Limits: []leaky.Limit{leaky.PerSecond(100000)}}}},
-		noop(&ran), func(d *Dispatcher) {
-			u = d.ups["mail"]
-			spy.wrap(u)
-			next := u.finish
-			u.finish = func(ctx context.Context, items []jobstore.Finished) ([]error, error) {
-				if len(items) > 1 && refused.Add(1) == 1 {
-					items = append([]jobstore.Finished(nil), items...)
-					msg := *items[len(items)-1].Msg
-					msg.Queue = "elsewhere"
-					items[len(items)-1].Msg = &msg
-				}
-				return next(ctx, items)
+	spy := &finishSpy{hold: holdFirst(gate)}
+	var refused atomic.Int64
+	h, u, ran, ids := spied(t, 2, 6, spy, func(u *upstream) {
+		next := u.finish
+		u.finish = func(ctx context.Context, items []jobstore.Finished) ([]error, error) {
+			if len(items) > 1 && refused.Add(1) == 1 {
+				items = append([]jobstore.Finished(nil), items...)
+				msg := *items[len(items)-1].Msg
+				msg.Queue = "elsewhere"
+				items[len(items)-1].Msg = &msg
 			}
-		})
-	var ids []string
-	for range 6 {
-		ids = append(ids, h.enqueue(&queue.Job{Upstream: "mail", Task: "t"}).ID)
-	}
+			return next(ctx, items)
+		}
+	})
 	waitUntil(t, "six outcomes decided with the first finish held", func() bool { return queued(u) == 6 })
 	close(gate)
 	for id, info := range h.waitFor(ids, queue.StateSucceeded, queue.StateDead) {

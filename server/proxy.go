@@ -403,8 +403,13 @@ func (s *Server) answerSlotRefused(w http.ResponseWriter, e *proxyEntry, after t
 // headers, which names admission, not the upstream. A call on a single
 // Redis server pays it in its booking's script call instead (callAdmit).
 func (s *Server) admitCall(w http.ResponseWriter, r *http.Request) (bool, string) {
-	k := caller(r)
-	res, err := s.admission.Allow(r.Context(), k.Name, 1)
+	res, err := s.admission.Allow(r.Context(), caller(r).Name, 1)
+	return s.admitted(w, r, res, err)
+}
+
+// admitted answers a call admission refused or could not decide, and
+// counts one it allowed.
+func (s *Server) admitted(w http.ResponseWriter, r *http.Request, res shaper.Result, err error) (bool, string) {
 	if err != nil {
 		s.internalError(w, r, "admission", err)
 		return false, "503"
@@ -427,16 +432,7 @@ func (s *Server) admitFailed(w http.ResponseWriter, r *http.Request, err error) 
 		s.log.Warn("Redis refused a proxied call's admission and booking in one script call (CROSSSLOT): calls pay admission on their own from now on", "err", err)
 	}
 	res, err := s.admission.Decide(r.Context(), caller(r).Name, 1, err)
-	if err != nil {
-		s.internalError(w, r, "admission", err)
-		return false, "503"
-	}
-	if !res.Allowed {
-		s.refuseCall(w, r, res)
-		return false, "429"
-	}
-	s.m.AdmissionDecisions.WithLabelValues("allowed").Inc()
-	return true, ""
+	return s.admitted(w, r, res, err)
 }
 
 // callAdmit is the admission a call pays in its booking's script call,
