@@ -16,12 +16,48 @@
 --   due_firsts(scheduled, retry, cal) -> firsts as forward_due's, without
 --     moving anything
 --   first_score(key) -> the lowest score of a sorted set, false if empty
+--   activate_lanes(sp, ms): activate_lane (flow.lua) for each calendar
+--     entry LANE|FK of the list ms, taken off the calendar
 local function first_score(key)
   local r = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   if #r == 0 then
     return false
   end
   return tonumber(r[2])
+end
+
+-- activate_lanes(sp, ms) is activate_lane for each calendar entry
+-- LANE|FK of ms (already off the calendar), in a few calls, not a few per
+-- entry: a member that joins a set at its virtual time leaves that time as
+-- it was, so each set's is read once, and one ZADD NX per set adds those
+-- not in it, all at that time. (The lanes calendared together are those of
+-- a partitioned upstream whose partitions were all parked at one take:
+-- several keys' at once.)
+local function activate_lanes(sp, ms)
+  local lanes, fks = {}, {}
+  for _, m in ipairs(ms) do
+    local bar = string.find(m, '|', 1, true)
+    local lane, fk = string.sub(m, 1, bar - 1), string.sub(m, bar + 1)
+    local ls = lanes[fk]
+    if not ls then
+      ls = {}
+      lanes[fk] = ls
+      fks[#fks + 1] = fk
+    end
+    ls[#ls + 1] = lane
+  end
+  local z, tf = {}, virtual_time(sp.f)
+  for i, fk in ipairs(fks) do
+    local lk = sp.our .. 'l:' .. fk
+    local t = virtual_time(lk)
+    local zl = {}
+    for j, lane in ipairs(lanes[fk]) do
+      zl[2 * j - 1], zl[2 * j] = t, lane
+    end
+    redis.call('ZADD', lk, 'NX', unpack(zl))
+    z[2 * i - 1], z[2 * i] = tf, fk
+  end
+  redis.call('ZADD', sp.f, 'NX', unpack(z))
 end
 
 local function due_firsts(scheduled, retry, cal)
@@ -62,11 +98,9 @@ local function forward_due(sp, scheduled, retry, counts, now, due)
   local first = first_score(sp.cal)
   if first and first <= now then
     first = nil
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', '0', '200')) do
-      redis.call('ZREM', sp.cal, m)
-      local bar = string.find(m, '|', 1, true)
-      activate_lane(sp, string.sub(m, bar + 1), string.sub(m, 1, bar - 1))
-    end
+    local ms = redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', '0', '200')
+    redis.call('ZREM', sp.cal, unpack(ms))
+    activate_lanes(sp, ms)
   end
   return {scheduled = firsts[1], retry = firsts[2], cal = first}
 end

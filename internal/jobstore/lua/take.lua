@@ -221,6 +221,9 @@ local went, went_lane = {}, {}
 -- partitions, writes none of these sets; and a sole key's or lane's score
 -- is not even read (s is then ZERO's, and never moved).
 local views = {[K_F] = false}
+-- cal_z: the lanes the take puts on the calendar, in one ZADD after the
+-- loop (nothing reads the calendar while it runs).
+local cal_z = false
 local ZERO = {0}
 -- before: a member of score sa and name ma comes before one of sb, mb in
 -- a sorted set (names compared as bytes, as Redis does).
@@ -233,6 +236,11 @@ local function before(sa, ma, sb, mb)
   return #ma < #mb
 end
 local function flush(key, v)
+  if v.rm then
+    redis.call('ZREM', key, unpack(v.rm))
+    v.rm = nil
+  end
+  if not v.dirty then return end
   local only
   if v.sole and #v.m == 1 then only = v.m[1] end
   local z = {}
@@ -252,7 +260,7 @@ local function view(key, vt)
   local v = views[key]
   if v then
     if v.m[1] or v.full then return v end
-    if v.dirty then flush(key, v) end
+    if v.dirty or v.rm then flush(key, v) end
   else
     if vt and not calls_live then
       -- A key's or a lane's score matters only against another's, so the
@@ -311,12 +319,23 @@ local function rescore(v, sc)
   end
   d[m] = sc
 end
--- drop_first: the first member leaves the set.
+-- drop_first: the first member leaves the set. The fairness keys' set
+-- loses its members in one ZREM, with its flush (below, or before it is
+-- read again), unless calls wait: they read the sets too.
 local function drop_first(key, v)
   local m = table.remove(v.m, 1)
   if v.s ~= ZERO then table.remove(v.s, 1) end
   if v.dirty then v.dirty[m] = nil end
-  redis.call('ZREM', key, m)
+  if key == K_F and not calls_live then
+    local rm = v.rm
+    if not rm then
+      rm = {}
+      v.rm = rm
+    end
+    rm[#rm + 1] = m
+  else
+    redis.call('ZREM', key, m)
+  end
 end
 -- flows: what the take has read of a flow, from its head, a few jobs per
 -- read (as many as the take may still give, and the one after); the jobs
@@ -407,7 +426,9 @@ while not stop and taken < max_jobs and steps < 2000 do
         -- Every partition of this lane is parked: calendar it.
         drop_first(lk, lv)
         if view(lk).m[1] == nil then drop_first(K_F, fv) end
-        redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
+        if not cal_z then cal_z = {} end
+        local c = #cal_z
+        cal_z[c + 1], cal_z[c + 2] = elig, lane .. '|' .. fk
         if firsts then firsts.cal = nil end
         break
       end
@@ -534,8 +555,9 @@ while not stop and taken < max_jobs and steps < 2000 do
 end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
 for key, v in pairs(views) do
-  if v and v.dirty then flush(key, v) end
+  if v and (v.dirty or v.rm) then flush(key, v) end
 end
+if cal_z then redis.call('ZADD', K_CAL, unpack(cal_z)) end
 local K_PK = P .. 'pk'
 if gone then redis.call('ZREM', K_PK, unpack(gone)) end
 if next(parked) then
