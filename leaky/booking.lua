@@ -79,13 +79,18 @@ local function leaky_open(keys, k, args, a, now, also, probe)
   -- reading either.
   local dkey, block = pre .. 'dyn', pre .. 'block'
   local dyn, shaper_dyn_read, shaper_dyn_interval, shaper_stated
-  local found
+  local found, own
   if probe then
     found = redis.call('EXISTS', dkey, block, unpack(probe))
+    own = found
+    -- (Where the probe's keys exist, as a calendar or a retry set may for
+    -- long, one more EXISTS spares the reads of what does not.)
+    if found > 0 then own = redis.call('EXISTS', dkey, block) end
   else
     found = redis.call('EXISTS', dkey, block)
+    own = found
   end
-  if found > 0 then
+  if own > 0 then
     shaper_dyn_read, shaper_dyn_interval, shaper_stated = leaky_dyn()
     dyn = shaper_dyn_read(dkey)
     b.blocked = tonumber(redis.call('HGET', block, 'until') or '0')
