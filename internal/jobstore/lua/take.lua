@@ -348,25 +348,35 @@ end
 -- of partition limits alone.
 local parked, gone = NONE, false
 if parted then parked = {} end
+--
+-- share: about as many jobs as the flow may give in this take, where
+-- other flows share it (max jobs where none does): a read asks for that
+-- many and the one after, not for the whole take's (every id read costs
+-- Redis its reply and Lua its string, used or not). A flow that gives more
+-- is read again, for at least twice as many.
 local flows = {}
-local function flow_head(g)
+local function flow_head(g, share)
   local fl = flows[g]
   if not fl then
-    -- From the head: the jobs up to max jobs, and the one after; the
-    -- first read of a take asks for ARGV[2]'s own string.
+    -- From the head: the jobs up to max jobs (or share), and the one
+    -- after; the first read of a take asks for ARGV[2]'s own string.
     local k = max_jobs - taken
     local hi = ARGV[2]
-    if taken > 0 then hi = k end
+    if share < k then
+      k, hi = share, share
+    elseif taken > 0 then
+      hi = k
+    end
     local key = G .. g
     local ids = redis.call('ZRANGE', key, '0', hi)
-    fl = {key = key, ids = ids, at = 1, rank = 0, more = #ids == k + 1}
+    fl = {key = key, ids = ids, at = 1, rank = 0, more = #ids == k + 1, n = k}
     flows[g] = fl
   elseif fl.more and fl.ids[fl.at + 1] == nil then
     -- The jobs taken are still in the flow, ahead of the rest.
     local from = fl.rank + fl.at - 1
-    local k = math.max(1, max_jobs - taken)
+    local k = math.min(math.max(1, max_jobs - taken), math.max(2 * fl.n, share))
     fl.ids = redis.call('ZRANGE', fl.key, from, from + k)
-    fl.rank, fl.at, fl.more = from, 1, #fl.ids == k + 1
+    fl.rank, fl.at, fl.more, fl.n = from, 1, #fl.ids == k + 1, k
   end
   return fl
 end
@@ -394,7 +404,7 @@ while not stop and taken < max_jobs and steps < 2000 do
   repeat
     local part, pl, pslot = nil, NONE, now
     if run then
-      fl = flow_head(g)
+      fl = flow_head(g, max_jobs)
     else
       fv = view(K_F, true)
       local k1 = fv.m[1]
@@ -435,8 +445,14 @@ while not stop and taken < max_jobs and steps < 2000 do
       if p1 ~= pk then
         pk, g = p1, lane .. '|' .. fk .. '|' .. p1
       end
-      -- The job and the one after it, which the flow's next chance needs.
-      fl = flow_head(g)
+      -- The job and the one after it, which the flow's next chance needs
+      -- (and the flow's share of the take, as the views count the keys,
+      -- the key's lanes and the lane's partitions).
+      local share = max_jobs
+      if not (fv.sole and lv.sole and rv.sole) then
+        share = math.ceil((max_jobs - taken) / (#fv.m * #lv.m * #rv.m))
+      end
+      fl = flow_head(g, share)
     end
     local id = fl.ids[fl.at]
     if id == nil then
