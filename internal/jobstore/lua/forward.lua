@@ -9,7 +9,8 @@
 --     and of the calendar per call: the rest comes due at the next take.
 --     Each set's first member is read before anything of it is moved, so a
 --     set with nothing due costs one read, and when none of the three
---     exists one EXISTS answers for all; firsts = {scheduled, retry, cal}
+--     exists one EXISTS answers for all (where the calendar alone does,
+--     it and the EXISTS answer for the due sets); firsts = {scheduled, retry, cal}
 --     holds each set's lowest score as it stands after the call (false:
 --     empty; nil: not known, because something of it moved, or, without
 --     due, it was not read), which the take needs for its answer.
@@ -69,16 +70,32 @@ end
 
 local function forward_due(sp, scheduled, retry, counts, now, due)
   local firsts = {}
+  -- cal1: the calendar's first score (false: empty) as read; nil: to be
+  -- read (below).
+  local cal1
   if due then
-    if redis.call('EXISTS', scheduled, retry, sp.cal) == 0 then
+    local n = redis.call('EXISTS', scheduled, retry, sp.cal)
+    if n == 0 then
       return {scheduled = false, retry = false, cal = false}
     end
+    -- The calendar is read first: where it is the one that exists (a
+    -- partitioned upstream's, whose lanes wait on it), the due sets,
+    -- empty, are not read.
+    cal1 = first_score(sp.cal)
+    if cal1 then n = n - 1 end
+    local sets = {scheduled, retry}
+    if n == 0 then
+      sets = {}
+      firsts[1], firsts[2] = false, false
+    end
     local now_s = now / 1000000
-    for z, set in ipairs({scheduled, retry}) do
+    for z, set in ipairs(sets) do
       local first = first_score(set)
       if first and first <= now_s then
         first = nil
         local ids = redis.call('ZRANGEBYSCORE', set, '-inf', now_s, 'LIMIT', '0', '200')
+        -- (A push may take its lane off the calendar: it is read after.)
+        cal1 = nil
         for _, id in ipairs(ids) do
           redis.call('ZREM', set, id)
           local f = redis.call('HMGET', sp.task .. id, 'sl', 'sf', 'sp', 'sq', 'sd')
@@ -94,8 +111,8 @@ local function forward_due(sp, scheduled, retry, counts, now, due)
       firsts[z] = first
     end
   end
-  -- (A push may have taken its lane off the calendar: read it after.)
-  local first = first_score(sp.cal)
+  local first = cal1
+  if first == nil then first = first_score(sp.cal) end
   if first and first <= now then
     first = nil
     local ms = redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', '0', '200')
