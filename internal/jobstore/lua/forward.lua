@@ -13,12 +13,15 @@
 --     it and the EXISTS answer for the due sets); firsts = {scheduled, retry, cal}
 --     holds each set's lowest score as it stands after the call (false:
 --     empty; nil: not known, because something of it moved, or, without
---     due, it was not read), which the take needs for its answer.
+--     due, it was not read), which the take needs for its answer, and
+--     seen, activate_lanes' (nil: no lane came back)
 --   due_firsts(scheduled, retry, cal) -> firsts as forward_due's, without
 --     moving anything
 --   first_score(key) -> the lowest score of a sorted set, false if empty
---   activate_lanes(sp, ms): activate_lane (flow.lua) for each calendar
---     entry LANE|FK of the list ms, taken off the calendar
+--   activate_lanes(sp, ms) -> seen: activate_lane (flow.lua) for each
+--     calendar entry LANE|FK of the list ms, taken off the calendar; seen
+--     maps each set (keys', a key's lanes) that was empty to the members
+--     it holds now, all at score 0 (forward_due's firsts.seen)
 local function first_score(key)
   local r = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   if #r == 0 then
@@ -47,10 +50,21 @@ local function activate_lanes(sp, ms)
     end
     ls[#ls + 1] = lane
   end
-  local z, tf = {}, virtual_time(sp.f)
+  -- seen: the sets that were empty, each -> the members it now holds, at
+  -- score 0 (so the take need not read them).
+  local seen = {}
+  local z, tf = {}, first_score(sp.f)
+  if not tf then
+    tf = 0
+    seen[sp.f] = fks
+  end
   for i, fk in ipairs(fks) do
     local lk = sp.our .. 'l:' .. fk
-    local t = virtual_time(lk)
+    local t = first_score(lk)
+    if not t then
+      t = 0
+      seen[lk] = lanes[fk]
+    end
     local zl = {}
     for j, lane in ipairs(lanes[fk]) do
       zl[2 * j - 1], zl[2 * j] = t, lane
@@ -59,6 +73,7 @@ local function activate_lanes(sp, ms)
     z[2 * i - 1], z[2 * i] = tf, fk
   end
   redis.call('ZADD', sp.f, 'NX', unpack(z))
+  return seen
 end
 
 local function due_firsts(scheduled, retry, cal)
@@ -111,13 +126,13 @@ local function forward_due(sp, scheduled, retry, counts, now, due)
       firsts[z] = first
     end
   end
-  local first = cal1
+  local first, seen = cal1, nil
   if first == nil then first = first_score(sp.cal) end
   if first and first <= now then
     first = nil
     local ms = redis.call('ZRANGEBYSCORE', sp.cal, '-inf', now, 'LIMIT', '0', '200')
     redis.call('ZREM', sp.cal, unpack(ms))
-    activate_lanes(sp, ms)
+    seen = activate_lanes(sp, ms)
   end
-  return {scheduled = firsts[1], retry = firsts[2], cal = first}
+  return {scheduled = firsts[1], retry = firsts[2], cal = first, seen = seen}
 end

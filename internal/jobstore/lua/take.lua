@@ -285,6 +285,20 @@ local function view(key, vt)
   if v.sole == nil then v.sole = #ms == 1 and not calls_live end
   return v
 end
+-- The sets the calendar's lanes came back to, where they were empty, hold
+-- what forward_due put in them: the take knows them without a read.
+if firsts and firsts.seen and not calls_live then
+  for key, ms in pairs(firsts.seen) do
+    if #ms == 1 then
+      views[key] = {m = {ms[1]}, s = ZERO, full = true, sole = true, vt = true, dirty = false}
+    elseif #ms < 16 then
+      table.sort(ms, function(x, y) return before(0, x, 0, y) end)
+      local ss = {}
+      for i = 1, #ms do ss[i] = 0 end
+      views[key] = {m = ms, s = ss, full = true, sole = false, vt = true, dirty = false}
+    end
+  end
+end
 -- rescore: the first member moves to score sc; past the members the view
 -- holds (and not full), it leaves the view, which stays the set's head. A
 -- sole member's new score is written only if it is a partition's and
