@@ -352,17 +352,16 @@ local function drop_first(key, v)
   end
 end
 -- flows: what the take has read of a flow, from its head, a few jobs per
--- read (as many as the take may still give, and the one after); the jobs
--- it takes leave the flow at the end of the take, all at once: they are
--- its first rank + at - 1 (nothing else writes a flow while the take
--- runs).
+-- read (as many as the take may still give, or the flow's share of it,
+-- see share below, and the one after); the jobs it takes leave the flow at
+-- the end of the take, all at once: they are its first rank + at - 1
+-- (nothing else writes a flow while the take runs).
 -- parked: the parks of flows (K_PK, read only by status) the take made,
 -- flow -> µs, written in one ZADD after the loop; a flow that empties
 -- leaves it (gone: flows to take out of K_PK, in one ZREM). Parks come
 -- of partition limits alone.
 local parked, gone = NONE, false
 if parted then parked = {} end
---
 -- share: about as many jobs as the flow may give in this take, where
 -- other flows share it (max jobs where none does): a read asks for that
 -- many and the one after, not for the whole take's (every id read costs
