@@ -33,8 +33,8 @@
 --     also reads the string keys named in the list also, in the same MGET
 --     as the limits' TATs, vals holding their values in order (false:
 --     none); and asks whether any key of the list probe exists in the same
---     EXISTS as the bucket's own: none is true when none of those exists
---     (nor the bucket's dyn hash or block), else the caller looks itself
+--     EXISTS as the bucket's own: none is true when none of those exists,
+--     else the caller looks itself
 --   leaky_limits(args, a) -> limits, a2: a partition's limits at args[a]
 --     (k, k × (id, interval, capacity, per µs, cost name))
 --   leaky_cost(l, costs) -> what a send of costs counts in limit l
@@ -79,13 +79,18 @@ local function leaky_open(keys, k, args, a, now, also, probe)
   -- reading either.
   local dkey, block = pre .. 'dyn', pre .. 'block'
   local dyn, shaper_dyn_read, shaper_dyn_interval, shaper_stated
-  local found
+  local found, own
   if probe then
     found = redis.call('EXISTS', dkey, block, unpack(probe))
+    own = found
+    -- (Where the probe's keys exist, as a calendar or a retry set may for
+    -- long, one more EXISTS spares the reads of what does not.)
+    if found > 0 then own = redis.call('EXISTS', dkey, block) end
   else
     found = redis.call('EXISTS', dkey, block)
+    own = found
   end
-  if found > 0 then
+  if own > 0 then
     shaper_dyn_read, shaper_dyn_interval, shaper_stated = leaky_dyn()
     dyn = shaper_dyn_read(dkey)
     b.blocked = tonumber(redis.call('HGET', block, 'until') or '0')
@@ -142,7 +147,7 @@ local function leaky_open(keys, k, args, a, now, also, probe)
   if b.conc > 0 then
     redis.call('ZREMRANGEBYSCORE', b.leases, '-inf', now)
   end
-  return b, a, got, found == 0
+  return b, a, got, found == own
 end
 
 local function leaky_limits(args, a)

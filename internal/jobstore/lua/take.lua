@@ -221,6 +221,9 @@ local went, went_lane = {}, {}
 -- partitions, writes none of these sets; and a sole key's or lane's score
 -- is not even read (s is then ZERO's, and never moved).
 local views = {[K_F] = false}
+-- cal_z: the lanes the take puts on the calendar, in one ZADD after the
+-- loop (nothing reads the calendar while it runs).
+local cal_z = false
 local ZERO = {0}
 -- before: a member of score sa and name ma comes before one of sb, mb in
 -- a sorted set (names compared as bytes, as Redis does).
@@ -233,6 +236,11 @@ local function before(sa, ma, sb, mb)
   return #ma < #mb
 end
 local function flush(key, v)
+  if v.rm then
+    redis.call('ZREM', key, unpack(v.rm))
+    v.rm = nil
+  end
+  if not v.dirty then return end
   local only
   if v.sole and #v.m == 1 then only = v.m[1] end
   local z = {}
@@ -252,7 +260,7 @@ local function view(key, vt)
   local v = views[key]
   if v then
     if v.m[1] or v.full then return v end
-    if v.dirty then flush(key, v) end
+    if v.dirty or v.rm then flush(key, v) end
   else
     if vt and not calls_live then
       -- A key's or a lane's score matters only against another's, so the
@@ -276,6 +284,20 @@ local function view(key, vt)
   v.m, v.s, v.full = ms, ss, #ms < 16
   if v.sole == nil then v.sole = #ms == 1 and not calls_live end
   return v
+end
+-- The sets the calendar's lanes came back to, where they were empty, hold
+-- what forward_due put in them: the take knows them without a read.
+if firsts and firsts.seen and not calls_live then
+  for key, ms in pairs(firsts.seen) do
+    if #ms == 1 then
+      views[key] = {m = {ms[1]}, s = ZERO, full = true, sole = true, vt = true, dirty = false}
+    elseif #ms < 16 then
+      table.sort(ms, function(x, y) return before(0, x, 0, y) end)
+      local ss = {}
+      for i = 1, #ms do ss[i] = 0 end
+      views[key] = {m = ms, s = ss, full = true, sole = false, vt = true, dirty = false}
+    end
+  end
 end
 -- rescore: the first member moves to score sc; past the members the view
 -- holds (and not full), it leaves the view, which stays the set's head. A
@@ -311,43 +333,63 @@ local function rescore(v, sc)
   end
   d[m] = sc
 end
--- drop_first: the first member leaves the set.
+-- drop_first: the first member leaves the set. The fairness keys' set
+-- loses its members in one ZREM, with its flush (below, or before it is
+-- read again), unless calls wait: they read the sets too.
 local function drop_first(key, v)
   local m = table.remove(v.m, 1)
   if v.s ~= ZERO then table.remove(v.s, 1) end
   if v.dirty then v.dirty[m] = nil end
-  redis.call('ZREM', key, m)
+  if key == K_F and not calls_live then
+    local rm = v.rm
+    if not rm then
+      rm = {}
+      v.rm = rm
+    end
+    rm[#rm + 1] = m
+  else
+    redis.call('ZREM', key, m)
+  end
 end
 -- flows: what the take has read of a flow, from its head, a few jobs per
--- read (as many as the take may still give, and the one after); the jobs
--- it takes leave the flow at the end of the take, all at once: they are
--- its first rank + at - 1 (nothing else writes a flow while the take
--- runs).
+-- read (as many as the take may still give, or the flow's share of it,
+-- see share below, and the one after); the jobs it takes leave the flow at
+-- the end of the take, all at once: they are its first rank + at - 1
+-- (nothing else writes a flow while the take runs).
 -- parked: the parks of flows (K_PK, read only by status) the take made,
 -- flow -> µs, written in one ZADD after the loop; a flow that empties
 -- leaves it (gone: flows to take out of K_PK, in one ZREM). Parks come
 -- of partition limits alone.
 local parked, gone = NONE, false
 if parted then parked = {} end
+-- share: about as many jobs as the flow may give in this take, where
+-- other flows share it (max jobs where none does): a read asks for that
+-- many and the one after, not for the whole take's (every id read costs
+-- Redis its reply and Lua its string, used or not). A flow that gives more
+-- is read again, for at least twice as many.
 local flows = {}
-local function flow_head(g)
+local function flow_head(g, share)
   local fl = flows[g]
   if not fl then
-    -- From the head: the jobs up to max jobs, and the one after; the
-    -- first read of a take asks for ARGV[2]'s own string.
+    -- From the head: the jobs up to max jobs (or share), and the one
+    -- after; the first read of a take asks for ARGV[2]'s own string.
     local k = max_jobs - taken
     local hi = ARGV[2]
-    if taken > 0 then hi = k end
+    if share < k then
+      k, hi = share, share
+    elseif taken > 0 then
+      hi = k
+    end
     local key = G .. g
     local ids = redis.call('ZRANGE', key, '0', hi)
-    fl = {key = key, ids = ids, at = 1, rank = 0, more = #ids == k + 1}
+    fl = {key = key, ids = ids, at = 1, rank = 0, more = #ids == k + 1, n = k}
     flows[g] = fl
   elseif fl.more and fl.ids[fl.at + 1] == nil then
     -- The jobs taken are still in the flow, ahead of the rest.
     local from = fl.rank + fl.at - 1
-    local k = math.max(1, max_jobs - taken)
+    local k = math.min(math.max(1, max_jobs - taken), math.max(2 * fl.n, share))
     fl.ids = redis.call('ZRANGE', fl.key, from, from + k)
-    fl.rank, fl.at, fl.more = from, 1, #fl.ids == k + 1
+    fl.rank, fl.at, fl.more, fl.n = from, 1, #fl.ids == k + 1, k
   end
   return fl
 end
@@ -375,7 +417,7 @@ while not stop and taken < max_jobs and steps < 2000 do
   repeat
     local part, pl, pslot = nil, NONE, now
     if run then
-      fl = flow_head(g)
+      fl = flow_head(g, max_jobs)
     else
       fv = view(K_F, true)
       local k1 = fv.m[1]
@@ -407,15 +449,23 @@ while not stop and taken < max_jobs and steps < 2000 do
         -- Every partition of this lane is parked: calendar it.
         drop_first(lk, lv)
         if view(lk).m[1] == nil then drop_first(K_F, fv) end
-        redis.call('ZADD', K_CAL, elig, lane .. '|' .. fk)
+        if not cal_z then cal_z = {} end
+        local c = #cal_z
+        cal_z[c + 1], cal_z[c + 2] = elig, lane .. '|' .. fk
         if firsts then firsts.cal = nil end
         break
       end
       if p1 ~= pk then
         pk, g = p1, lane .. '|' .. fk .. '|' .. p1
       end
-      -- The job and the one after it, which the flow's next chance needs.
-      fl = flow_head(g)
+      -- The job and the one after it, which the flow's next chance needs
+      -- (and the flow's share of the take, as the views count the keys,
+      -- the key's lanes and the lane's partitions).
+      local share = max_jobs
+      if not (fv.sole and lv.sole and rv.sole) then
+        share = math.ceil((max_jobs - taken) / (#fv.m * #lv.m * #rv.m))
+      end
+      fl = flow_head(g, share)
     end
     local id = fl.ids[fl.at]
     if id == nil then
@@ -534,8 +584,9 @@ while not stop and taken < max_jobs and steps < 2000 do
 end
 if not stop and taken < max_jobs and steps >= 2000 then more = true end
 for key, v in pairs(views) do
-  if v and v.dirty then flush(key, v) end
+  if v and (v.dirty or v.rm) then flush(key, v) end
 end
+if cal_z then redis.call('ZADD', K_CAL, unpack(cal_z)) end
 local K_PK = P .. 'pk'
 if gone then redis.call('ZREM', K_PK, unpack(gone)) end
 if next(parked) then
