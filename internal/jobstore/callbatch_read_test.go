@@ -3,7 +3,6 @@ package jobstore
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,21 +14,7 @@ import (
 // commandCounts is INFO commandstats: calls by command name.
 func commandCounts(t *testing.T) map[string]int64 {
 	t.Helper()
-	info, err := srv.Client(t).Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		v, _, _ := strings.Cut(rest, ",")
-		n, _ := strconv.ParseInt(v, 10, 64)
-		out[strings.TrimPrefix(name, "cmdstat_")] = n
-	}
-	return out
+	return srv.CommandCalls(t)
 }
 
 // TestCallBatchReadsBucketOnce: a batch of calls of one upstream, on one

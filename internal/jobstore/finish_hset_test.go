@@ -2,8 +2,6 @@ package jobstore_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,21 +18,7 @@ func commandCalls(t *testing.T, cmd string) int64 {
 // in lower case (INFO commandstats).
 func commandStats(t *testing.T) map[string]int64 {
 	t.Helper()
-	info, err := jobstore.RedisServer().Client(t).Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		v, _, _ := strings.Cut(rest, ",")
-		n, _ := strconv.ParseInt(v, 10, 64)
-		out[strings.TrimPrefix(name, "cmdstat_")] = n
-	}
-	return out
+	return jobstore.RedisServer().CommandCalls(t)
 }
 
 // A finished task's result is written in the HSET of its message and

@@ -386,3 +386,25 @@ func UsedMemory(tb testing.TB, rdb redis.UniversalClient) int64 {
 	tb.Fatal("no used_memory in INFO memory")
 	return 0
 }
+
+// CommandCalls is how many times s has run each command, by its name in
+// lower case, from INFO commandstats. Each call opens a connection of its
+// own, whose HELLO and INFO count among them.
+func (s *Server) CommandCalls(tb testing.TB) map[string]int64 {
+	tb.Helper()
+	info, err := s.Client(tb).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, ",")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}
