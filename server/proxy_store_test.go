@@ -36,6 +36,7 @@ func TestProxySlowRedisIsWaitedFor(t *testing.T) {
 	if resp, body := f.call("GET", "/proxy/api/v1/x", ""); resp.StatusCode != 200 {
 		t.Fatalf("before the pause: got %d %s, want 200", resp.StatusCode, body)
 	}
+	f.settled(1)
 	ctl := own.Client(t)
 	if err := ctl.Do(context.Background(), "CLIENT", "PAUSE", 700, "ALL").Err(); err != nil {
 		t.Fatal(err)

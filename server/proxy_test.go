@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shaperhq/shaper"
@@ -121,6 +122,26 @@ func newProxyFixtureOn(t *testing.T, rdb redis.UniversalClient, rec *recorder, t
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(hs.Close)
 	return &proxyFixture{t: t, rdb: rdb, up: rec, s: s, hs: hs, reg: reg}
+}
+
+// settled waits until serve has finished n calls to upstream api: a
+// call's answer reaches the caller before its handler has given its
+// slot's lease back, and a test that holds Redis next must not hold that
+// (nor the connection the handler still has).
+func (f *proxyFixture) settled(n int) {
+	f.t.Helper()
+	done := func() float64 {
+		var sum float64
+		for _, code := range []string{"200", "429", "503", "502"} {
+			sum += testutil.ToFloat64(f.s.m.ProxyCalls.WithLabelValues("api", code))
+		}
+		return sum
+	}
+	for end := time.Now().Add(10 * time.Second); done() < float64(n); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			f.t.Fatalf("serve finished %v of %d calls in 10 s", done(), n)
+		}
+	}
 }
 
 // call sends a proxied call with the shaper key unless headers carry
