@@ -10,9 +10,12 @@
 -- the lane with the lowest virtual start (by lane weight), within that the
 -- partition that can send earliest, within that the oldest job. The
 -- upstream's own slots are booked up to the lookahead ahead; a partition's
--- job is taken only once its partition can send now, so a partition never
--- holds the upstream idle. A lane whose every partition must wait goes on
--- the calendar until its earliest one can send.
+-- job is taken only once its partition can send by the upstream's own slot
+-- for it (now, or that later slot), so a partition never holds the
+-- upstream idle, and a partition whose limit is no tighter than the
+-- upstream's gives a take as many jobs as the upstream's. A lane whose
+-- every partition must wait past the upstream's next slot goes on the
+-- calendar until its earliest one can send.
 --
 -- KEYS[1] -> f
 -- KEYS[2..] -> the upstream bucket's keys (leaky.Bucket.BookingKeys)
@@ -445,8 +448,9 @@ while not stop and taken < max_jobs and steps < 2000 do
         if view(lk).m[1] == nil then drop_first(K_F, fv) end
         break
       end
-      if elig > now then
-        -- Every partition of this lane is parked: calendar it.
+      if elig > now and elig > leaky_earliest(bucket, NONE, now) then
+        -- Every partition of this lane is parked past the upstream's own
+        -- next slot: calendar it.
         drop_first(lk, lv)
         if view(lk).m[1] == nil then drop_first(K_F, fv) end
         if not cal_z then cal_z = {} end
@@ -506,10 +510,11 @@ while not stop and taken < max_jobs and steps < 2000 do
         pslot = leaky_partition_earliest(part, costs, now)
       end
     end
-    if pslot > now then
-      -- Not this partition's turn yet. It is taken when its slot comes,
-      -- not booked ahead: booking the upstream at a partition's later
-      -- slot would leave the upstream idle until then.
+    if pslot > now and pslot > su then
+      -- Not this partition's turn yet. It is taken when its slot comes
+      -- before the upstream's own (or with it), not booked ahead of it:
+      -- booking the upstream at a partition's later slot would leave the
+      -- upstream idle until then.
       rescore(rv, pslot)
       parked[g] = pslot
       parks = parks + 1
@@ -563,7 +568,9 @@ while not stop and taken < max_jobs and steps < 2000 do
         e = leaky_partition_earliest(part, nc, now)
       end
       rescore(rv, e)
-      if e > now then parked[g] = e end
+      -- (Parked: held past the upstream's own next slot, not only past
+      -- now.)
+      if e > now and e > leaky_earliest(bucket, NONE, now) then parked[g] = e end
       run = part == nil and fv.sole and lv.sole and rv.sole
     end
     -- To asynq's active state; the list, the leases and the counters are
