@@ -148,6 +148,10 @@ end
 
 local kept, final, missed = {}, {}, {}
 local processed, failed, retried, archiving = 0, 0, false, false
+-- left: partition -> jobs of it made final here, off its backlog in one
+-- ZINCRBY each after the loop (the -fair case finishes several of a
+-- partition in one call).
+local left = {}
 local n = 0
 for b = a + 1, #ARGV, stride do
   n = n + 1
@@ -213,9 +217,7 @@ for b = a + 1, #ARGV, stride do
     moved[1] = moved[1] - 1
     if outcome == 0 then
       processed = processed + 1
-      if partition ~= '' and tonumber(call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
-        call('ZREM', pbacklog, partition)
-      end
+      if partition ~= '' then left[partition] = (left[partition] or 0) + 1 end
       if unique ~= '' then
         local lock = KEYS[tonumber(unique)]
         if call('GET', lock) == id then
@@ -271,9 +273,7 @@ for b = a + 1, #ARGV, stride do
       end
       call('HDEL', task, 'sd')
       moved[5] = moved[5] + 1
-      if partition ~= '' and tonumber(call('ZINCRBY', pbacklog, '-1', partition)) <= 0 then
-        call('ZREM', pbacklog, partition)
-      end
+      if partition ~= '' then left[partition] = (left[partition] or 0) + 1 end
       processed = processed + 1
       failed = failed + 1
       final[#final + 1] = id
@@ -282,6 +282,13 @@ for b = a + 1, #ARGV, stride do
 end
 if #kept > 0 then
   call('ZADD', completed, unpack(kept))
+end
+for p, c in pairs(left) do
+  local by = '-1'
+  if c > 1 then by = string.format('%d', -c) end
+  if tonumber(call('ZINCRBY', pbacklog, by, p)) <= 0 then
+    call('ZREM', pbacklog, p)
+  end
 end
 
 -- Bounded by count as well as age: the oldest go, a bounded few per call
