@@ -75,7 +75,9 @@ else
   push(sp, id, lane, fk, pk, seq, now)
   count(KEYS[5], 'pending:' .. lane, 1)
   if KEYS[10] then
-    local parked = redis.call('ZSCORE', P .. 'r:' .. lane .. '|' .. fk, pk)
+    -- (Parked: its flow is in pk, as status counts it.)
+    local parked = false
+    if pk ~= '' then parked = redis.call('ZSCORE', P .. 'pk', lane .. '|' .. fk .. '|' .. pk) end
     if tonumber(redis.call('HGET', KEYS[9], 'until') or '0') > now or redis.call('EXISTS', KEYS[10]) == 1
         or (parked and tonumber(parked) > now) then
       out = 3

@@ -12,9 +12,12 @@
 local now = shaper_now(ARGV[1])
 local f = redis.call('HMGET', KEYS[1], 'state', 'sl', 'sf', 'sp', 'sd')
 local b = redis.call('HMGET', KEYS[2], 'until', 'reason')
+-- A partition is parked while its flow is in pk (what status counts):
+-- its own next slot alone may lie ahead with the partition not held back,
+-- when the upstream's next slot is later still.
 local parked = 0
-if f[1] == 'aggregating' and f[2] then
-  local sc = redis.call('ZSCORE', ARGV[2] .. 'r:' .. f[2] .. '|' .. (f[3] or ''), f[4] or '')
+if f[1] == 'aggregating' and f[2] and f[4] and f[4] ~= '' then
+  local sc = redis.call('ZSCORE', ARGV[2] .. 'pk', f[2] .. '|' .. (f[3] or '') .. '|' .. f[4])
   if sc then parked = tonumber(sc) end
 end
 return {now, f[1] or '', tonumber(b[1] or '0'), b[2] or '', redis.call('GET', KEYS[3]), parked, f[5] or ''}
