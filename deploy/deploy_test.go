@@ -33,6 +33,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/shaperhq/shaper/internal/cli"
+	"github.com/shaperhq/shaper/internal/testsupport"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 )
 
@@ -459,29 +460,11 @@ func families(t *testing.T, url string) map[string]string {
 	return out
 }
 
-// syncBuffer is a log both a command and the test touch.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // run starts a shaper command until ctx ends, and checks at cleanup that it
 // stopped cleanly.
-func run(t *testing.T, ctx context.Context, args ...string) *syncBuffer {
+func run(t *testing.T, ctx context.Context, args ...string) *testsupport.LockedBuffer {
 	t.Helper()
-	log := &syncBuffer{}
+	log := &testsupport.LockedBuffer{}
 	done := make(chan int, 1)
 	go func() { done <- cli.Main(ctx, append(args, "--log-level", "warn"), strings.NewReader(""), log, log) }()
 	t.Cleanup(func() {
@@ -519,7 +502,7 @@ func get(url string) error {
 	return nil
 }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, logs ...*syncBuffer) {
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, logs ...*testsupport.LockedBuffer) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !cond() {

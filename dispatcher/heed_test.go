@@ -15,6 +15,7 @@ import (
 
 	"github.com/shaperhq/shaper"
 	"github.com/shaperhq/shaper/fakeupstream"
+	"github.com/shaperhq/shaper/internal/testsupport"
 	"github.com/shaperhq/shaper/leaky"
 	"github.com/shaperhq/shaper/queue"
 )
@@ -149,24 +150,6 @@ func TestSettledCostsPaceByWhatWasUsed(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log sink safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestStatedLimitsSurviveAnswersThatStateNothing: a proxy's 502 or a CDN's
 // 429 states no policy; that must not drop the upstream's stated limit
 // fleet-wide, nor make the next answer that states it again warn and
@@ -174,7 +157,7 @@ func (l *lockedBuffer) String() string {
 func TestStatedLimitsSurviveAnswersThatStateNothing(t *testing.T) {
 	rdb := srv.Client(t)
 	rdb.FlushAll(t.Context())
-	var logs lockedBuffer
+	var logs testsupport.LockedBuffer
 	d, err := New(rdb, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Upstreams: []shaper.Upstream{
 		{Name: "api", BaseURL: "http://127.0.0.1:1", Limits: []leaky.Limit{leaky.PerSecond(100)}}}})
 	if err != nil {

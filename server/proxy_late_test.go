@@ -1,15 +1,14 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/shaperhq/shaper"
+	"github.com/shaperhq/shaper/internal/testsupport"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
 	"github.com/shaperhq/shaper/leaky"
 )
@@ -33,7 +32,7 @@ func TestProxyLateBookingIsGivenBack(t *testing.T) {
 		t.Skip("Redis held for half a second: runs in make test")
 	}
 	own := redistest.New(t)
-	logs := &lockedBuffer{}
+	logs := &testsupport.LockedBuffer{}
 	f := newProxyFixtureOn(t, serveClient(t, own), &recorder{}, func(u *shaper.Upstream) {
 		u.Limits = []leaky.Limit{{Rate: 1, Per: 700 * time.Millisecond}}
 		u.Concurrency = 1
@@ -66,24 +65,6 @@ func TestProxyLateBookingIsGivenBack(t *testing.T) {
 			t.Errorf("upstream got the late call at %v", s.at)
 		}
 	}
-}
-
-// lockedBuffer is a log's output that tests read while serve writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestProxyLateSlotGivesItsCostsBack: a call whose booking answer comes

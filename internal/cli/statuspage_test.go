@@ -11,29 +11,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/shaperhq/shaper/internal/testsupport"
 )
-
-// lockedBuffer is a bytes.Buffer that a running command writes while the
-// test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // chromium is the path of Debian's chromium; the full run fails without
 // it, since scripts/test.sh installs it.
@@ -82,8 +64,8 @@ func TestStatusPageInChromium(t *testing.T) {
 	rdb.FlushAll(context.Background())
 
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &lockedBuffer{}
-	errOut := &lockedBuffer{}
+	out := &testsupport.LockedBuffer{}
+	errOut := &testsupport.LockedBuffer{}
 	f := &Factory{In: strings.NewReader(""), Out: out, ErrOut: errOut, LookupEnv: func(string) (string, bool) { return "", false }}
 	done := make(chan int, 1)
 	go func() {

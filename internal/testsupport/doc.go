@@ -8,7 +8,9 @@
 //   - stall watches this process's scheduling stalls, so timing tests can
 //     say when the host, not the product, missed a bound;
 //   - apicheck holds every HTTP exchange a test makes to the published
-//     OpenAPI document.
+//     OpenAPI document;
+//   - this package itself has LockedBuffer, a log a running server or
+//     command writes while the test reads it.
 //
 // Nothing outside a _test.go file or a test-only package imports them.
 package testsupport
