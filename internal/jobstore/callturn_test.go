@@ -198,6 +198,40 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 		m.run(callers("a", 4), time.Second, 8*time.Second, step)
 		m.share("a", 0.25, 0.08)
 	})
+	// A's calls and b's jobs in one partition whose limit is the
+	// upstream's: the take books the partition's slots as far ahead as
+	// the upstream's, and a call whose partition can send by the
+	// upstream's own next slot takes its turn (it no longer waits for the
+	// partition to be free at once, which b's take never left it).
+	t.Run("in the jobs' partition", func(t *testing.T) {
+		p := u
+		p.PartitionLimits = []leaky.Limit{leaky.PerSecond(50)}
+		m := newCallSim(t, "fair-partition", p)
+		rdb := srv.Client(t)
+		for i := range 500 {
+			id := fmt.Sprintf("b-%04d", i)
+			msg := Message{Type: "http", ID: id, Queue: m.s.Queue}
+			e := Entry{ID: id, Lane: shaper.DefaultLane, FairKey: "b", Partition: "p", Msg: msg.Marshal()}
+			if c, err := m.s.enqueue(context.Background(), rdb, e, "", strconv.FormatInt(m.now, 10)); err != nil || c != 1 {
+				t.Fatalf("enqueue %s: %d %v", id, c, err)
+			}
+			m.jobsOf[id], m.laneOf[id] = "b", shaper.DefaultLane
+		}
+		m.booked = func(c *simCaller) (bool, time.Duration, time.Duration, bool) {
+			tn, err := m.s.BookCall(context.Background(), rdb, Call{Upstream: m.u, Bucket: m.b, FairKey: c.fk, Lane: c.lane, ID: c.id,
+				Partition: "p", PartitionLimits: m.u.PartitionLimits, Lookahead: 250 * time.Millisecond, Remaining: 30 * time.Second,
+				Now: func() time.Time { return time.UnixMicro(m.now) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tn.Slot == nil {
+				return false, 0, tn.Wait, tn.Refused
+			}
+			return true, tn.Slot.Delay, 0, false
+		}
+		m.run(callers("a", 4), time.Second, 8*time.Second, step)
+		m.share("a", 0.5, 0.08)
+	})
 	// A call's lane counts in its tenant's share as a job of that lane:
 	// a's calls in lane fast and its jobs in fast and bulk (equal
 	// weights) split a's half, fast (calls and jobs) and bulk alike, and

@@ -234,19 +234,22 @@ local over = leaky_partition_override(b, pk)
 if over then plim = over end
 if pk == '' then plim = NONE end
 
--- The partition's own limits first, as the take and ReserveIn do: a call
--- they hold back does not compete for the upstream's slots, so it leaves
--- no mark.
+-- The partition's own limits first, as the take does: a call they hold
+-- back past the upstream's own next slot for it does not compete for the
+-- upstream's slots, so it leaves no mark. One they hold back no further
+-- than that takes its turn as any call (the take books a partition's
+-- jobs up to the upstream's slots ahead: a call that waited for its
+-- partition to be free now would never get a turn beside them).
 local part = NO_PART
+local slot, why = leaky_earliest(b, costs, now)
 if #plim > 0 then
   part = leaky_partition(b, pk, plim, now)
   local pslot = leaky_partition_earliest(part, costs, now)
-  if pslot > now then
+  if pslot > now and pslot > slot then
     if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
     return {0, pslot - now, 4, 0, now}
   end
 end
-local slot, why = leaky_earliest(b, costs, now)
 local K_LN = P .. 'ln:' .. fk
 
 -- Alone with room: no key waits with jobs (f is empty) or with calls (cq
