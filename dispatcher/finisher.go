@@ -175,8 +175,11 @@ func (d *Dispatcher) store(u *upstream, batch []ending, workers *sync.WaitGroup)
 		}
 		d.m.RedisErrors.WithLabelValues("results").Inc()
 		if !unreachable(err) {
+			refused := func(e ending, err error) {
+				d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", e.f.ID, "err", err)
+			}
 			if len(batch) == 1 {
-				d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", batch[0].f.ID, "err", err)
+				refused(batch[0], err)
 				break
 			}
 			// One outcome Redis or the store refuses must not take the
@@ -187,7 +190,7 @@ func (d *Dispatcher) store(u *upstream, batch []ending, workers *sync.WaitGroup)
 				cancel()
 				if err != nil {
 					d.m.RedisErrors.WithLabelValues("results").Inc()
-					d.log.Error("could not record a job's outcome; when its lease runs out it is sent again", "upstream", name, "job", batch[i].f.ID, "err", err)
+					refused(batch[i], err)
 					continue
 				}
 				d.finished(u, batch[i:i+1], errs, tried)

@@ -28,10 +28,13 @@ type callSim struct {
 	laneOf map[string]string // job id -> lane
 	slots  map[string]int
 	// lanes counts the slots of each fairness key's lane, "fk/lane".
-	lanes  map[string]int
-	from   int64
-	to     int64
-	booked func(c *simCaller) (ok bool, delay, wait time.Duration, refused bool)
+	lanes map[string]int
+	from  int64
+	to    int64
+	// partition is the one the jobs enqueued and the calls booked are
+	// in ("" none).
+	partition string
+	booked    func(c *simCaller) (ok bool, delay, wait time.Duration, refused bool)
 }
 
 type simCaller struct {
@@ -63,6 +66,7 @@ func newCallSim(t *testing.T, name string, u shaper.Upstream) *callSim {
 	sim := &callSim{t: t, u: u, s: s, b: b, tk: tk, now: now, start: now, jobsOf: map[string]string{}, laneOf: map[string]string{}, slots: map[string]int{}, lanes: map[string]int{}}
 	sim.booked = func(c *simCaller) (bool, time.Duration, time.Duration, bool) {
 		tn, err := s.BookCall(context.Background(), rdb, Call{Upstream: u, Bucket: b, FairKey: c.fk, Lane: c.lane, ID: c.id,
+			Partition: sim.partition, PartitionLimits: u.PartitionLimits,
 			Lookahead: 250 * time.Millisecond, Remaining: 30 * time.Second,
 			Now: func() time.Time { return time.UnixMicro(sim.now) }})
 		if err != nil {
@@ -84,7 +88,7 @@ func (m *callSim) enqueueIn(fk, lane string, n int) {
 	for i := range n {
 		id := fmt.Sprintf("%s-%s-%04d", fk, lane, i)
 		msg := Message{Type: "http", ID: id, Queue: m.s.Queue}
-		e := Entry{ID: id, Lane: lane, FairKey: fk, Msg: msg.Marshal()}
+		e := Entry{ID: id, Lane: lane, FairKey: fk, Partition: m.partition, Msg: msg.Marshal()}
 		if c, err := m.s.enqueue(context.Background(), rdb, e, "", strconv.FormatInt(m.now, 10)); err != nil || c != 1 {
 			m.t.Fatalf("enqueue %s: %d %v", id, c, err)
 		}
@@ -207,28 +211,8 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 		p := u
 		p.PartitionLimits = []leaky.Limit{leaky.PerSecond(50)}
 		m := newCallSim(t, "fair-partition", p)
-		rdb := srv.Client(t)
-		for i := range 500 {
-			id := fmt.Sprintf("b-%04d", i)
-			msg := Message{Type: "http", ID: id, Queue: m.s.Queue}
-			e := Entry{ID: id, Lane: shaper.DefaultLane, FairKey: "b", Partition: "p", Msg: msg.Marshal()}
-			if c, err := m.s.enqueue(context.Background(), rdb, e, "", strconv.FormatInt(m.now, 10)); err != nil || c != 1 {
-				t.Fatalf("enqueue %s: %d %v", id, c, err)
-			}
-			m.jobsOf[id], m.laneOf[id] = "b", shaper.DefaultLane
-		}
-		m.booked = func(c *simCaller) (bool, time.Duration, time.Duration, bool) {
-			tn, err := m.s.BookCall(context.Background(), rdb, Call{Upstream: m.u, Bucket: m.b, FairKey: c.fk, Lane: c.lane, ID: c.id,
-				Partition: "p", PartitionLimits: m.u.PartitionLimits, Lookahead: 250 * time.Millisecond, Remaining: 30 * time.Second,
-				Now: func() time.Time { return time.UnixMicro(m.now) }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tn.Slot == nil {
-				return false, 0, tn.Wait, tn.Refused
-			}
-			return true, tn.Slot.Delay, 0, false
-		}
+		m.partition = "p"
+		m.enqueue("b", 500)
 		m.run(callers("a", 4), time.Second, 8*time.Second, step)
 		m.share("a", 0.5, 0.08)
 	})
