@@ -27,9 +27,35 @@ func TestProxyCallsInFairShare(t *testing.T) {
 		t.Skip("shaper serve and work replicas: multi-process, runs in make test")
 	}
 	t.Parallel()
-	const L = 50
+	testProxyCallsInFairShare(t, 0)
+}
+
+// TestProxyCallsInFairShareOfTightPartition: the same, with a's calls
+// (Shaper-Partition: p) and b's jobs in one partition whose limit, 25/s,
+// is tighter than the upstream's 50/s: each tenant gets half of the
+// partition's slots, the partition stays at its limit, and no window of a
+// second holds more than 25.
+func TestProxyCallsInFairShareOfTightPartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("shaper serve and work replicas: multi-process, runs in make test")
+	}
+	t.Parallel()
+	testProxyCallsInFairShare(t, 25)
+}
+
+// testProxyCallsInFairShare runs TestProxyCallsInFairShare, with calls
+// and jobs in partition p limited to partition per second when it is not
+// 0.
+func testProxyCallsInFairShare(t *testing.T, partition int64) {
+	L := int64(50)
 	const runFor = 8 * time.Second
 	e := newEnv(t, fakeupstream.Config{Algorithm: fakeupstream.SlidingLog, Rate: L, Per: time.Second}, redistest.Options{})
+	parts, part := "", ""
+	if partition > 0 {
+		parts = fmt.Sprintf("\n    partition_limits: [{rate: %d, per: 1s}]", partition)
+		part = "p"
+		L = partition
+	}
 	e.writeConfig(`
 redis: {url: "{{REDIS}}"}
 api:
@@ -38,12 +64,12 @@ api:
 upstreams:
   api:
     base_url: "{{UPSTREAM}}"
-    limits: [{rate: 50, per: 1s}]
+    limits: [{rate: 50, per: 1s}]` + parts + `
     headers: {Authorization: "Bearer upstream-key"}
     proxy: {max_wait: 10s}
 `)
 	e.enqueue(500, func(i int) *queue.Job {
-		return &queue.Job{Tenant: "b", Upstream: "api", Method: "POST", Path: "/v1/jobs/" + strconv.Itoa(i)}
+		return &queue.Job{Tenant: "b", Upstream: "api", Method: "POST", Path: "/v1/jobs/" + strconv.Itoa(i), Partition: part}
 	})
 	urls := []string{e.startServe("E2E_KEY=k-e2e"), e.startServe("E2E_KEY=k-e2e")}
 	for i := 0; i < 2; i++ {
@@ -64,6 +90,9 @@ upstreams:
 			for i := 0; time.Now().Before(stop); i++ {
 				req, _ := http.NewRequest("POST", fmt.Sprintf("%s/proxy/api/v1/calls/%d-%d", urls[(c+i)%2], c, i), strings.NewReader(`{}`))
 				req.Header.Set("Authorization", "Bearer k-e2e")
+				if part != "" {
+					req.Header.Set("Shaper-Partition", part)
+				}
 				resp, err := hc.Do(req)
 				if err != nil {
 					t.Error(err)
@@ -114,10 +143,10 @@ upstreams:
 	if share < 0.4 || share > 0.6 {
 		t.Errorf("tenant a's calls got %d of %d slots (%.0f%%), want 50%% ± 10%%", calls, calls+jobs, 100*share)
 	}
-	if want := 0.85 * L * (to - from).Seconds(); float64(calls+jobs) < want {
-		t.Errorf("the upstream received %d in %v, want at least %.0f (85%% of its limit)", calls+jobs, to-from, want)
+	if want := 0.85 * float64(L) * (to - from).Seconds(); float64(calls+jobs) < want {
+		t.Errorf("the upstream received %d in %v, want at least %.0f (85%% of the limit, %d/s)", calls+jobs, to-from, want, L)
 	}
-	if most > L || rep.Rejected > 0 {
+	if int64(most) > L || rep.Rejected > 0 {
 		t.Errorf("most in any second %d (limit %d), refused %d; want within the limit, none refused", most, L, rep.Rejected)
 	}
 	if len(codes) != 1 || codes[200] == 0 {

@@ -34,7 +34,12 @@ type callSim struct {
 	// partition is the one the jobs enqueued and the calls booked are
 	// in ("" none).
 	partition string
-	booked    func(c *simCaller) (ok bool, delay, wait time.Duration, refused bool)
+	// callsFirst: at each step the callers call before the take runs
+	// (else after it), as calls that come back for their slot the
+	// moment the take does would, on a proxy nearer Redis than the
+	// workers.
+	callsFirst bool
+	booked     func(c *simCaller) (ok bool, delay, wait time.Duration, refused bool)
 }
 
 type simCaller struct {
@@ -86,7 +91,7 @@ func (m *callSim) enqueueIn(fk, lane string, n int) {
 	m.t.Helper()
 	rdb := srv.Client(m.t)
 	for i := range n {
-		id := fmt.Sprintf("%s-%s-%04d", fk, lane, i)
+		id := fmt.Sprintf("%s-%s-%s%04d", fk, lane, m.partition, i)
 		msg := Message{Type: "http", ID: id, Queue: m.s.Queue}
 		e := Entry{ID: id, Lane: lane, FairKey: fk, Partition: m.partition, Msg: msg.Marshal()}
 		if c, err := m.s.enqueue(context.Background(), rdb, e, "", strconv.FormatInt(m.now, 10)); err != nil || c != 1 {
@@ -111,35 +116,53 @@ func (m *callSim) run(callers []*simCaller, from, to, step time.Duration) {
 	m.t.Helper()
 	m.from, m.to = m.start+from.Microseconds(), m.start+to.Microseconds()
 	for m.now < m.to {
-		tk, err := m.tk.take(context.Background(), 64, strconv.FormatInt(m.now, 10))
-		if err != nil {
-			m.t.Fatal(err)
+		if !m.callsFirst {
+			m.take()
 		}
-		for _, j := range tk.Jobs {
-			m.count(m.jobsOf[j.ID], m.laneOf[j.ID], m.now+j.Slot.Delay.Microseconds())
-		}
-		for _, c := range callers {
-			if c.slot != 0 && c.slot <= m.now {
-				c.slot = 0 // sent; it calls again
-				c.next = m.now
-			}
-			if c.slot != 0 || c.next > m.now {
-				continue
-			}
-			ok, delay, wait, refused := m.booked(c)
-			switch {
-			case ok:
-				c.slot = m.now + delay.Microseconds()
-				c.calls++
-				m.count(c.fk, c.lane, c.slot)
-			case refused:
-				c.refusals++
-				c.next = m.now + wait.Microseconds()
-			default:
-				c.next = m.now + max(wait.Microseconds(), 1)
-			}
+		m.call(callers)
+		if m.callsFirst {
+			m.take()
 		}
 		m.now += step.Microseconds()
+	}
+}
+
+// take runs the take at the clock's time, counting the slots of the jobs
+// it gives.
+func (m *callSim) take() {
+	m.t.Helper()
+	tk, err := m.tk.take(context.Background(), 64, strconv.FormatInt(m.now, 10))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	for _, j := range tk.Jobs {
+		m.count(m.jobsOf[j.ID], m.laneOf[j.ID], m.now+j.Slot.Delay.Microseconds())
+	}
+}
+
+// call lets each caller whose time came call, counting the slots booked.
+func (m *callSim) call(callers []*simCaller) {
+	m.t.Helper()
+	for _, c := range callers {
+		if c.slot != 0 && c.slot <= m.now {
+			c.slot = 0 // sent; it calls again
+			c.next = m.now
+		}
+		if c.slot != 0 || c.next > m.now {
+			continue
+		}
+		ok, delay, wait, refused := m.booked(c)
+		switch {
+		case ok:
+			c.slot = m.now + delay.Microseconds()
+			c.calls++
+			m.count(c.fk, c.lane, c.slot)
+		case refused:
+			c.refusals++
+			c.next = m.now + wait.Microseconds()
+		default:
+			c.next = m.now + max(wait.Microseconds(), 1)
+		}
 	}
 }
 
@@ -151,8 +174,15 @@ func callers(fk string, n int) []*simCaller {
 	return out
 }
 
-// share fails unless key a got its part of the slots counted, within tol.
+// share fails unless key a got its part of the slots counted, within tol,
+// and the upstream stayed at its limit: 50/s over the 7 s counted.
 func (m *callSim) share(a string, part, tol float64) {
+	m.t.Helper()
+	m.shareOf(a, part, tol, 340)
+}
+
+// shareOf is share where the slots counted must be at least least.
+func (m *callSim) shareOf(a string, part, tol float64, least int) {
 	m.t.Helper()
 	total := 0
 	for _, n := range m.slots {
@@ -160,8 +190,7 @@ func (m *callSim) share(a string, part, tol float64) {
 	}
 	got := float64(m.slots[a]) / float64(total)
 	m.t.Logf("%s got %d of %d slots (%.1f%%); all %v, by lane %v", a, m.slots[a], total, 100*got, m.slots, m.lanes)
-	// The upstream stays at its limit: 50/s over the 7 s counted.
-	if total < 340 || got < part-tol || got > part+tol {
+	if total < least || got < part-tol || got > part+tol {
 		m.t.Errorf("%s got %d of %d slots (%.0f%%), want %.0f%% ± %.0f%% (all: %v)", a, m.slots[a], total, 100*got, 100*part, 100*tol, m.slots)
 	}
 }
@@ -216,6 +245,58 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 		m.run(callers("a", 4), time.Second, 8*time.Second, step)
 		m.share("a", 0.5, 0.08)
 	})
+	// A's calls and b's jobs in one partition tighter than the upstream
+	// (25/s at 50/s): the partition, not the upstream, is what they share,
+	// and a call it holds marks the partition, so that the take leaves
+	// its next slot to the call while a is behind (it did not: a call
+	// got a slot only if it came back before the take, none of 155).
+	// Whether the calls come back for the partition's slot before the take
+	// does, or after.
+	for _, first := range []bool{false, true} {
+		t.Run(fmt.Sprintf("in a partition tighter than the upstream, calls first %v", first), func(t *testing.T) {
+			p := u
+			p.PartitionLimits = []leaky.Limit{leaky.PerSecond(25)}
+			m := newCallSim(t, "fair-tight", p)
+			m.partition, m.callsFirst = "p", first
+			m.enqueue("b", 500)
+			m.run(callers("a", 4), time.Second, 8*time.Second, step)
+			// (The partition's 25/s over 7 s, less what the clock's steps of
+			// 5 ms lose.)
+			m.shareOf("a", 0.5, 0.08, 150)
+		})
+	}
+	// The same, with b's jobs in a second partition too: a's calls wait
+	// for their partition, not for the upstream, so the take still sends
+	// b's jobs of the other one (the upstream stays at its limit), and a,
+	// whose calls only p can carry, gets p's slots while b is ahead of it
+	// (half the upstream's, as b's).
+	t.Run("in a tight partition beside another", func(t *testing.T) {
+		p := u
+		p.PartitionLimits = []leaky.Limit{leaky.PerSecond(25)}
+		m := newCallSim(t, "fair-tight-other", p)
+		m.partition = "q"
+		m.enqueue("b", 300)
+		m.partition = "p"
+		m.enqueue("b", 300)
+		m.run(callers("a", 4), time.Second, 8*time.Second, step)
+		// (Both partitions' 25/s over 7 s, less what the clock's steps
+		// lose: the upstream's 50/s.)
+		m.shareOf("a", 0.5, 0.08, 300)
+	})
+	// Two tenants' calls and a third's jobs in one tight partition: a call
+	// of a key ahead of one whose call waits for the partition leaves it
+	// the partition's slot, as the take does, so the 4 callers of a, the
+	// one of c and b's jobs get a third each (a's callers took all).
+	t.Run("two tenants' calls in a tight partition", func(t *testing.T) {
+		p := u
+		p.PartitionLimits = []leaky.Limit{leaky.PerSecond(25)}
+		m := newCallSim(t, "fair-tight-calls", p)
+		m.partition = "p"
+		m.enqueue("b", 300)
+		m.run(append(callers("a", 4), callers("c", 1)...), time.Second, 8*time.Second, step)
+		m.shareOf("a", 1.0/3, 0.08, 150)
+		m.shareOf("c", 1.0/3, 0.08, 150)
+	})
 	// A call's lane counts in its tenant's share as a job of that lane:
 	// a's calls in lane fast and its jobs in fast and bulk (equal
 	// weights) split a's half, fast (calls and jobs) and bulk alike, and
@@ -246,6 +327,44 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 			t.Errorf("a's lanes: fast (calls and jobs) %d, bulk %d; want them about even", fast, bulk)
 		}
 	})
+}
+
+// TestJobsShareATightPartition: two tenants' jobs in one partition
+// whose limit is tighter than the upstream's get half of its slots each.
+// Each take leaves the tenants' lanes on the calendar until the partition
+// can send; a key that left the rotation so comes back at the virtual
+// time it left with (kv), not level with whoever is there (a key alone,
+// or none), which gave every slot to the key whose name sorts first.
+func TestJobsShareATightPartition(t *testing.T) {
+	m := newCallSim(t, "fair-tight-jobs", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
+		PartitionLimits: []leaky.Limit{leaky.PerSecond(25)}})
+	m.partition = "p"
+	m.enqueue("b", 200)
+	m.enqueue("a", 200)
+	m.run(nil, time.Second, 5*time.Second, 5*time.Millisecond)
+	m.shareOf("a", 0.5, 0.08, 85)
+}
+
+// TestLeftPartitionCallsHoldNobody: callers whose partition held them
+// that stop coming back leave marks on the partition that lapse as a
+// key's do: within CallMark and a few of the partition's slots the take
+// gives every one of them to the jobs again.
+func TestLeftPartitionCallsHoldNobody(t *testing.T) {
+	m := newCallSim(t, "fair-left-tight", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
+		PartitionLimits: []leaky.Limit{leaky.PerSecond(25)}})
+	m.partition = "p"
+	m.enqueue("b", 300)
+	m.run(callers("a", 4), 0, 2*time.Second, 5*time.Millisecond)
+	if m.slots["a"] < 15 {
+		t.Fatalf("a's callers got %d slots in 2 s, want their share", m.slots["a"])
+	}
+	m.slots = map[string]int{}
+	const lapse = CallMark + 100*time.Millisecond
+	m.run(nil, 2*time.Second+lapse, 4*time.Second, 5*time.Millisecond)
+	// (The partition's 25/s, less what the clock's steps of 5 ms lose.)
+	if want := int(0.85 * 25 * (2*time.Second - lapse).Seconds()); m.slots["b"] < want || m.slots["a"] != 0 {
+		t.Errorf("after a's callers left: b got %d slots, a %d; want b at least %d, a none", m.slots["b"], m.slots["a"], want)
+	}
 }
 
 // TestLeftCallsHoldNobody: callers that stop coming back (their serve

@@ -79,7 +79,8 @@ var (
 func takeLibraries() []string {
 	return []string{gcra.LuaFunctions, leaky.BookingLua(), lua("count.lua"),
 		script.Lazy("take_forward", []string{"space", "forward_due", "due_firsts", "first_score"}, lua("flow.lua"), lua("forward.lua")),
-		script.Lazy("take_calls", []string{"call_keys", "call_ahead", "call_lane_first", "CALL_YIELD"}, lua("calls.lua"))}
+		script.Lazy("take_calls", []string{"call_keys", "call_parts", "call_ahead", "call_lane_first", "CALL_YIELD", "CALL_MARK"},
+			fmt.Sprintf("local CALL_MARK = %d", CallMark.Microseconds()), lua("calls.lua"))}
 }
 
 // The scripts of a taken task's end (finish, with the lease's extension and

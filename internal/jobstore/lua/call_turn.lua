@@ -22,6 +22,18 @@
 -- take's horizon and a margin, so that a call in its turn finds a slot
 -- the take has not booked): it never books far ahead, so a change of
 -- limits drains it as it drains jobs.
+-- A call whose partition is tighter than the upstream waits for its
+-- partition, not for the upstream: it marks the partition with its key
+-- (cpw: "PARTITION\nKEY" -> µs until the mark lapses; cpv: the same ->
+-- the key's virtual time), and not its key, so that the take leaves the
+-- partition's next slot to it while the job's key is ahead of the call's
+-- (take.lua), and holds no other partition's jobs back; a call of
+-- another key ahead of it in that partition leaves the slot to it too.
+-- After it books, a call whose partition will hold its key's next call
+-- so marks the partition, not the key. A key with neither jobs nor a
+-- mark starts level with the least-served key waiting, or, with none in
+-- the rotation, with the least of those whose lanes wait on the calendar
+-- (kv, take.lua).
 -- Since a waiting call has booked nothing, a key's waiting calls stand in
 -- a line (ln:FK: call id -> µs it joined; ld: FK|id -> µs its place
 -- lapses unless it comes back), so that a call knows the calls of its
@@ -165,19 +177,134 @@ local function book(b, part, over, slot, now, why, costs, lease)
   return out
 end
 
--- Keys a call alone with room found empty (f, cq, and each ln:FK), so
--- that the next such call of the batch asks only about the others: a
--- call that takes the full turn (which may write them) forgets them all.
-local f_empty, cq_empty, ln_empty = false, false, {}
+-- Keys a call alone with room found empty (f, cq, and each ln:FK; and,
+-- for a call in a limited partition, kv and cpw: keys whose jobs or
+-- calls wait for their partitions), so that the next such call of the
+-- batch asks only about the others: a call that takes the full turn
+-- (which may write them) forgets them all.
+local f_empty, cq_empty, ln_empty, pw_empty = false, false, {}, false
 local ask = {}
-local function none_exist(k_ln)
+local function none_exist(k_ln, parted)
   local k = 0
   if not f_empty then k = k + 1; ask[k] = K_F end
   if not cq_empty then k = k + 1; ask[k] = K_CQ end
   if not ln_empty[k_ln] then k = k + 1; ask[k] = k_ln end
+  if parted and not pw_empty then
+    k = k + 1; ask[k] = P .. 'kv'
+    k = k + 1; ask[k] = P .. 'cpw'
+  end
   if k > 0 and redis.call('EXISTS', unpack(ask, 1, k)) > 0 then return false end
   f_empty, cq_empty, ln_empty[k_ln] = true, true, true
+  if parted then pw_empty = true end
   return true
+end
+
+-- The marks' keys live a minute past the lookahead and the marks' lapse,
+-- and past the wait they were made for.
+local ttl = math.ceil((stale + la) / 1000) + 60000
+
+local K_CPW, K_CPV = P .. 'cpw', P .. 'cpv'
+-- Marks of calls whose replica stopped coming back (it died, or the
+-- caller left) lapse: keys' (cw, with their place in cq) and
+-- partitions' (cpw, with their virtual time in cpv).
+local function lapse(now)
+  local gone = redis.call('ZRANGEBYSCORE', K_CW, '-inf', now, 'LIMIT', 0, 64)
+  if #gone > 0 then
+    redis.call('ZREM', K_CW, unpack(gone))
+    redis.call('ZREM', K_CQ, unpack(gone))
+  end
+  gone = redis.call('ZRANGEBYSCORE', K_CPW, '-inf', now, 'LIMIT', 0, 64)
+  if #gone > 0 then
+    redis.call('ZREM', K_CPW, unpack(gone))
+    redis.call('ZREM', K_CPV, unpack(gone))
+  end
+end
+
+-- key_time: call key fk's virtual time s (below), having lapsed the
+-- marks; and what it read for it: its start in f (infs) and place in cq
+-- (live), if any, and the others waiting (the first members of f and cq
+-- but fk, key -> virtual time), the least of them, and the least of
+-- those with calls. pm: the call's member of the partitions' marks (nil
+-- when its partition is not limited).
+local function key_time(now, fk, pm)
+  lapse(now)
+  local others = {}
+  local least, least_call
+  local function read(key, jobs)
+    local r = redis.call('ZRANGE', key, 0, 15, 'WITHSCORES')
+    for i = 1, #r, 2 do
+      local k, sc = r[i], tonumber(r[i + 1])
+      if not jobs then
+        -- A key with jobs too is where its jobs are.
+        local js = redis.call('ZSCORE', K_F, k)
+        if js then sc = tonumber(js) end
+      end
+      if k ~= fk then
+        if others[k] == nil or sc < others[k] then others[k] = sc end
+        if least == nil or sc < least then least = sc end
+        if not jobs and (least_call == nil or sc < least_call) then least_call = sc end
+      end
+    end
+  end
+  read(K_F, true)
+  read(K_CQ, false)
+  local infs = redis.call('ZSCORE', K_F, fk)
+  local live = redis.call('ZSCORE', K_CQ, fk)
+  local pv = pm and redis.call('ZSCORE', K_CPV, pm)
+  local s
+  if infs then
+    s = tonumber(infs)
+  elseif live or pv then
+    -- Its calls wait still (for the upstream, or for their partition):
+    -- its place holds (the later of the two).
+    s = tonumber(live or pv)
+    if live and pv and tonumber(pv) > s then s = tonumber(pv) end
+  elseif least then
+    s = least
+  else
+    -- Nobody waits in the rotation: level with the least of the keys
+    -- whose lanes wait on the calendar for their partitions (kv, whose
+    -- virtual times they come back at), else 0.
+    local r = redis.call('ZRANGE', P .. 'kv', 0, 0, 'WITHSCORES')
+    s = tonumber(r[2] or '0')
+  end
+  -- A key is never more than two of its sends ahead of the least-served
+  -- one: the gate of turn keeps it within one while others wait, so a
+  -- lead beyond is service while nobody else waited, or virtual times
+  -- that started again (the take's restart at 0 when no key waits): no
+  -- penalty.
+  local q = 1 / weight(fk)
+  if least and s > least + 2 * q then s = least + 2 * q end
+  return s, infs, live, others, least, least_call
+end
+
+-- part_mark: the partition's mark of a key (pm, "PARTITION\nKEY") at
+-- virtual time s, until µs, for a call that comes back in wait µs.
+local function part_mark(pm, s, until_, wait)
+  -- (The next call of the batch alone with room asks again.)
+  pw_empty = false
+  redis.call('ZADD', K_CPW, 'GT', until_, pm)
+  redis.call('ZADD', K_CPV, s, pm)
+  local pttl = ttl + math.ceil(wait / 1000)
+  redis.call('PEXPIRE', K_CPW, pttl)
+  redis.call('PEXPIRE', K_CPV, pttl)
+end
+
+-- part_behind: some key but fk whose calls wait for partition pk (their
+-- marks live at now) is at a virtual time before t.
+local function part_behind(pk, fk, t, now)
+  local ms = redis.call('ZRANGEBYSCORE', K_CPW, '(' .. shaper_int(now), '+inf', 'LIMIT', 0, 64)
+  local pre = pk .. '\n'
+  local mine = pre .. fk
+  local ask = {}
+  for _, m in ipairs(ms) do
+    if m ~= mine and string.sub(m, 1, #pre) == pre then ask[#ask + 1] = m end
+  end
+  if #ask == 0 then return false end
+  for _, v in ipairs(redis.call('ZMSCORE', K_CPV, unpack(ask))) do
+    if v and tonumber(v) < t - 1e-9 then return true end
+  end
+  return false
 end
 
 -- Where the next call's arguments start, once a turn has read its own.
@@ -236,17 +363,29 @@ if pk == '' then plim = NONE end
 
 -- The partition's own limits first, as the take does: a call they hold
 -- back past the upstream's own next slot for it does not compete for the
--- upstream's slots, so it leaves no mark. One they hold back no further
+-- upstream's slots, so it leaves no key's mark, but its partition's (cpw,
+-- cpv): it waits for the partition's slots, beside the jobs and calls of
+-- other keys that wait for them. One they hold back no further
 -- than that takes its turn as any call (the take books a partition's
 -- jobs up to the upstream's slots ahead: a call that waited for its
 -- partition to be free now would never get a turn beside them).
 local part = NO_PART
 local slot, why = leaky_earliest(b, costs, now)
+-- pm: the call's member of the partitions' marks (cpw, cpv), where its
+-- partition is limited.
+local pm
 if #plim > 0 then
   part = leaky_partition(b, pk, plim, now)
+  pm = pk .. '\n' .. fk
   local pslot = leaky_partition_earliest(part, costs, now)
   if pslot > now and pslot > slot then
     if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
+    -- It waits for its partition, not for the upstream: it marks the
+    -- partition (with its key's virtual time), so that the take leaves
+    -- the partition's next slot to it while its key is behind the jobs'
+    -- (take.lua), and holds no other partition's jobs back.
+    local s = key_time(now, fk, pm)
+    part_mark(pm, s, pslot + stale, pslot - now)
     return {0, pslot - now, 4, 0, now}
   end
 end
@@ -262,11 +401,11 @@ local K_LN = P .. 'ln:' .. fk
 -- contention, even with nobody marked yet (callers that each hold a
 -- booked slot): that takes the way below, which marks it, so that keys
 -- take turns.
-if slot - now < ROOM and none_exist(K_LN) and
+if slot - now < ROOM and none_exist(K_LN, pm ~= nil) and
     (lease == '' or not leaky_lease_wait(b, lease, now)) then
   return book(b, part, over, slot, now, why, costs, lease)
 end
-f_empty, cq_empty = false, false
+f_empty, cq_empty, pw_empty = false, false, false
 if next(ln_empty) then ln_empty = {} end
 
 -- One send's spacing at the bucket's pace of requests (or of this call's
@@ -306,53 +445,8 @@ if inline > remaining then
   return {0, inline - remaining, why, 1, now}
 end
 
--- Marks of calls whose replica stopped coming back (it died, or the
--- caller left) lapse.
-local gone = redis.call('ZRANGEBYSCORE', K_CW, '-inf', now, 'LIMIT', 0, 64)
-if #gone > 0 then
-  redis.call('ZREM', K_CW, unpack(gone))
-  redis.call('ZREM', K_CQ, unpack(gone))
-end
-
--- The others waiting: the first members of f and cq but fk.
-local others = {}
-local least, least_call
-local function read(key, jobs)
-  local r = redis.call('ZRANGE', key, 0, 15, 'WITHSCORES')
-  for i = 1, #r, 2 do
-    local k, sc = r[i], tonumber(r[i + 1])
-    if not jobs then
-      -- A key with jobs too is where its jobs are.
-      local js = redis.call('ZSCORE', K_F, k)
-      if js then sc = tonumber(js) end
-    end
-    if k ~= fk then
-      if others[k] == nil or sc < others[k] then others[k] = sc end
-      if least == nil or sc < least then least = sc end
-      if not jobs and (least_call == nil or sc < least_call) then least_call = sc end
-    end
-  end
-end
-read(K_F, true)
-read(K_CQ, false)
-local infs = redis.call('ZSCORE', K_F, fk)
-local s
-local live = redis.call('ZSCORE', K_CQ, fk)
+local s, infs, live, others, least, least_call = key_time(now, fk, pm)
 local q = 1 / weight(fk)
-if infs then
-  s = tonumber(infs)
-elseif live then
-  -- Its calls wait still: its place holds.
-  s = tonumber(live)
-else
-  s = least or 0
-end
--- A key is never more than two of its sends ahead of the least-served
--- one: the gate below keeps it within one while others wait, so a lead
--- beyond is service while nobody else waited, or virtual times that
--- started again (the take's restart at 0 when no key waits): no penalty.
-if least and s > least + 2 * q then s = least + 2 * q end
-local ttl = math.ceil((stale + la) / 1000) + 60000
 -- reply: the call comes back in wait µs, its key marked as waiting until
 -- then and stale µs more.
 local K_CL = P .. 'cl:' .. fk
@@ -373,6 +467,24 @@ local function reply(wait, reason)
   redis.call('PEXPIRE', K_LN, pttl)
   redis.call('PEXPIRE', K_LD, pttl)
   return {0, wait, reason, 0, now}
+end
+
+-- Ahead of a key whose calls wait for this call's partition: the
+-- partition's slot is that call's (it comes back for it now), and this
+-- one waits for the partition's next, as a call its partition holds.
+if pm and part_behind(pk, fk, s - q, now) then
+  local wait = ROOM
+  for j, l in ipairs(plim) do
+    local c = 1
+    if l.cost ~= '' then c = costs[l.cost] or 0 end
+    if l.interval * c > wait then wait = l.interval * c end
+  end
+  if slot - now + wait > remaining then
+    leave()
+    return {0, slot - now + wait - remaining, 4, 1, now}
+  end
+  part_mark(pm, s, now + wait + stale, wait)
+  return {0, wait, 4, 0, now}
 end
 
 -- Ahead of a key whose calls wait, or (unless the upstream has a slot
@@ -429,13 +541,26 @@ end
 -- with jobs or calls, and none of its own calls stands in line: then its
 -- mark goes, so that its next call is alone with room (above) again.
 s = ns
-if slot - now < ROOM and not infs and next(others) == nil and redis.call('EXISTS', K_LN) == 0 then
+local alone = slot - now < ROOM and not infs and next(others) == nil and redis.call('EXISTS', K_LN) == 0
+if alone then
   redis.call('ZREM', K_CQ, fk)
   redis.call('ZREM', K_CW, fk)
+elseif infs then
+  redis.call('PEXPIRE', K_CV, 600000)
+end
+if pm and leaky_partition_earliest(part, costs, now) > math.max(now, leaky_earliest(b, costs, now)) then
+  -- Its partition, now booked, holds the key's next call past the
+  -- upstream's own next slot: that call will wait for the partition,
+  -- so the mark is the partition's (a key's mark would hold every
+  -- partition's jobs back while it is behind), with the key's virtual
+  -- time, which keys whose jobs or calls wait for the partition compare
+  -- theirs with. Its place in cq, if it has one still, moves with it.
+  part_mark(pm, s, slot + stale, 0)
+  if live and not alone then redis.call('ZADD', K_CQ, 'XX', s, fk) end
   return out
 end
+if alone then return out end
 marks(slot + stale, ttl)
-if infs then redis.call('PEXPIRE', K_CV, 600000) end
 return out
 end
 

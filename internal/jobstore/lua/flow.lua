@@ -10,7 +10,14 @@
 --     in the rotation at the current virtual time, off the calendar: a set's
 --     virtual time is its lowest score (that of the member that goes next;
 --     0 for an empty set), so a member that comes back goes level with the
---     one that would go next (see take.lua)
+--     one that would go next (see take.lua); but a key whose lanes waited
+--     on the calendar comes back at the time it left with (key_start)
+--   key_start(sp, fks, tf) -> the virtual times at which keys fks join f,
+--     whose virtual time is tf (nil: f is empty): each key's at tf, but a
+--     key kept in kv (it left the rotation with its lanes on the calendar,
+--     take.lua) at the time it left with, within two sends of tf, so
+--     that waiting for its partitions loses it its place no more than it
+--     gives it the service others had meanwhile; kv forgets them
 --   push(sp, id, lane, fk, pk, seq, t) puts job id into its flow
 --     LANE|FK|PK at FIFO place seq (its partition ready at t, µs, unless it
 --     already waits) as asynq's aggregating task
@@ -27,6 +34,25 @@ local function virtual_time(key)
   return tonumber(r[2])
 end
 
+local function key_start(sp, fks, tf)
+  local kv = sp.our .. 'kv'
+  local out = {}
+  local kept = {}
+  if redis.call('EXISTS', kv) == 1 then
+    kept = redis.call('ZMSCORE', kv, unpack(fks))
+    redis.call('ZREM', kv, unpack(fks))
+  end
+  for i = 1, #fks do
+    local t = tf or 0
+    if kept[i] then
+      t = tonumber(kept[i])
+      if tf then t = math.min(math.max(t, tf - 2), tf + 2) end
+    end
+    out[i] = t
+  end
+  return out
+end
+
 local function activate_lane(sp, fk, lane)
   local lk = sp.our .. 'l:' .. fk
   if redis.call('ZSCORE', lk, lane) == false then
@@ -34,7 +60,10 @@ local function activate_lane(sp, fk, lane)
     redis.call('ZREM', sp.cal, lane .. '|' .. fk)
   end
   if redis.call('ZSCORE', sp.f, fk) == false then
-    redis.call('ZADD', sp.f, virtual_time(sp.f), fk)
+    local r = redis.call('ZRANGE', sp.f, 0, 0, 'WITHSCORES')
+    local tf
+    if #r > 0 then tf = tonumber(r[2]) end
+    redis.call('ZADD', sp.f, key_start(sp, {fk}, tf)[1], fk)
   end
 end
 

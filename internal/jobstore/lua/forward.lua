@@ -20,8 +20,9 @@
 --   first_score(key) -> the lowest score of a sorted set, false if empty
 --   activate_lanes(sp, ms) -> seen: activate_lane (flow.lua) for each
 --     calendar entry LANE|FK of the list ms, taken off the calendar; seen
---     maps each set (keys', a key's lanes) that was empty to the members
---     it holds now, all at score 0 (forward_due's firsts.seen)
+--     maps each key's lanes' set that was empty to the members it holds
+--     now, all at score 0 (forward_due's firsts.seen); the keys come back
+--     at key_start's times (flow.lua)
 local function first_score(key)
   local r = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   if #r == 0 then
@@ -50,14 +51,11 @@ local function activate_lanes(sp, ms)
     end
     ls[#ls + 1] = lane
   end
-  -- seen: the sets that were empty, each -> the members it now holds, at
-  -- score 0 (so the take need not read them).
+  -- seen: the lanes' sets that were empty, each -> the members it now
+  -- holds, at score 0 (so the take need not read them).
   local seen = {}
   local z, tf = {}, first_score(sp.f)
-  if not tf then
-    tf = 0
-    seen[sp.f] = fks
-  end
+  local ts = key_start(sp, fks, tf or nil)
   for i, fk in ipairs(fks) do
     local lk = sp.our .. 'l:' .. fk
     local t = first_score(lk)
@@ -70,7 +68,7 @@ local function activate_lanes(sp, ms)
       zl[2 * j - 1], zl[2 * j] = t, lane
     end
     redis.call('ZADD', lk, 'NX', unpack(zl))
-    z[2 * i - 1], z[2 * i] = tf, fk
+    z[2 * i - 1], z[2 * i] = ts[i], fk
   end
   redis.call('ZADD', sp.f, 'NX', unpack(z))
   return seen

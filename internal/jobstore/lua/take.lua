@@ -62,7 +62,18 @@
 -- A job whose key is more than one of its sends ahead of a key whose
 -- proxied calls wait (call_turn.lua), or whose lane is not behind the lane
 -- of a call of its own key that waits, is not taken: the take stops, with
--- a wait of CALL_YIELD, and the call books the slot (calls.lua).
+-- a wait of CALL_YIELD, and the call books the slot (calls.lua). A job
+-- whose key is more than one send ahead of a key whose calls wait for the
+-- job's partition (a partition mark, cpw) is not taken either, but only
+-- its partition is held for the call, until after the call's send (its
+-- score in r: moves there; the take goes on with other partitions).
+--
+-- A key whose last lane goes on the calendar leaves f; its virtual start
+-- is kept in kv, which it comes back at (flow.lua's key_start), so that
+-- keys whose lanes wait on the calendar by turns (their jobs share a
+-- partition tighter than the upstream) keep their order. Where partitions
+-- are limited, a key's virtual start is therefore read and written even
+-- while it is the only key in f.
 --
 -- What a take costs Redis is mostly its calls (a few thousand instructions
 -- each, more for a number Redis must format: constant strings are passed
@@ -93,7 +104,7 @@ local horizon = now + tonumber(ARGV[3])
 -- state: quiet, none of them exists (the common case), and the take does
 -- nothing of calls, due jobs or the calendar.
 local K_CW, K_CAL, K_SCHED, K_RETRY = P .. 'cw', P .. 'cal', A .. 'scheduled', A .. 'retry'
-local bucket, a, marks, quiet = leaky_open(KEYS, 2, ARGV, 8, now, {A .. 'paused'}, {K_CW, K_SCHED, K_RETRY, K_CAL})
+local bucket, a, marks, quiet = leaky_open(KEYS, 2, ARGV, 8, now, {A .. 'paused'}, {K_CW, K_SCHED, K_RETRY, K_CAL, P .. 'cpw'})
 -- (Read only: every job without costs, every table of weights or limits
 -- not given, shares it.)
 local NONE = {}
@@ -129,12 +140,16 @@ if ARGV[a] then
 end
 
 -- Proxied calls waiting their turn (call_turn.lua, which says what cq
--- and cw hold): keys with calls waiting and no jobs, by virtual time.
-local calls, calls_live = NONE, false
-local call_keys, call_ahead, call_lane_first, CALL_YIELD
+-- and cw hold): keys with calls waiting and no jobs, by virtual time;
+-- and (call_parts) the partitions that calls wait for, with their keys'
+-- virtual times (cpw, cpv).
+local calls, calls_live, call_parts_of = NONE, false, nil
+local call_keys, call_parts, call_ahead, call_lane_first, CALL_YIELD, CALL_MARK
 if not quiet then
-  call_keys, call_ahead, call_lane_first, CALL_YIELD = take_calls()
+  call_keys, call_parts, call_ahead, call_lane_first, CALL_YIELD, CALL_MARK = take_calls()
   calls, calls_live = call_keys(P, K_F, now)
+  call_parts_of = call_parts(P, now)
+  if call_parts_of then calls_live = true end
 end
 
 -- by_name: some limit counts a cost by name, so a job's costs are read.
@@ -227,6 +242,9 @@ local views = {[K_F] = false}
 -- cal_z: the lanes the take puts on the calendar, in one ZADD after the
 -- loop (nothing reads the calendar while it runs).
 local cal_z = false
+-- kv_z: the virtual times of the keys that left the rotation with their
+-- lanes on the calendar, in one ZADD after the loop.
+local kv_z = false
 local ZERO = {0}
 -- before: a member of score sa and name ma comes before one of sb, mb in
 -- a sorted set (names compared as bytes, as Redis does).
@@ -265,10 +283,12 @@ local function view(key, vt)
     if v.m[1] or v.full then return v end
     if v.dirty or v.rm then flush(key, v) end
   else
-    if vt and not calls_live then
+    if vt and not calls_live and not (parted and key == K_F) then
       -- A key's or a lane's score matters only against another's, so the
       -- first read asks for two names and no scores (Redis formats each
-      -- score, and Lua parses it back).
+      -- score, and Lua parses it back). (Where partitions are limited, a
+      -- key's is kept for it while its lanes wait on the calendar: read,
+      -- and moved, always.)
       local ms = redis.call('ZRANGE', key, '0', '1')
       if #ms < 2 then
         v = {m = ms, s = ZERO, full = true, sole = #ms == 1, vt = true, dirty = false}
@@ -285,7 +305,7 @@ local function view(key, vt)
     ms[i / 2], ss[i / 2] = r[i - 1], tonumber(r[i])
   end
   v.m, v.s, v.full = ms, ss, #ms < 16
-  if v.sole == nil then v.sole = #ms == 1 and not calls_live end
+  if v.sole == nil then v.sole = #ms == 1 and not calls_live and not (parted and key == K_F) end
   return v
 end
 -- The sets the calendar's lanes came back to, where they were empty, hold
@@ -410,6 +430,38 @@ if calls_live then
     return t and tonumber(t)
   end
 end
+-- jm: the marks the take leaves on a partition a call waits for, for a
+-- key whose jobs wait for it too ("PARTITION\nKEY" -> {until µs, the
+-- key's virtual time}), as a call's (call_turn.lua): a call of a key
+-- ahead of it leaves it the partition's slot, though the take may come
+-- for the slot after the call. Written once, after the loop.
+local jm = false
+local function job_mark(pk, fk, vt, until_)
+  if not jm then jm = {} end
+  jm[pk .. '\n' .. fk] = {until_, vt}
+end
+-- call_behind: some other key than fk, of the calls that wait for a
+-- partition (cs), is more than q behind fk's virtual time s.
+-- after_one: when partition part could send again after one request
+-- sent at its own slot pslot.
+local call_behind, after_one
+if call_parts_of then
+  call_behind = function(cs, fk, s, q)
+    for _, c in ipairs(cs) do
+      if c[1] ~= fk and s > c[2] + q + 1e-9 then return true end
+    end
+    return false
+  end
+  after_one = function(part, pslot, now)
+    local e, lim = now, part.lim
+    for j = 1, #lim do
+      local l = lim[j]
+      local at = gcra_earliest(gcra_take(part.tat[j], math.max(pslot, now), l.interval, 1), now, l.interval, l.capacity, 1)
+      if at > e then e = at end
+    end
+    return e
+  end
+end
 -- What the last job went by: its key, lane, partition and flow, their
 -- views and sets' keys (the common case meets the same ones job after
 -- job); run: the next job of the flow may go by them unlooked (see above).
@@ -452,7 +504,14 @@ while not stop and taken < max_jobs and steps < 2000 do
         -- Every partition of this lane is parked past the upstream's own
         -- next slot: calendar it.
         drop_first(lk, lv)
-        if view(lk).m[1] == nil then drop_first(K_F, fv) end
+        if view(lk).m[1] == nil then
+          -- The key's last lane: it leaves the rotation, and its virtual
+          -- time is kept (kv) until a lane of it comes back (flow.lua).
+          drop_first(K_F, fv)
+          if not kv_z then kv_z = {} end
+          local c = #kv_z
+          kv_z[c + 1], kv_z[c + 2] = s1, fk
+        end
         if not cal_z then cal_z = {} end
         local c = #cal_z
         cal_z[c + 1], cal_z[c + 2] = elig, lane .. '|' .. fk
@@ -517,9 +576,26 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- upstream idle until then.
       rescore(rv, pslot)
       parked[g] = pslot
+      if call_parts_of and call_parts_of[pk] then job_mark(pk, fk, s1, pslot + CALL_MARK) end
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
       break
+    end
+    if part and call_parts_of and call_parts_of[pk] and
+        call_behind(call_parts_of[pk], fk, s1, 1 / (weights[fk] or 1)) then
+      -- A call of a key this one is ahead of waits for this partition:
+      -- the partition's next slot is the call's, and its jobs wait until
+      -- the one after (unless the partition has room for both by the
+      -- upstream's own slot).
+      local h = after_one(part, pslot, now)
+      if h > now and h > su then
+        rescore(rv, h)
+        parked[g] = h
+        job_mark(pk, fk, s1, h + CALL_MARK)
+        parks = parks + 1
+        if parks >= 200 then stop, more = true, true end
+        break
+      end
     end
     if bucket.conc > 0 then
       local lw = leaky_lease_wait(bucket, id, now)
@@ -542,7 +618,12 @@ while not stop and taken < max_jobs and steps < 2000 do
     local slot = su
     if pslot > slot then slot = pslot end
     leaky_book(bucket, slot, costs, id)
-    if part then leaky_partition_book(part, slot, costs) end
+    if part then
+      leaky_partition_book(part, slot, costs)
+      if call_parts_of and call_parts_of[pk] then
+        job_mark(pk, fk, s1 + 1 / (weights[fk] or 1), math.max(slot, leaky_partition_earliest(part, NONE, now)) + CALL_MARK)
+      end
+    end
     -- The job leaves its flow for asynq's active list (the flow's ZREM
     -- comes after the loop).
     local at = fl.at + 1
@@ -594,6 +675,29 @@ for key, v in pairs(views) do
   if v and (v.dirty or v.rm) then flush(key, v) end
 end
 if cal_z then redis.call('ZADD', K_CAL, unpack(cal_z)) end
+if jm then
+  local zw, zv = {}, {}
+  for m, e in pairs(jm) do
+    zw[#zw + 1], zw[#zw + 2] = string.format('%d', e[1]), m
+    zv[#zv + 1], zv[#zv + 2] = e[2], m
+  end
+  local K_CPW, K_CPV = P .. 'cpw', P .. 'cpv'
+  redis.call('ZADD', K_CPW, 'GT', unpack(zw))
+  redis.call('ZADD', K_CPV, unpack(zv))
+  local pttl = math.ceil((horizon - now + CALL_MARK) / 1000) + 60000
+  redis.call('PEXPIRE', K_CPW, pttl)
+  redis.call('PEXPIRE', K_CPV, pttl)
+end
+if kv_z then
+  local K_KV = P .. 'kv'
+  redis.call('ZADD', K_KV, unpack(kv_z))
+  -- (Kept as long as the calendar's entries may wait: a day past them.)
+  local last = 0
+  for i = 1, #cal_z, 2 do
+    if cal_z[i] > last then last = cal_z[i] end
+  end
+  redis.call('PEXPIRE', K_KV, math.ceil((last - now) / 1000) + 86400000)
+end
 local K_PK = P .. 'pk'
 if gone then redis.call('ZREM', K_PK, unpack(gone)) end
 if next(parked) then
