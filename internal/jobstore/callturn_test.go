@@ -345,6 +345,25 @@ func TestJobsShareATightPartition(t *testing.T) {
 	m.shareOf("a", 0.5, 0.08, 85)
 }
 
+// TestLanesShareATightPartition: a tenant's lanes whose jobs share one
+// tight partition divide its slots by lane weight (fast 3, bulk 1), as
+// keys do above: a lane back from the calendar comes in at the virtual
+// time it left with (kl). Before, bulk, whose name sorts first, got every
+// slot (89 of 89).
+func TestLanesShareATightPartition(t *testing.T) {
+	m := newCallSim(t, "fair-tight-lanes", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
+		PartitionLimits: []leaky.Limit{leaky.PerSecond(25)}, Lanes: map[string]int{"default": 1, "fast": 3, "bulk": 1}})
+	m.partition = "p"
+	m.enqueueIn("a", "fast", 200)
+	m.enqueueIn("a", "bulk", 200)
+	m.run(nil, time.Second, 5*time.Second, 5*time.Millisecond)
+	fast, bulk := m.lanes["a/fast"], m.lanes["a/bulk"]
+	t.Logf("fast %d, bulk %d", fast, bulk)
+	if share := float64(fast) / float64(fast+bulk); fast+bulk < 85 || share < 0.67 || share > 0.83 {
+		t.Errorf("fast got %d and bulk %d of the partition's slots, want fast 75%% ± 8%% of at least 85", fast, bulk)
+	}
+}
+
 // TestLeftPartitionCallsHoldNobody: callers whose partition held them
 // that stop coming back leave marks on the partition that lapse as a
 // key's do: within CallMark and a few of the partition's slots the take

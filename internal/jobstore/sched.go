@@ -468,12 +468,13 @@ func (t *Taker) build() (*takeArgs, error) {
 			return nil, fmt.Errorf("partition_overrides[%s]: %w", p, err)
 		}
 	}
-	// weighted appends the weights other than 1 (others weigh 1) and says
-	// how many.
-	weighted := func(m map[string]int) int {
+	// weighted appends the weights other than 1 (others weigh 1), or all
+	// of them (all: the take keeps lanes' virtual times, see take.lua),
+	// and says how many.
+	weighted := func(m map[string]int, all bool) int {
 		var ks []string
 		for _, k := range sortedKeys(m) {
-			if max(m[k], 1) != 1 {
+			if all || max(m[k], 1) != 1 {
 				ks = append(ks, k)
 			}
 		}
@@ -483,7 +484,7 @@ func (t *Taker) build() (*takeArgs, error) {
 		}
 		return len(ks)
 	}
-	nw, nl := weighted(u.Fairness.Weights), weighted(u.Lanes)
+	nw, nl := weighted(u.Fairness.Weights, false), weighted(u.Lanes, len(u.Lanes) > 1)
 	if len(u.PartitionLimits) > 0 || len(names) > 0 || nw > 0 || nl > 0 {
 		f = append(f, opt...)
 	}

@@ -10,14 +10,17 @@
 --     in the rotation at the current virtual time, off the calendar: a set's
 --     virtual time is its lowest score (that of the member that goes next;
 --     0 for an empty set), so a member that comes back goes level with the
---     one that would go next (see take.lua); but a key whose lanes waited
---     on the calendar comes back at the time it left with (key_start)
---   key_start(sp, fks, tf) -> the virtual times at which keys fks join f,
---     whose virtual time is tf (nil: f is empty): each key's at tf, but a
---     key kept in kv (it left the rotation with its lanes on the calendar,
---     take.lua) at the time it left with, within two sends of tf, so
---     that waiting for its partitions loses it its place no more than it
---     gives it the service others had meanwhile; kv forgets them
+--     one that would go next (see take.lua); but a key or lane that
+--     waited on the calendar comes back at the time it left with
+--     (kept_start)
+--   kept_start(sp, kept, ms, t0) -> the virtual times at which members ms
+--     join a set (f, or a key's lanes) whose virtual time is t0 (nil:
+--     it is empty): each at t0, but a member kept in the sorted set
+--     named kept (kv: keys, kl: lanes LANE|FK, which left with their
+--     lanes, or themselves, on the calendar: take.lua) at the time it
+--     left with, within two sends of t0, so that waiting for its
+--     partitions loses it its place no more than it gives it the service
+--     others had meanwhile; kept forgets them
 --   push(sp, id, lane, fk, pk, seq, t) puts job id into its flow
 --     LANE|FK|PK at FIFO place seq (its partition ready at t, µs, unless it
 --     already waits) as asynq's aggregating task
@@ -28,42 +31,40 @@ local function space(our, group, task, v, f, cal, groups)
   return {our = our, group = group, task = task, v = v, f = f, cal = cal, groups = groups}
 end
 
-local function virtual_time(key)
-  local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if #r == 0 then return 0 end
-  return tonumber(r[2])
-end
-
-local function key_start(sp, fks, tf)
-  local kv = sp.our .. 'kv'
+local function kept_start(sp, kept, ms, t0)
+  local k = sp.our .. kept
   local out = {}
-  local kept = {}
-  if redis.call('EXISTS', kv) == 1 then
-    kept = redis.call('ZMSCORE', kv, unpack(fks))
-    redis.call('ZREM', kv, unpack(fks))
+  local was = {}
+  if redis.call('EXISTS', k) == 1 then
+    was = redis.call('ZMSCORE', k, unpack(ms))
+    redis.call('ZREM', k, unpack(ms))
   end
-  for i = 1, #fks do
-    local t = tf or 0
-    if kept[i] then
-      t = tonumber(kept[i])
-      if tf then t = math.min(math.max(t, tf - 2), tf + 2) end
+  for i = 1, #ms do
+    local t = t0 or 0
+    if was[i] then
+      t = tonumber(was[i])
+      if t0 then t = math.min(math.max(t, t0 - 2), t0 + 2) end
     end
     out[i] = t
   end
   return out
 end
 
+-- The lowest score of set key, nil when it is empty.
+local function lowest(key)
+  local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #r == 0 then return nil end
+  return tonumber(r[2])
+end
+
 local function activate_lane(sp, fk, lane)
   local lk = sp.our .. 'l:' .. fk
   if redis.call('ZSCORE', lk, lane) == false then
-    redis.call('ZADD', lk, virtual_time(lk), lane)
+    redis.call('ZADD', lk, kept_start(sp, 'kl', {lane .. '|' .. fk}, lowest(lk))[1], lane)
     redis.call('ZREM', sp.cal, lane .. '|' .. fk)
   end
   if redis.call('ZSCORE', sp.f, fk) == false then
-    local r = redis.call('ZRANGE', sp.f, 0, 0, 'WITHSCORES')
-    local tf
-    if #r > 0 then tf = tonumber(r[2]) end
-    redis.call('ZADD', sp.f, key_start(sp, {fk}, tf)[1], fk)
+    redis.call('ZADD', sp.f, kept_start(sp, 'kv', {fk}, lowest(sp.f))[1], fk)
   end
 end
 

@@ -21,8 +21,9 @@
 --   activate_lanes(sp, ms) -> seen: activate_lane (flow.lua) for each
 --     calendar entry LANE|FK of the list ms, taken off the calendar; seen
 --     maps each key's lanes' set that was empty to the members it holds
---     now, all at score 0 (forward_due's firsts.seen); the keys come back
---     at key_start's times (flow.lua)
+--     now, all at score 0 (forward_due's firsts.seen; a set whose lanes
+--     come back at other times is not in it); keys and lanes come back at
+--     kept_start's times (flow.lua)
 local function first_score(key)
   local r = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   if #r == 0 then
@@ -55,18 +56,21 @@ local function activate_lanes(sp, ms)
   -- holds, at score 0 (so the take need not read them).
   local seen = {}
   local z, tf = {}, first_score(sp.f)
-  local ts = key_start(sp, fks, tf or nil)
+  local ts = kept_start(sp, 'kv', fks, tf or nil)
   for i, fk in ipairs(fks) do
     local lk = sp.our .. 'l:' .. fk
     local t = first_score(lk)
-    if not t then
-      t = 0
-      seen[lk] = lanes[fk]
-    end
+    local ls = lanes[fk]
+    local cm = {}
+    for j, lane in ipairs(ls) do cm[j] = lane .. '|' .. fk end
+    local tl = kept_start(sp, 'kl', cm, t or nil)
     local zl = {}
-    for j, lane in ipairs(lanes[fk]) do
-      zl[2 * j - 1], zl[2 * j] = t, lane
+    local zero = true
+    for j, lane in ipairs(ls) do
+      zl[2 * j - 1], zl[2 * j] = tl[j], lane
+      if tl[j] ~= 0 then zero = false end
     end
+    if not t and zero then seen[lk] = ls end
     redis.call('ZADD', lk, 'NX', unpack(zl))
     z[2 * i - 1], z[2 * i] = ts[i], fk
   end

@@ -38,7 +38,8 @@
 --    one of them is empty (then ARGV ends there), the partition limits
 --    (leaky.Bucket.PartitionArgs), then o, o × (partition, its limits as
 --    PartitionArgs): overrides; then w, w × (fairness key, weight); then
---    x, x × (lane, weight): weights other than 1
+--    x, x × (lane, weight): weights other than 1, or every lane's where
+--    the upstream has more than one
 --
 -- (Every KEYS or ARGV element costs Redis about as much as a small
 -- command's share of a call, so what the take can name from a prefix, or
@@ -69,11 +70,12 @@
 -- score in r: moves there; the take goes on with other partitions).
 --
 -- A key whose last lane goes on the calendar leaves f; its virtual start
--- is kept in kv, which it comes back at (flow.lua's key_start), so that
+-- is kept in kv, which it comes back at (flow.lua's kept_start), so that
 -- keys whose lanes wait on the calendar by turns (their jobs share a
--- partition tighter than the upstream) keep their order. Where partitions
--- are limited, a key's virtual start is therefore read and written even
--- while it is the only key in f.
+-- partition tighter than the upstream) keep their order; and so is a
+-- lane's, in kl, where the upstream has more than one lane. Where
+-- partitions are limited, a key's virtual start (and a lane's, so) is
+-- therefore read and written even while it is the only one in its set.
 --
 -- What a take costs Redis is mostly its calls (a few thousand instructions
 -- each, more for a number Redis must format: constant strings are passed
@@ -109,6 +111,10 @@ local bucket, a, marks, quiet = leaky_open(KEYS, 2, ARGV, 8, now, {A .. 'paused'
 -- not given, shares it.)
 local NONE = {}
 local plimits, overrides, weights, lweights = NONE, NONE, NONE, NONE
+-- lanes_kept: partitions are limited and the upstream has lanes (more
+-- than one is passed): a lane's virtual start is kept while it waits on
+-- the calendar, as its key's is (see below).
+local lanes_kept = false
 local parted = bucket.pov ~= ''
 if ARGV[a] then
   plimits, a = leaky_limits(ARGV, a)
@@ -131,6 +137,7 @@ if ARGV[a] then
   end
   a = a + 1 + 2 * nw
   local nl = tonumber(ARGV[a])
+  lanes_kept = parted and nl > 1
   if nl > 0 then
     lweights = {}
     for i = 1, nl do
@@ -245,6 +252,8 @@ local cal_z = false
 -- kv_z: the virtual times of the keys that left the rotation with their
 -- lanes on the calendar, in one ZADD after the loop.
 local kv_z = false
+-- kl_z: the same for lanes (member LANE|FK, as on the calendar).
+local kl_z = false
 local ZERO = {0}
 -- before: a member of score sa and name ma comes before one of sb, mb in
 -- a sorted set (names compared as bytes, as Redis does).
@@ -277,13 +286,19 @@ local function flush(key, v)
   if #z > 0 then redis.call('ZADD', key, 'XX', unpack(z)) end
   v.dirty = false
 end
+-- keeps: a virtual-time set (the keys', or a key's lanes') whose scores
+-- are kept for its members while they wait on the calendar (kv, kl):
+-- read, and moved, even while it holds one member.
+local function keeps(key)
+  return parted and (key == K_F or lanes_kept)
+end
 local function view(key, vt)
   local v = views[key]
   if v then
     if v.m[1] or v.full then return v end
     if v.dirty or v.rm then flush(key, v) end
   else
-    if vt and not calls_live and not (parted and key == K_F) then
+    if vt and not calls_live and not keeps(key) then
       -- A key's or a lane's score matters only against another's, so the
       -- first read asks for two names and no scores (Redis formats each
       -- score, and Lua parses it back). (Where partitions are limited, a
@@ -305,12 +320,12 @@ local function view(key, vt)
     ms[i / 2], ss[i / 2] = r[i - 1], tonumber(r[i])
   end
   v.m, v.s, v.full = ms, ss, #ms < 16
-  if v.sole == nil then v.sole = #ms == 1 and not calls_live and not (parted and key == K_F) end
+  if v.sole == nil then v.sole = #ms == 1 and not calls_live and not (vt and keeps(key)) end
   return v
 end
 -- The sets the calendar's lanes came back to, where they were empty, hold
 -- what forward_due put in them: the take knows them without a read.
-if firsts and firsts.seen and not calls_live then
+if firsts and firsts.seen and not calls_live and not lanes_kept then
   for key, ms in pairs(firsts.seen) do
     if #ms == 1 then
       views[key] = {m = {ms[1]}, s = ZERO, full = true, sole = true, vt = true, dirty = false}
@@ -502,8 +517,13 @@ while not stop and taken < max_jobs and steps < 2000 do
       end
       if elig > now and elig > leaky_earliest(bucket, NONE, now) then
         -- Every partition of this lane is parked past the upstream's own
-        -- next slot: calendar it.
+        -- next slot: calendar it (its virtual start kept in kl).
         drop_first(lk, lv)
+        if lanes_kept then
+          if not kl_z then kl_z = {} end
+          local c = #kl_z
+          kl_z[c + 1], kl_z[c + 2] = s2, lane .. '|' .. fk
+        end
         if view(lk).m[1] == nil then
           -- The key's last lane: it leaves the rotation, and its virtual
           -- time is kept (kv) until a lane of it comes back (flow.lua).
@@ -688,15 +708,19 @@ if jm then
   redis.call('PEXPIRE', K_CPW, pttl)
   redis.call('PEXPIRE', K_CPV, pttl)
 end
-if kv_z then
-  local K_KV = P .. 'kv'
-  redis.call('ZADD', K_KV, unpack(kv_z))
+if kv_z or kl_z then
   -- (Kept as long as the calendar's entries may wait: a day past them.)
   local last = 0
   for i = 1, #cal_z, 2 do
     if cal_z[i] > last then last = cal_z[i] end
   end
-  redis.call('PEXPIRE', K_KV, math.ceil((last - now) / 1000) + 86400000)
+  local pttl = math.ceil((last - now) / 1000) + 86400000
+  for k, z in pairs({kv = kv_z, kl = kl_z}) do
+    if z then
+      redis.call('ZADD', P .. k, unpack(z))
+      redis.call('PEXPIRE', P .. k, pttl)
+    end
+  end
 end
 local K_PK = P .. 'pk'
 if gone then redis.call('ZREM', K_PK, unpack(gone)) end
