@@ -32,7 +32,7 @@ func (s Space) callKeys() []string {
 	return []string{s.fKey(), s.callQueueKey(), s.callMarkKey(), s.callTimeKey()}
 }
 
-var callTurnScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), tokenbucket.AdmitLua(), lua("call_turn.lua"))
+var callTurnScript = script.New(gcra.LuaFunctions, leaky.BookingLua(), tokenbucket.AdmitLua(), lua("partmarks.lua"), lua("call_turn.lua"))
 
 // ReasonTurn: a call's fairness key is ahead of another key that waits,
 // by more than one of its sends; it comes back when the others had theirs.

@@ -364,6 +364,47 @@ func TestLanesShareATightPartition(t *testing.T) {
 	}
 }
 
+// TestNewcomersInATightPartition: a key that had a tight partition to
+// itself for 10 s (its virtual time far ahead) and a key that comes then
+// take turns in it: the newcomer starts level with it, not at the
+// rotation's 0 (which gave the newcomer every slot, 89 of 89, until it
+// caught up: 9 s), whether each waits with jobs or with calls.
+func TestNewcomersInATightPartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fourteen simulated seconds of takes and calls, three times: runs in make test")
+	}
+	tight := shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)}, PartitionLimits: []leaky.Limit{leaky.PerSecond(25)}}
+	step := 5 * time.Millisecond
+	for _, tc := range []struct {
+		name             string
+		first, newcomers string // "jobs" or "calls"
+	}{
+		{"jobs after jobs", "jobs", "jobs"},
+		{"calls after calls", "calls", "calls"},
+		{"jobs after calls", "calls", "jobs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newCallSim(t, "fair-newcomer", tight)
+			m.partition = "p"
+			var cs []*simCaller
+			if tc.first == "jobs" {
+				m.enqueue("c", 600)
+			} else {
+				cs = callers("c", 1)
+			}
+			m.run(cs, 0, 10*time.Second, step)
+			m.slots = map[string]int{}
+			if tc.newcomers == "jobs" {
+				m.enqueue("a", 300)
+			} else {
+				cs = append(cs, callers("a", 1)...)
+			}
+			m.run(cs, 10*time.Second, 14*time.Second, step)
+			m.shareOf("a", 0.5, 0.1, 80)
+		})
+	}
+}
+
 // TestLeftPartitionCallsHoldNobody: callers whose partition held them
 // that stop coming back leave marks on the partition that lapse as a
 // key's do: within CallMark and a few of the partition's slots the take
@@ -383,6 +424,15 @@ func TestLeftPartitionCallsHoldNobody(t *testing.T) {
 	// (The partition's 25/s, less what the clock's steps of 5 ms lose.)
 	if want := int(0.85 * 25 * (2*time.Second - lapse).Seconds()); m.slots["b"] < want || m.slots["a"] != 0 {
 		t.Errorf("after a's callers left: b got %d slots, a %d; want b at least %d, a none", m.slots["b"], m.slots["a"], want)
+	}
+	// And no mark lives on: the take's marks for b's jobs beside the
+	// calls are not renewed once no call waits.
+	rdb := srv.Client(t)
+	for _, k := range []string{"cpw", "jpw"} {
+		live, err := rdb.ZCount(context.Background(), m.s.our+k, fmt.Sprintf("(%d", m.now), "+inf").Result()
+		if err != nil || live != 0 {
+			t.Errorf("%s: %d marks live 2 s after the callers left (%v), want none", k, live, err)
+		}
 	}
 }
 
@@ -405,4 +455,26 @@ func TestLeftCallsHoldNobody(t *testing.T) {
 	if want := int(0.95 * 50 * (2*time.Second - lapse).Seconds()); want < 60 || m.slots["b"] < want || m.slots["a"] != 0 {
 		t.Errorf("after a's callers left: b got %d slots, a %d; want b at least %d, a none", m.slots["b"], m.slots["a"], want)
 	}
+}
+
+// TestTightPartitionCallsGetTheirShare: a's 4 callers in partition p,
+// whose limit (10/s) is a fifth of the upstream's (50/s), and b's jobs in
+// five other partitions as tight, which alone could fill the upstream: a,
+// behind b, gets what its partition can carry (10/s, a's share being
+// more), b the rest, and the upstream stays at its limit. The take leaves
+// the upstream's slot at the time a held call comes back (before, it
+// booked the upstream's slots out to its horizon, and a got 27 of 343).
+func TestTightPartitionCallsGetTheirShare(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seven simulated seconds of takes and calls: runs in make test")
+	}
+	m := newCallSim(t, "fair-tight-share", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
+		PartitionLimits: []leaky.Limit{leaky.PerSecond(10)}})
+	for _, q := range []string{"q1", "q2", "q3", "q4", "q5"} {
+		m.partition = q
+		m.enqueue("b", 120)
+	}
+	m.partition = "p"
+	m.run(callers("a", 4), time.Second, 8*time.Second, 5*time.Millisecond)
+	m.shareOf("a", 0.2, 0.05, 320)
 }

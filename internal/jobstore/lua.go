@@ -79,8 +79,9 @@ var (
 func takeLibraries() []string {
 	return []string{gcra.LuaFunctions, leaky.BookingLua(), lua("count.lua"),
 		script.Lazy("take_forward", []string{"space", "forward_due", "due_firsts", "first_score"}, lua("flow.lua"), lua("forward.lua")),
-		script.Lazy("take_calls", []string{"call_keys", "call_parts", "call_ahead", "call_lane_first", "CALL_YIELD", "CALL_MARK"},
-			fmt.Sprintf("local CALL_MARK = %d", CallMark.Microseconds()), lua("calls.lua"))}
+		script.Lazy("take_calls", []string{"call_keys", "call_ahead", "call_lane_first", "CALL_YIELD", "CALL_MARK",
+			"part_mark", "part_marks", "part_lapse"},
+			fmt.Sprintf("local CALL_MARK = %d", CallMark.Microseconds()), lua("calls.lua"), lua("partmarks.lua"))}
 }
 
 // The scripts of a taken task's end (finish, with the lease's extension and

@@ -24,16 +24,18 @@
 -- limits drains it as it drains jobs.
 -- A call whose partition is tighter than the upstream waits for its
 -- partition, not for the upstream: it marks the partition with its key
--- (cpw: "PARTITION\nKEY" -> µs until the mark lapses; cpv: the same ->
--- the key's virtual time), and not its key, so that the take leaves the
--- partition's next slot to it while the job's key is ahead of the call's
--- (take.lua), and holds no other partition's jobs back; a call of
--- another key ahead of it in that partition leaves the slot to it too.
--- After it books, a call whose partition will hold its key's next call
--- so marks the partition, not the key. A key with neither jobs nor a
--- mark starts level with the least-served key waiting, or, with none in
--- the rotation, with the least of those whose lanes wait on the calendar
--- (kv, take.lua).
+-- and virtual time (a call mark, partmarks.lua), and not its key, so that
+-- the take leaves the partition's next slot to it while the job's key is
+-- ahead of the call's (take.lua), and holds no other partition's jobs
+-- back; a call of a key ahead of another key waiting for that partition
+-- (a call's mark, or a job mark, which the take leaves for the keys
+-- whose jobs wait beside the calls) leaves the slot to it. After it
+-- books, a call whose partition will hold its key's next call so marks
+-- the partition, not the key. A key with neither jobs nor a mark starts
+-- level with the least-served key waiting (in the rotation, or for its
+-- partition), or, with none, with the least of those whose lanes wait on
+-- the calendar (kv, take.lua); and keeps within two of its sends of the
+-- least-served.
 -- Since a waiting call has booked nothing, a key's waiting calls stand in
 -- a line (ln:FK: call id -> µs it joined; ld: FK|id -> µs its place
 -- lapses unless it comes back), so that a call knows the calls of its
@@ -178,7 +180,7 @@ local function book(b, part, over, slot, now, why, costs, lease)
 end
 
 -- Keys a call alone with room found empty (f, cq, and each ln:FK; and,
--- for a call in a limited partition, kv and cpw: keys whose jobs or
+-- for a call in a limited partition, kv, cpw and jpw: keys whose jobs or
 -- calls wait for their partitions), so that the next such call of the
 -- batch asks only about the others: a call that takes the full turn
 -- (which may write them) forgets them all.
@@ -192,6 +194,7 @@ local function none_exist(k_ln, parted)
   if parted and not pw_empty then
     k = k + 1; ask[k] = P .. 'kv'
     k = k + 1; ask[k] = P .. 'cpw'
+    k = k + 1; ask[k] = P .. 'jpw'
   end
   if k > 0 and redis.call('EXISTS', unpack(ask, 1, k)) > 0 then return false end
   f_empty, cq_empty, ln_empty[k_ln] = true, true, true
@@ -199,34 +202,38 @@ local function none_exist(k_ln, parted)
   return true
 end
 
--- The marks' keys live a minute past the lookahead and the marks' lapse,
--- and past the wait they were made for.
-local ttl = math.ceil((stale + la) / 1000) + 60000
-
-local K_CPW, K_CPV = P .. 'cpw', P .. 'cpv'
 -- Marks of calls whose replica stopped coming back (it died, or the
--- caller left) lapse: keys' (cw, with their place in cq) and
--- partitions' (cpw, with their virtual time in cpv).
+-- caller left) lapse: keys' (cw, with their place in cq), and the
+-- partitions' (partmarks.lua) of calls and of the jobs beside them.
 local function lapse(now)
   local gone = redis.call('ZRANGEBYSCORE', K_CW, '-inf', now, 'LIMIT', 0, 64)
   if #gone > 0 then
     redis.call('ZREM', K_CW, unpack(gone))
     redis.call('ZREM', K_CQ, unpack(gone))
   end
-  gone = redis.call('ZRANGEBYSCORE', K_CPW, '-inf', now, 'LIMIT', 0, 64)
-  if #gone > 0 then
-    redis.call('ZREM', K_CPW, unpack(gone))
-    redis.call('ZREM', K_CPV, unpack(gone))
+  part_lapse(P, now, false)
+  part_lapse(P, now, true)
+end
+
+-- The least virtual time of the live marks on partition pk of keys but fk
+-- (of calls, and of the jobs beside them), nil if none.
+local function part_least(pk, fk, now)
+  local least
+  for _, jobs in ipairs({false, true}) do
+    for _, m in ipairs(part_marks(P, pk, now, jobs)) do
+      if m[1] ~= fk and (least == nil or m[2] < least) then least = m[2] end
+    end
   end
+  return least
 end
 
 -- key_time: call key fk's virtual time s (below), having lapsed the
 -- marks; and what it read for it: its start in f (infs) and place in cq
 -- (live), if any, and the others waiting (the first members of f and cq
 -- but fk, key -> virtual time), the least of them, and the least of
--- those with calls. pm: the call's member of the partitions' marks (nil
--- when its partition is not limited).
-local function key_time(now, fk, pm)
+-- those with calls. pk: the call's partition where it is limited (else
+-- nil): then the keys that wait for it (partition marks) count too.
+local function key_time(now, fk, pk)
   lapse(now)
   local others = {}
   local least, least_call
@@ -250,7 +257,15 @@ local function key_time(now, fk, pm)
   read(K_CQ, false)
   local infs = redis.call('ZSCORE', K_F, fk)
   local live = redis.call('ZSCORE', K_CQ, fk)
-  local pv = pm and redis.call('ZSCORE', K_CPV, pm)
+  local pv, floor = nil, least
+  if pk then
+    pv = redis.call('ZSCORE', P .. 'cp:' .. pk, fk)
+    -- The keys waiting for its partition: it starts level with the
+    -- least of them, and keeps within two sends of it, as of those in
+    -- the rotation.
+    local pl = part_least(pk, fk, now)
+    if pl and (floor == nil or pl < floor) then floor = pl end
+  end
   local s
   if infs then
     s = tonumber(infs)
@@ -259,8 +274,8 @@ local function key_time(now, fk, pm)
     -- its place holds (the later of the two).
     s = tonumber(live or pv)
     if live and pv and tonumber(pv) > s then s = tonumber(pv) end
-  elseif least then
-    s = least
+  elseif floor then
+    s = floor
   else
     -- Nobody waits in the rotation: level with the least of the keys
     -- whose lanes wait on the calendar for their partitions (kv, whose
@@ -274,37 +289,27 @@ local function key_time(now, fk, pm)
   -- that started again (the take's restart at 0 when no key waits): no
   -- penalty.
   local q = 1 / weight(fk)
-  if least and s > least + 2 * q then s = least + 2 * q end
+  if floor and s > floor + 2 * q then s = floor + 2 * q end
   return s, infs, live, others, least, least_call
 end
 
--- part_mark: the partition's mark of a key (pm, "PARTITION\nKEY") at
+-- The marks' keys live a minute past the lookahead and the marks' lapse,
+-- and past the wait they were made for.
+local ttl = math.ceil((stale + la) / 1000) + 60000
+
+-- mark_part: the mark of key fk on partition pk (partmarks.lua) at
 -- virtual time s, until µs, for a call that comes back in wait µs.
-local function part_mark(pm, s, until_, wait)
+local function mark_part(pk, fk, s, until_, wait)
   -- (The next call of the batch alone with room asks again.)
   pw_empty = false
-  redis.call('ZADD', K_CPW, 'GT', until_, pm)
-  redis.call('ZADD', K_CPV, s, pm)
-  local pttl = ttl + math.ceil(wait / 1000)
-  redis.call('PEXPIRE', K_CPW, pttl)
-  redis.call('PEXPIRE', K_CPV, pttl)
+  part_mark(P, false, pk, fk, s, until_, ttl + math.ceil(wait / 1000))
 end
 
--- part_behind: some key but fk whose calls wait for partition pk (their
--- marks live at now) is at a virtual time before t.
+-- part_behind: some key but fk whose calls or jobs wait for partition pk
+-- (their marks live at now) is at a virtual time before t.
 local function part_behind(pk, fk, t, now)
-  local ms = redis.call('ZRANGEBYSCORE', K_CPW, '(' .. shaper_int(now), '+inf', 'LIMIT', 0, 64)
-  local pre = pk .. '\n'
-  local mine = pre .. fk
-  local ask = {}
-  for _, m in ipairs(ms) do
-    if m ~= mine and string.sub(m, 1, #pre) == pre then ask[#ask + 1] = m end
-  end
-  if #ask == 0 then return false end
-  for _, v in ipairs(redis.call('ZMSCORE', K_CPV, unpack(ask))) do
-    if v and tonumber(v) < t - 1e-9 then return true end
-  end
-  return false
+  local l = part_least(pk, fk, now)
+  return l ~= nil and l < t - 1e-9
 end
 
 -- Where the next call's arguments start, once a turn has read its own.
@@ -363,20 +368,20 @@ if pk == '' then plim = NONE end
 
 -- The partition's own limits first, as the take does: a call they hold
 -- back past the upstream's own next slot for it does not compete for the
--- upstream's slots, so it leaves no key's mark, but its partition's (cpw,
--- cpv): it waits for the partition's slots, beside the jobs and calls of
--- other keys that wait for them. One they hold back no further
+-- upstream's slots, so it leaves no key's mark, but its partition's: it
+-- waits for the partition's slots, beside the jobs and calls of other
+-- keys that wait for them. One they hold back no further
 -- than that takes its turn as any call (the take books a partition's
 -- jobs up to the upstream's slots ahead: a call that waited for its
 -- partition to be free now would never get a turn beside them).
 local part = NO_PART
 local slot, why = leaky_earliest(b, costs, now)
--- pm: the call's member of the partitions' marks (cpw, cpv), where its
--- partition is limited.
+-- pm: the call's partition, where it is limited (its marks are the
+-- partition's, partmarks.lua).
 local pm
 if #plim > 0 then
   part = leaky_partition(b, pk, plim, now)
-  pm = pk .. '\n' .. fk
+  pm = pk
   local pslot = leaky_partition_earliest(part, costs, now)
   if pslot > now and pslot > slot then
     if pslot - now > remaining then return {0, pslot - now - remaining, 4, 1, now} end
@@ -385,7 +390,7 @@ if #plim > 0 then
     -- the partition's next slot to it while its key is behind the jobs'
     -- (take.lua), and holds no other partition's jobs back.
     local s = key_time(now, fk, pm)
-    part_mark(pm, s, pslot + stale, pslot - now)
+    mark_part(pk, fk, s, pslot + stale, pslot - now)
     return {0, pslot - now, 4, 0, now}
   end
 end
@@ -483,7 +488,7 @@ if pm and part_behind(pk, fk, s - q, now) then
     leave()
     return {0, slot - now + wait - remaining, 4, 1, now}
   end
-  part_mark(pm, s, now + wait + stale, wait)
+  mark_part(pk, fk, s, now + wait + stale, wait)
   return {0, wait, 4, 0, now}
 end
 
@@ -555,7 +560,7 @@ if pm and leaky_partition_earliest(part, costs, now) > math.max(now, leaky_earli
   -- partition's jobs back while it is behind), with the key's virtual
   -- time, which keys whose jobs or calls wait for the partition compare
   -- theirs with. Its place in cq, if it has one still, moves with it.
-  part_mark(pm, s, slot + stale, 0)
+  mark_part(pk, fk, s, slot + stale, 0)
   if live and not alone then redis.call('ZADD', K_CQ, 'XX', s, fk) end
   return out
 end

@@ -11,10 +11,6 @@
 --     key's or lane's too), which the calls compare theirs with. Where no
 --     call was ever marked (no proxied calls, or none waited), cw does not
 --     exist, and one EXISTS says so
---   call_parts(our, now) -> {partition = {{key, virtual time}, ...}},
---     or nil: the partitions a call waits for (P:s:{Q}:cpw, whose members
---     are "PARTITION\nKEY", marked until µs, and cpv, their virtual
---     times; see call_turn.lua), live at now
 --   call_ahead(calls, fk, s, q) -> true when fairness key fk at virtual
 --     time s is more than q ahead of a key of calls
 --   call_lane_first(our, v, fk, lane, s2, lane_at, fk_lane_v, now, cache)
@@ -40,28 +36,6 @@ local function call_keys(our, f, now)
     end
   end
   return out, true
-end
-
-local function call_parts(our, now)
-  local ms = redis.call('ZRANGEBYSCORE', our .. 'cpw', '(' .. shaper_int(now), '+inf', 'LIMIT', '0', '64')
-  if #ms == 0 then return nil end
-  local vs = redis.call('ZMSCORE', our .. 'cpv', unpack(ms))
-  local out = {}
-  for i, m in ipairs(ms) do
-    -- (A partition holds no control character: the first line break
-    -- ends it.)
-    local nl = string.find(m, '\n', 1, true)
-    if nl and vs[i] then
-      local pk = string.sub(m, 1, nl - 1)
-      local l = out[pk]
-      if not l then
-        l = {}
-        out[pk] = l
-      end
-      l[#l + 1] = {string.sub(m, nl + 1), tonumber(vs[i])}
-    end
-  end
-  return out
 end
 
 local function call_ahead(calls, fk, s, q)

@@ -15,12 +15,13 @@
 --     (kept_start)
 --   kept_start(sp, kept, ms, t0) -> the virtual times at which members ms
 --     join a set (f, or a key's lanes) whose virtual time is t0 (nil:
---     it is empty): each at t0, but a member kept in the sorted set
---     named kept (kv: keys, kl: lanes LANE|FK, which left with their
---     lanes, or themselves, on the calendar: take.lua) at the time it
---     left with, within two sends of t0, so that waiting for its
---     partitions loses it its place no more than it gives it the service
---     others had meanwhile; kept forgets them
+--     it is empty; then the least time in kept is, else 0): each at t0,
+--     but a member kept in the sorted set named kept (kv: keys, which
+--     left with their lanes on the calendar; kl:FK: key FK's lanes, which
+--     left for the calendar; take.lua) at the time it left with, within
+--     two (of virtual time: sends at weight 1) of t0, so that waiting for
+--     its partitions loses it its place no more than it gives it the
+--     service others had meanwhile; kept forgets them
 --   push(sp, id, lane, fk, pk, seq, t) puts job id into its flow
 --     LANE|FK|PK at FIFO place seq (its partition ready at t, µs, unless it
 --     already waits) as asynq's aggregating task
@@ -37,6 +38,12 @@ local function kept_start(sp, kept, ms, t0)
   local was = {}
   if redis.call('EXISTS', k) == 1 then
     was = redis.call('ZMSCORE', k, unpack(ms))
+    if t0 == nil then
+      -- The set is empty: those waiting on the calendar are the
+      -- rotation's time.
+      local r = redis.call('ZRANGE', k, '0', '0', 'WITHSCORES')
+      t0 = tonumber(r[2])
+    end
     redis.call('ZREM', k, unpack(ms))
   end
   for i = 1, #ms do
@@ -60,7 +67,7 @@ end
 local function activate_lane(sp, fk, lane)
   local lk = sp.our .. 'l:' .. fk
   if redis.call('ZSCORE', lk, lane) == false then
-    redis.call('ZADD', lk, kept_start(sp, 'kl', {lane .. '|' .. fk}, lowest(lk))[1], lane)
+    redis.call('ZADD', lk, kept_start(sp, 'kl:' .. fk, {lane}, lowest(lk))[1], lane)
     redis.call('ZREM', sp.cal, lane .. '|' .. fk)
   end
   if redis.call('ZSCORE', sp.f, fk) == false then

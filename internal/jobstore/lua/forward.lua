@@ -61,9 +61,7 @@ local function activate_lanes(sp, ms)
     local lk = sp.our .. 'l:' .. fk
     local t = first_score(lk)
     local ls = lanes[fk]
-    local cm = {}
-    for j, lane in ipairs(ls) do cm[j] = lane .. '|' .. fk end
-    local tl = kept_start(sp, 'kl', cm, t or nil)
+    local tl = kept_start(sp, 'kl:' .. fk, ls, t or nil)
     local zl = {}
     local zero = true
     for j, lane in ipairs(ls) do

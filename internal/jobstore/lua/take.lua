@@ -65,15 +65,20 @@
 -- of a call of its own key that waits, is not taken: the take stops, with
 -- a wait of CALL_YIELD, and the call books the slot (calls.lua). A job
 -- whose key is more than one send ahead of a key whose calls wait for the
--- job's partition (a partition mark, cpw) is not taken either, but only
--- its partition is held for the call, until after the call's send (its
--- score in r: moves there; the take goes on with other partitions).
+-- job's partition (a call mark, partmarks.lua) is not taken either, but
+-- only its partition is held for the call, until after the call's send
+-- (its score in r: moves there; the take goes on with other partitions);
+-- its key is marked beside the calls (a job mark), so that a call ahead of
+-- it leaves it the partition's slot. And while such a call's key is
+-- behind, the take books no upstream slot at or after the time the call
+-- comes back (it stops there, with a wait of CALL_YIELD): that slot is
+-- the call's.
 --
 -- A key whose last lane goes on the calendar leaves f; its virtual start
 -- is kept in kv, which it comes back at (flow.lua's kept_start), so that
 -- keys whose lanes wait on the calendar by turns (their jobs share a
 -- partition tighter than the upstream) keep their order; and so is a
--- lane's, in kl, where the upstream has more than one lane. Where
+-- lane's, in kl:FK, where the upstream has more than one lane. Where
 -- partitions are limited, a key's virtual start (and a lane's, so) is
 -- therefore read and written even while it is the only one in its set.
 --
@@ -88,9 +93,10 @@
 --
 -- Needs gcra's library, leaky's booking library (leaky.BookingLua) and
 -- count.lua before it, the loaders take_forward (flow.lua and forward.lua:
--- space, forward_due, due_firsts, first_score) and take_calls (calls.lua:
--- call_keys, call_ahead, call_lane_first, CALL_YIELD), and PAUSED_POLL
--- (see lua.go).
+-- space, forward_due, due_firsts, first_score) and take_calls (calls.lua
+-- and partmarks.lua: call_keys, call_ahead, call_lane_first, CALL_YIELD,
+-- CALL_MARK, part_mark, part_marks, part_lapse), and PAUSED_POLL (see
+-- lua.go).
 local P, A = ARGV[6], ARGV[7]
 local K_F, K_COUNTS = KEYS[1], P .. 'c'
 local G, T = A .. 'g:', A .. 't:'
@@ -148,15 +154,32 @@ end
 
 -- Proxied calls waiting their turn (call_turn.lua, which says what cq
 -- and cw hold): keys with calls waiting and no jobs, by virtual time;
--- and (call_parts) the partitions that calls wait for, with their keys'
--- virtual times (cpw, cpv).
-local calls, calls_live, call_parts_of = NONE, false, nil
-local call_keys, call_parts, call_ahead, call_lane_first, CALL_YIELD, CALL_MARK
+-- and, where partitions are limited, whether any call waits for its
+-- partition (parts_live: a live call mark in cpw, partmarks.lua).
+local calls, calls_live, parts_live, holes = NONE, false, false, nil
+local call_keys, call_ahead, call_lane_first, CALL_YIELD, CALL_MARK
+local part_mark, part_marks, part_lapse
 if not quiet then
-  call_keys, call_parts, call_ahead, call_lane_first, CALL_YIELD, CALL_MARK = take_calls()
+  call_keys, call_ahead, call_lane_first, CALL_YIELD, CALL_MARK, part_mark, part_marks, part_lapse = take_calls()
   calls, calls_live = call_keys(P, K_F, now)
-  call_parts_of = call_parts(P, now)
-  if call_parts_of then calls_live = true end
+  if parted then
+    -- (At most 16: those that come back first.)
+    local r = redis.call('ZRANGEBYSCORE', P .. 'cpw', '(' .. shaper_int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '16')
+    if #r > 0 then
+      parts_live, calls_live = true, true
+      -- holes: the calls waiting for their partitions, each {key, virtual
+      -- time, µs it comes back}: while its key is behind, the take books
+      -- no slot at or after the time it comes back (see below).
+      holes = {}
+      for i = 1, #r, 2 do
+        local m = r[i]
+        local nl = string.find(m, '\n', 1, true)
+        local pk, fk = string.sub(m, 1, nl - 1), string.sub(m, nl + 1)
+        local vt = redis.call('ZSCORE', P .. 'cp:' .. pk, fk)
+        if vt then holes[#holes + 1] = {fk, tonumber(vt), tonumber(r[i + 1]) - CALL_MARK} end
+      end
+    end
+  end
 end
 
 -- by_name: some limit counts a cost by name, so a job's costs are read.
@@ -252,7 +275,7 @@ local cal_z = false
 -- kv_z: the virtual times of the keys that left the rotation with their
 -- lanes on the calendar, in one ZADD after the loop.
 local kv_z = false
--- kl_z: the same for lanes (member LANE|FK, as on the calendar).
+-- kl_z: the same for lanes, by key (kl:FK).
 local kl_z = false
 local ZERO = {0}
 -- before: a member of score sa and name ma comes before one of sb, mb in
@@ -446,32 +469,59 @@ if calls_live then
   end
 end
 -- jm: the marks the take leaves on a partition a call waits for, for a
--- key whose jobs wait for it too ("PARTITION\nKEY" -> {until µs, the
--- key's virtual time}), as a call's (call_turn.lua): a call of a key
--- ahead of it leaves it the partition's slot, though the take may come
--- for the slot after the call. Written once, after the loop.
+-- key whose jobs wait for it too (partmarks.lua's job marks: pk -> fk ->
+-- {until µs, the key's virtual time}): a call of a key ahead of it
+-- leaves it the partition's slot, though the take may come for the slot
+-- after the call. Written once, after the loop.
 local jm = false
 local function job_mark(pk, fk, vt, until_)
   if not jm then jm = {} end
-  jm[pk .. '\n' .. fk] = {until_, vt}
+  local p = jm[pk]
+  if not p then
+    p = {}
+    jm[pk] = p
+  end
+  p[fk] = {until_, vt}
+end
+-- call_marks: the live marks of keys whose calls wait for partition pk,
+-- read once a take.
+local marks_of = {}
+local function call_marks(pk)
+  local m = marks_of[pk]
+  if not m then
+    m = part_marks(P, pk, now, false)
+    marks_of[pk] = m
+  end
+  return m
 end
 -- call_behind: some other key than fk, of the calls that wait for a
 -- partition (cs), is more than q behind fk's virtual time s.
 -- after_one: when partition part could send again after one request
 -- sent at its own slot pslot.
-local call_behind, after_one
-if call_parts_of then
+local call_behind, after_one, hole_at
+if parts_live then
+  -- hole_at: a call of another key than fk that waits for its partition
+  -- comes back by slot su, and fk (at virtual time s, sends of q) is
+  -- more than one send ahead of it.
+  hole_at = function(fk, s, q, su)
+    for _, h in ipairs(holes) do
+      if h[1] ~= fk and su >= h[3] and s > h[2] + q + 1e-9 then return true end
+    end
+    return false
+  end
   call_behind = function(cs, fk, s, q)
     for _, c in ipairs(cs) do
       if c[1] ~= fk and s > c[2] + q + 1e-9 then return true end
     end
     return false
   end
-  after_one = function(part, pslot, now)
+  after_one = function(part, pslot, costs, now)
     local e, lim = now, part.lim
     for j = 1, #lim do
       local l = lim[j]
-      local at = gcra_earliest(gcra_take(part.tat[j], math.max(pslot, now), l.interval, 1), now, l.interval, l.capacity, 1)
+      local c = 1
+      if l.cost ~= '' then c = costs[l.cost] or 0 end
+      local at = gcra_earliest(gcra_take(part.tat[j], math.max(pslot, now), l.interval, c), now, l.interval, l.capacity, c)
       if at > e then e = at end
     end
     return e
@@ -521,8 +571,12 @@ while not stop and taken < max_jobs and steps < 2000 do
         drop_first(lk, lv)
         if lanes_kept then
           if not kl_z then kl_z = {} end
-          local c = #kl_z
-          kl_z[c + 1], kl_z[c + 2] = s2, lane .. '|' .. fk
+          local z = kl_z[fk]
+          if not z then
+            z = {}
+            kl_z[fk] = z
+          end
+          z[#z + 1], z[#z + 2] = s2, lane
         end
         if view(lk).m[1] == nil then
           -- The key's last lane: it leaves the rotation, and its virtual
@@ -596,18 +650,17 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- upstream idle until then.
       rescore(rv, pslot)
       parked[g] = pslot
-      if call_parts_of and call_parts_of[pk] then job_mark(pk, fk, s1, pslot + CALL_MARK) end
+      if parts_live and #call_marks(pk) > 0 then job_mark(pk, fk, s1, pslot + CALL_MARK) end
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
       break
     end
-    if part and call_parts_of and call_parts_of[pk] and
-        call_behind(call_parts_of[pk], fk, s1, 1 / (weights[fk] or 1)) then
+    if part and parts_live and call_behind(call_marks(pk), fk, s1, 1 / (weights[fk] or 1)) then
       -- A call of a key this one is ahead of waits for this partition:
       -- the partition's next slot is the call's, and its jobs wait until
       -- the one after (unless the partition has room for both by the
       -- upstream's own slot).
-      local h = after_one(part, pslot, now)
+      local h = after_one(part, pslot, costs, now)
       if h > now and h > su then
         rescore(rv, h)
         parked[g] = h
@@ -625,6 +678,14 @@ while not stop and taken < max_jobs and steps < 2000 do
         break
       end
     end
+    if holes and hole_at(fk, s1, 1 / (weights[fk] or 1), su) then
+      -- A call its partition holds comes back for this slot (or an
+      -- earlier one), and its key is behind: the upstream's slot then is
+      -- the call's, and the take books none from there on until it has.
+      out[2], out[3] = CALL_YIELD, 1
+      stop = true
+      break
+    end
     if calls_live then
       cur_lk, cur_lv = lk, lv
       if call_ahead(calls, fk, s1, 1 / (weights[fk] or 1)) or call_lane_first(P, nil, fk, lane, s2, lane_at, s2, now, call_lanes) then
@@ -640,7 +701,7 @@ while not stop and taken < max_jobs and steps < 2000 do
     leaky_book(bucket, slot, costs, id)
     if part then
       leaky_partition_book(part, slot, costs)
-      if call_parts_of and call_parts_of[pk] then
+      if parts_live and #call_marks(pk) > 0 then
         job_mark(pk, fk, s1 + 1 / (weights[fk] or 1), math.max(slot, leaky_partition_earliest(part, NONE, now)) + CALL_MARK)
       end
     end
@@ -696,17 +757,13 @@ for key, v in pairs(views) do
 end
 if cal_z then redis.call('ZADD', K_CAL, unpack(cal_z)) end
 if jm then
-  local zw, zv = {}, {}
-  for m, e in pairs(jm) do
-    zw[#zw + 1], zw[#zw + 2] = string.format('%d', e[1]), m
-    zv[#zv + 1], zv[#zv + 2] = e[2], m
-  end
-  local K_CPW, K_CPV = P .. 'cpw', P .. 'cpv'
-  redis.call('ZADD', K_CPW, 'GT', unpack(zw))
-  redis.call('ZADD', K_CPV, unpack(zv))
   local pttl = math.ceil((horizon - now + CALL_MARK) / 1000) + 60000
-  redis.call('PEXPIRE', K_CPW, pttl)
-  redis.call('PEXPIRE', K_CPV, pttl)
+  for pk, ks in pairs(jm) do
+    for fk, e in pairs(ks) do
+      part_mark(P, true, pk, fk, e[2], string.format('%d', e[1]), pttl)
+    end
+  end
+  part_lapse(P, now, true)
 end
 if kv_z or kl_z then
   -- (Kept as long as the calendar's entries may wait: a day past them.)
@@ -715,11 +772,14 @@ if kv_z or kl_z then
     if cal_z[i] > last then last = cal_z[i] end
   end
   local pttl = math.ceil((last - now) / 1000) + 86400000
-  for k, z in pairs({kv = kv_z, kl = kl_z}) do
-    if z then
-      redis.call('ZADD', P .. k, unpack(z))
-      redis.call('PEXPIRE', P .. k, pttl)
-    end
+  -- (Never shortened: an earlier take's entries may wait longer.)
+  local function keep(k, z)
+    redis.call('ZADD', k, unpack(z))
+    if redis.call('PTTL', k) < pttl then redis.call('PEXPIRE', k, pttl) end
+  end
+  if kv_z then keep(P .. 'kv', kv_z) end
+  if kl_z then
+    for fk, z in pairs(kl_z) do keep(P .. 'kl:' .. fk, z) end
   end
 end
 local K_PK = P .. 'pk'
