@@ -49,6 +49,9 @@ type simCaller struct {
 	next  int64 // µs when it calls (or comes back)
 	slot  int64 // µs of its booked slot, 0 none
 	calls int
+	// think is how long after its slot it calls again (µs): the
+	// upstream's answer, and what the caller does with it.
+	think int64
 	// refusals counts 429s: a call whose slot lay beyond its wait.
 	refusals int
 }
@@ -145,8 +148,8 @@ func (m *callSim) call(callers []*simCaller) {
 	m.t.Helper()
 	for _, c := range callers {
 		if c.slot != 0 && c.slot <= m.now {
-			c.slot = 0 // sent; it calls again
-			c.next = m.now
+			c.next = c.slot + c.think // sent; it calls again
+			c.slot = 0
 		}
 		if c.slot != 0 || c.next > m.now {
 			continue
@@ -267,9 +270,9 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 	}
 	// The same, with b's jobs in a second partition too: a's calls wait
 	// for their partition, not for the upstream, so the take still sends
-	// b's jobs of the other one (the upstream stays at its limit), and a,
-	// whose calls only p can carry, gets p's slots while b is ahead of it
-	// (half the upstream's, as b's).
+	// b's jobs of the other one (the upstream stays at its limit), and
+	// the keys waiting for p take turns in it by what each sent there: a
+	// gets half of p's slots, a quarter of the upstream's.
 	t.Run("in a tight partition beside another", func(t *testing.T) {
 		p := u
 		p.PartitionLimits = []leaky.Limit{leaky.PerSecond(25)}
@@ -281,7 +284,7 @@ func TestCallsTakeTheirFairShare(t *testing.T) {
 		m.run(callers("a", 4), time.Second, 8*time.Second, step)
 		// (Both partitions' 25/s over 7 s, less what the clock's steps
 		// lose: the upstream's 50/s.)
-		m.shareOf("a", 0.5, 0.08, 300)
+		m.shareOf("a", 0.25, 0.06, 300)
 	})
 	// Two tenants' calls and a third's jobs in one tight partition: a call
 	// of a key ahead of one whose call waits for the partition leaves it
@@ -468,13 +471,61 @@ func TestTightPartitionCallsGetTheirShare(t *testing.T) {
 	if testing.Short() {
 		t.Skip("seven simulated seconds of takes and calls: runs in make test")
 	}
-	m := newCallSim(t, "fair-tight-share", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
-		PartitionLimits: []leaky.Limit{leaky.PerSecond(10)}})
-	for _, q := range []string{"q1", "q2", "q3", "q4", "q5"} {
-		m.partition = q
-		m.enqueue("b", 120)
+	for _, tc := range []struct {
+		callers int
+		think   time.Duration
+	}{{4, 0}, {1, 60 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("%d callers answered after %v", tc.callers, tc.think), func(t *testing.T) {
+			m := newCallSim(t, "fair-tight-share", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
+				PartitionLimits: []leaky.Limit{leaky.PerSecond(10)}})
+			for _, q := range []string{"q1", "q2", "q3", "q4", "q5"} {
+				m.partition = q
+				m.enqueue("b", 120)
+			}
+			m.partition = "p"
+			cs := callers("a", tc.callers)
+			for _, c := range cs {
+				c.think = tc.think.Microseconds()
+			}
+			m.run(cs, time.Second, 8*time.Second, 5*time.Millisecond)
+			m.shareOf("a", 0.2, 0.05, 330)
+		})
 	}
-	m.partition = "p"
-	m.run(callers("a", 4), time.Second, 8*time.Second, 5*time.Millisecond)
-	m.shareOf("a", 0.2, 0.05, 320)
+}
+
+// TestTightPartitionSharedBesideAFullUpstream: c's calls and d's jobs in
+// partition p (10/s), b's jobs in five partitions as tight that fill the
+// upstream (50/s) without p: c and d take turns in p, half each, and b
+// has the rest. (Keys took turns by their places in the rotation, where d,
+// back from the calendar each time near b's, stood far ahead of c: d got
+// 0 of p's 69.) And callers that answer 60 ms after their slot (the
+// upstream's answer) leave the upstream at its limit: a slot held for a
+// call is the one it comes back for, not the one it booked.
+func TestTightPartitionSharedBesideAFullUpstream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seven simulated seconds of takes and calls, twice: runs in make test")
+	}
+	for _, think := range []time.Duration{0, 60 * time.Millisecond} {
+		t.Run(fmt.Sprintf("callers answered after %v", think), func(t *testing.T) {
+			m := newCallSim(t, "fair-tight-beside", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
+				PartitionLimits: []leaky.Limit{leaky.PerSecond(10)}})
+			for _, q := range []string{"q1", "q2", "q3", "q4", "q5"} {
+				m.partition = q
+				m.enqueue("b", 120)
+			}
+			m.partition = "p"
+			m.enqueue("d", 100)
+			cs := callers("c", 2)
+			for _, c := range cs {
+				c.think = think.Microseconds()
+			}
+			m.run(cs, time.Second, 8*time.Second, 5*time.Millisecond)
+			total := m.slots["b"] + m.slots["c"] + m.slots["d"]
+			t.Logf("b %d, c %d, d %d of %d", m.slots["b"], m.slots["c"], m.slots["d"], total)
+			if total < 330 || m.slots["c"] < 25 || m.slots["d"] < 25 || m.slots["c"]+m.slots["d"] < 60 {
+				t.Errorf("b %d, c %d, d %d of %d slots: want c and d about 35 each of p's 70, the upstream at its limit (at least 330)",
+					m.slots["b"], m.slots["c"], m.slots["d"], total)
+			}
+		})
+	}
 }

@@ -484,7 +484,7 @@ func (t *Taker) build() (*takeArgs, error) {
 		}
 		return len(ks)
 	}
-	nw, nl := weighted(u.Fairness.Weights, false), weighted(u.Lanes, len(u.Lanes) > 1)
+	nw, nl := weighted(u.Fairness.Weights, false), weighted(u.Lanes, len(u.Lanes) > 1 && u.HasPartitionLimits())
 	if len(u.PartitionLimits) > 0 || len(names) > 0 || nw > 0 || nl > 0 {
 		f = append(f, opt...)
 	}

@@ -205,14 +205,18 @@ end
 -- Marks of calls whose replica stopped coming back (it died, or the
 -- caller left) lapse: keys' (cw, with their place in cq), and the
 -- partitions' (partmarks.lua) of calls and of the jobs beside them.
-local function lapse(now)
+local function lapse(now, parted)
   local gone = redis.call('ZRANGEBYSCORE', K_CW, '-inf', now, 'LIMIT', 0, 64)
   if #gone > 0 then
     redis.call('ZREM', K_CW, unpack(gone))
     redis.call('ZREM', K_CQ, unpack(gone))
   end
-  part_lapse(P, now, false)
-  part_lapse(P, now, true)
+  -- (Only a call in a limited partition reads them: the others leave
+  -- them be.)
+  if parted then
+    part_lapse(P, now, false)
+    part_lapse(P, now, true)
+  end
 end
 
 -- The least virtual time of the live marks on partition pk of keys but fk
@@ -234,7 +238,7 @@ end
 -- those with calls. pk: the call's partition where it is limited (else
 -- nil): then the keys that wait for it (partition marks) count too.
 local function key_time(now, fk, pk)
-  lapse(now)
+  lapse(now, pk ~= nil)
   local others = {}
   local least, least_call
   local function read(key, jobs)
@@ -553,14 +557,15 @@ if alone then
 elseif infs then
   redis.call('PEXPIRE', K_CV, 600000)
 end
-if pm and leaky_partition_earliest(part, costs, now) > math.max(now, leaky_earliest(b, costs, now)) then
+local pnext = pm and leaky_partition_earliest(part, costs, now)
+if pm and pnext > math.max(now, leaky_earliest(b, costs, now)) then
   -- Its partition, now booked, holds the key's next call past the
   -- upstream's own next slot: that call will wait for the partition,
   -- so the mark is the partition's (a key's mark would hold every
   -- partition's jobs back while it is behind), with the key's virtual
   -- time, which keys whose jobs or calls wait for the partition compare
   -- theirs with. Its place in cq, if it has one still, moves with it.
-  mark_part(pk, fk, s, slot + stale, 0)
+  mark_part(pk, fk, s, pnext + stale, pnext - now)
   if live and not alone then redis.call('ZADD', K_CQ, 'XX', s, fk) end
   return out
 end

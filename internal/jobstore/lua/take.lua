@@ -39,7 +39,7 @@
 --    (leaky.Bucket.PartitionArgs), then o, o × (partition, its limits as
 --    PartitionArgs): overrides; then w, w × (fairness key, weight); then
 --    x, x × (lane, weight): weights other than 1, or every lane's where
---    the upstream has more than one
+--    the upstream has more than one and partition limits
 --
 -- (Every KEYS or ARGV element costs Redis about as much as a small
 -- command's share of a call, so what the take can name from a prefix, or
@@ -157,6 +157,7 @@ end
 -- and, where partitions are limited, whether any call waits for its
 -- partition (parts_live: a live call mark in cpw, partmarks.lua).
 local calls, calls_live, parts_live, holes = NONE, false, false, nil
+local HOLE_GRACE = 20000
 local call_keys, call_ahead, call_lane_first, CALL_YIELD, CALL_MARK
 local part_mark, part_marks, part_lapse
 if not quiet then
@@ -176,7 +177,8 @@ if not quiet then
         local nl = string.find(m, '\n', 1, true)
         local pk, fk = string.sub(m, 1, nl - 1), string.sub(m, nl + 1)
         local vt = redis.call('ZSCORE', P .. 'cp:' .. pk, fk)
-        if vt then holes[#holes + 1] = {fk, tonumber(vt), tonumber(r[i + 1]) - CALL_MARK} end
+        local h = tonumber(r[i + 1]) - CALL_MARK
+        if vt and h + HOLE_GRACE > now then holes[#holes + 1] = {fk, tonumber(vt), h} end
       end
     end
   end
@@ -494,20 +496,47 @@ local function call_marks(pk)
   end
   return m
 end
+-- part_vt: key fk's virtual time within partition pk, where calls wait
+-- for it: its job mark's (the time of its jobs' sends in pk, as a call
+-- key's mark is of its calls'), else, new to the partition's turns, the
+-- least of the other keys waiting there. Keys take turns in the
+-- partition by these, not by their places in the rotation, which a key
+-- back from the calendar takes up near the rotation's head while a key
+-- of calls alone does not. (Kept as the take moves it.)
+local jobs_vt = {}
+local function part_vt(pk, fk)
+  local t = jobs_vt[pk]
+  if not t then
+    t = {}
+    for _, m in ipairs(part_marks(P, pk, now, true)) do t[m[1]] = m[2] end
+    jobs_vt[pk] = t
+  end
+  local v = t[fk]
+  if v then return v end
+  for o, ov in pairs(t) do
+    if o ~= fk and (v == nil or ov < v) then v = ov end
+  end
+  for _, c in ipairs(call_marks(pk)) do
+    if c[1] ~= fk and (v == nil or c[2] < v) then v = c[2] end
+  end
+  v = v or 0
+  t[fk] = v
+  return v
+end
 -- call_behind: some other key than fk, of the calls that wait for a
 -- partition (cs), is more than q behind fk's virtual time s.
 -- after_one: when partition part could send again after one request
 -- sent at its own slot pslot.
 local call_behind, after_one, hole_at
 if parts_live then
-  -- hole_at: a call of another key than fk that waits for its partition
-  -- comes back by slot su, and fk (at virtual time s, sends of q) is
-  -- more than one send ahead of it.
+  -- hole_at: when a call of another key than fk that waits for its
+  -- partition comes back, if by slot su, and fk (at virtual time s,
+  -- sends of q) is more than one send ahead of it; else nil.
   hole_at = function(fk, s, q, su)
     for _, h in ipairs(holes) do
-      if h[1] ~= fk and su >= h[3] and s > h[2] + q + 1e-9 then return true end
+      if h[1] ~= fk and su >= h[3] and s > h[2] + q + 1e-9 then return h[3] end
     end
-    return false
+    return nil
   end
   call_behind = function(cs, fk, s, q)
     for _, c in ipairs(cs) do
@@ -650,12 +679,13 @@ while not stop and taken < max_jobs and steps < 2000 do
       -- upstream idle until then.
       rescore(rv, pslot)
       parked[g] = pslot
-      if parts_live and #call_marks(pk) > 0 then job_mark(pk, fk, s1, pslot + CALL_MARK) end
+      if parts_live and #call_marks(pk) > 0 then job_mark(pk, fk, part_vt(pk, fk), pslot + CALL_MARK) end
       parks = parks + 1
       if parks >= 200 then stop, more = true, true end
       break
     end
-    if part and parts_live and call_behind(call_marks(pk), fk, s1, 1 / (weights[fk] or 1)) then
+    if part and parts_live and #call_marks(pk) > 0 and
+        call_behind(call_marks(pk), fk, part_vt(pk, fk), 1 / (weights[fk] or 1)) then
       -- A call of a key this one is ahead of waits for this partition:
       -- the partition's next slot is the call's, and its jobs wait until
       -- the one after (unless the partition has room for both by the
@@ -664,7 +694,7 @@ while not stop and taken < max_jobs and steps < 2000 do
       if h > now and h > su then
         rescore(rv, h)
         parked[g] = h
-        job_mark(pk, fk, s1, h + CALL_MARK)
+        job_mark(pk, fk, part_vt(pk, fk), h + CALL_MARK)
         parks = parks + 1
         if parks >= 200 then stop, more = true, true end
         break
@@ -678,11 +708,13 @@ while not stop and taken < max_jobs and steps < 2000 do
         break
       end
     end
-    if holes and hole_at(fk, s1, 1 / (weights[fk] or 1), su) then
+    local hole = holes and hole_at(fk, s1, 1 / (weights[fk] or 1), su)
+    if hole then
       -- A call its partition holds comes back for this slot (or an
       -- earlier one), and its key is behind: the upstream's slot then is
-      -- the call's, and the take books none from there on until it has.
-      out[2], out[3] = CALL_YIELD, 1
+      -- the call's, and the take books none from there on until it has
+      -- (it comes back then).
+      out[2], out[3] = math.max(CALL_YIELD, hole - now), 1
       stop = true
       break
     end
@@ -702,7 +734,9 @@ while not stop and taken < max_jobs and steps < 2000 do
     if part then
       leaky_partition_book(part, slot, costs)
       if parts_live and #call_marks(pk) > 0 then
-        job_mark(pk, fk, s1 + 1 / (weights[fk] or 1), math.max(slot, leaky_partition_earliest(part, NONE, now)) + CALL_MARK)
+        local v = part_vt(pk, fk) + 1 / (weights[fk] or 1)
+        jobs_vt[pk][fk] = v
+        job_mark(pk, fk, v, math.max(slot, leaky_partition_earliest(part, NONE, now)) + CALL_MARK)
       end
     end
     -- The job leaves its flow for asynq's active list (the flow's ZREM
