@@ -476,52 +476,56 @@ end
 -- leaves it the partition's slot, though the take may come for the slot
 -- after the call. Written once, after the loop.
 local jm = false
-local function job_mark(pk, fk, vt, until_)
-  if not jm then jm = {} end
-  local p = jm[pk]
-  if not p then
-    p = {}
-    jm[pk] = p
+-- (Built only where calls wait for their partitions.)
+local job_mark, call_marks, part_vt, jobs_vt
+if parts_live then
+  job_mark = function(pk, fk, vt, until_)
+    if not jm then jm = {} end
+    local p = jm[pk]
+    if not p then
+      p = {}
+      jm[pk] = p
+    end
+    p[fk] = {until_, vt}
   end
-  p[fk] = {until_, vt}
-end
--- call_marks: the live marks of keys whose calls wait for partition pk,
--- read once a take.
-local marks_of = {}
-local function call_marks(pk)
-  local m = marks_of[pk]
-  if not m then
-    m = part_marks(P, pk, now, false)
-    marks_of[pk] = m
+  -- call_marks: the live marks of keys whose calls wait for partition pk,
+  -- read once a take.
+  local marks_of = {}
+  call_marks = function(pk)
+    local m = marks_of[pk]
+    if not m then
+      m = part_marks(P, pk, now, false)
+      marks_of[pk] = m
+    end
+    return m
   end
-  return m
-end
--- part_vt: key fk's virtual time within partition pk, where calls wait
--- for it: its job mark's (the time of its jobs' sends in pk, as a call
--- key's mark is of its calls'), else, new to the partition's turns, the
--- least of the other keys waiting there. Keys take turns in the
--- partition by these, not by their places in the rotation, which a key
--- back from the calendar takes up near the rotation's head while a key
--- of calls alone does not. (Kept as the take moves it.)
-local jobs_vt = {}
-local function part_vt(pk, fk)
-  local t = jobs_vt[pk]
-  if not t then
-    t = {}
-    for _, m in ipairs(part_marks(P, pk, now, true)) do t[m[1]] = m[2] end
-    jobs_vt[pk] = t
+  -- part_vt: key fk's virtual time within partition pk, where calls wait
+  -- for it: its job mark's (the time of its jobs' sends in pk, as a call
+  -- key's mark is of its calls'), else, new to the partition's turns, the
+  -- least of the other keys waiting there. Keys take turns in the
+  -- partition by these, not by their places in the rotation, which a key
+  -- back from the calendar takes up near the rotation's head while a key
+  -- of calls alone does not. (Kept as the take moves it.)
+  jobs_vt = {}
+  part_vt = function(pk, fk)
+    local t = jobs_vt[pk]
+    if not t then
+      t = {}
+      for _, m in ipairs(part_marks(P, pk, now, true)) do t[m[1]] = m[2] end
+      jobs_vt[pk] = t
+    end
+    local v = t[fk]
+    if v then return v end
+    for o, ov in pairs(t) do
+      if o ~= fk and (v == nil or ov < v) then v = ov end
+    end
+    for _, c in ipairs(call_marks(pk)) do
+      if c[1] ~= fk and (v == nil or c[2] < v) then v = c[2] end
+    end
+    v = v or 0
+    t[fk] = v
+    return v
   end
-  local v = t[fk]
-  if v then return v end
-  for o, ov in pairs(t) do
-    if o ~= fk and (v == nil or ov < v) then v = ov end
-  end
-  for _, c in ipairs(call_marks(pk)) do
-    if c[1] ~= fk and (v == nil or c[2] < v) then v = c[2] end
-  end
-  v = v or 0
-  t[fk] = v
-  return v
 end
 -- call_behind: some other key than fk, of the calls that wait for a
 -- partition (cs), is more than q behind fk's virtual time s.
