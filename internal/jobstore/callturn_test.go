@@ -49,6 +49,9 @@ type simCaller struct {
 	next  int64 // µs when it calls (or comes back)
 	slot  int64 // µs of its booked slot, 0 none
 	calls int
+	// partition, when not nil, is the partition its calls are in, instead
+	// of the simulation's.
+	partition *string
 	// think is how long after its slot it calls again (µs): the
 	// upstream's answer, and what the caller does with it.
 	think int64
@@ -73,8 +76,12 @@ func newCallSim(t *testing.T, name string, u shaper.Upstream) *callSim {
 	now := time.Now().UnixMicro()
 	sim := &callSim{t: t, u: u, s: s, b: b, tk: tk, now: now, start: now, jobsOf: map[string]string{}, laneOf: map[string]string{}, slots: map[string]int{}, lanes: map[string]int{}}
 	sim.booked = func(c *simCaller) (bool, time.Duration, time.Duration, bool) {
+		part := sim.partition
+		if c.partition != nil {
+			part = *c.partition
+		}
 		tn, err := s.BookCall(context.Background(), rdb, Call{Upstream: u, Bucket: b, FairKey: c.fk, Lane: c.lane, ID: c.id,
-			Partition: sim.partition, PartitionLimits: u.PartitionLimits,
+			Partition: part, PartitionLimits: u.PartitionLimits,
 			Lookahead: 250 * time.Millisecond, Remaining: 30 * time.Second,
 			Now: func() time.Time { return time.UnixMicro(sim.now) }})
 		if err != nil {
@@ -527,5 +534,44 @@ func TestTightPartitionSharedBesideAFullUpstream(t *testing.T) {
 					m.slots["b"], m.slots["c"], m.slots["d"], total)
 			}
 		})
+	}
+}
+
+// TestTightPartitionCallOfABusyTenant: c's one caller in partition p
+// (10/s), whose tenant also calls with four callers outside any
+// partition, beside d's jobs in p and four more partitions and b's jobs
+// in five others, which fill the upstream (50/s): the three tenants get a
+// third of the upstream each, and c's caller in p is not starved (it made
+// no call when a call key's time in the rotation was set against the
+// jobs' times within the partition; which of c's own callers use c's
+// share is first come, first served).
+func TestTightPartitionCallOfABusyTenant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seven simulated seconds of takes and calls: runs in make test")
+	}
+	m := newCallSim(t, "fair-tight-busy", shaper.Upstream{Limits: []leaky.Limit{leaky.PerSecond(50)},
+		PartitionLimits: []leaky.Limit{leaky.PerSecond(10)}})
+	for _, q := range []string{"r1", "r2", "r3", "r4", "r5"} {
+		m.partition = q
+		m.enqueue("b", 120)
+	}
+	for _, q := range []string{"p", "q1", "q2", "q3", "q4"} {
+		m.partition = q
+		m.enqueue("d", 60)
+	}
+	inP, none := "p", ""
+	cp := callers("c", 1)
+	cp[0].partition = &inP
+	cn := callers("c", 4)
+	for _, c := range cn {
+		c.partition = &none
+	}
+	m.run(append(cp, cn...), time.Second, 8*time.Second, 5*time.Millisecond)
+	t.Logf("slots %v; c's caller in p made %d calls", m.slots, cp[0].calls)
+	for _, k := range []string{"b", "c", "d"} {
+		m.shareOf(k, 1.0/3, 0.05, 330)
+	}
+	if cp[0].calls < 3 {
+		t.Errorf("c's caller in p made %d calls in 8 s, want a turn in p now and then", cp[0].calls)
 	}
 }

@@ -484,7 +484,8 @@ func (t *Taker) build() (*takeArgs, error) {
 		}
 		return len(ks)
 	}
-	nw, nl := weighted(u.Fairness.Weights, false), weighted(u.Lanes, len(u.Lanes) > 1 && u.HasPartitionLimits())
+	nw, nl := weighted(u.Fairness.Weights, false),
+		weighted(u.Lanes, len(u.Lanes) > 1 && (u.HasPartitionLimits() || cfg.Bucket.HasPartitionOverrides()))
 	if len(u.PartitionLimits) > 0 || len(names) > 0 || nw > 0 || nl > 0 {
 		f = append(f, opt...)
 	}

@@ -261,15 +261,10 @@ local function key_time(now, fk, pk)
   read(K_CQ, false)
   local infs = redis.call('ZSCORE', K_F, fk)
   local live = redis.call('ZSCORE', K_CQ, fk)
-  local pv, floor = nil, least
-  if pk then
-    pv = redis.call('ZSCORE', P .. 'cp:' .. pk, fk)
-    -- The keys waiting for its partition: it starts level with the
-    -- least of them, and keeps within two sends of it, as of those in
-    -- the rotation.
-    local pl = part_least(pk, fk, now)
-    if pl and (floor == nil or pl < floor) then floor = pl end
-  end
+  -- (Its place in the rotation while its calls wait for their
+  -- partition, kept with the partition's mark.)
+  local pv = pk and redis.call('ZSCORE', P .. 'cr', pk .. '\n' .. fk)
+  local floor = least
   local s
   if infs then
     s = tonumber(infs)
@@ -301,12 +296,24 @@ end
 -- and past the wait they were made for.
 local ttl = math.ceil((stale + la) / 1000) + 60000
 
+-- part_time: key fk's virtual time within partition pk (partmarks.lua):
+-- its mark's, else the least of the others marked there, else 0; never
+-- more than two of its sends ahead of that least.
+local function part_time(pk, fk, q, now)
+  local l = part_least(pk, fk, now)
+  local v = redis.call('ZSCORE', P .. 'cp:' .. pk, fk)
+  v = tonumber(v or l or 0)
+  if l and v > l + 2 * q then v = l + 2 * q end
+  return v
+end
+
 -- mark_part: the mark of key fk on partition pk (partmarks.lua) at
--- virtual time s, until µs, for a call that comes back in wait µs.
-local function mark_part(pk, fk, s, until_, wait)
+-- virtual time pv within it and s in the rotation, until µs, for a call
+-- that comes back in wait µs.
+local function mark_part(pk, fk, pv, s, until_, wait)
   -- (The next call of the batch alone with room asks again.)
   pw_empty = false
-  part_mark(P, false, pk, fk, s, until_, ttl + math.ceil(wait / 1000))
+  part_mark(P, false, pk, fk, pv, until_, ttl + math.ceil(wait / 1000), s)
 end
 
 -- part_behind: some key but fk whose calls or jobs wait for partition pk
@@ -394,7 +401,7 @@ if #plim > 0 then
     -- the partition's next slot to it while its key is behind the jobs'
     -- (take.lua), and holds no other partition's jobs back.
     local s = key_time(now, fk, pm)
-    mark_part(pk, fk, s, pslot + stale, pslot - now)
+    mark_part(pk, fk, part_time(pk, fk, 1 / weight(fk), now), s, pslot + stale, pslot - now)
     return {0, pslot - now, 4, 0, now}
   end
 end
@@ -481,7 +488,8 @@ end
 -- Ahead of a key whose calls wait for this call's partition: the
 -- partition's slot is that call's (it comes back for it now), and this
 -- one waits for the partition's next, as a call its partition holds.
-if pm and part_behind(pk, fk, s - q, now) then
+local pv = pm and part_time(pk, fk, q, now)
+if pm and part_behind(pk, fk, pv - q, now) then
   local wait = ROOM
   for j, l in ipairs(plim) do
     local c = 1
@@ -492,7 +500,7 @@ if pm and part_behind(pk, fk, s - q, now) then
     leave()
     return {0, slot - now + wait - remaining, 4, 1, now}
   end
-  mark_part(pk, fk, s, now + wait + stale, wait)
+  mark_part(pk, fk, pv, s, now + wait + stale, wait)
   return {0, wait, 4, 0, now}
 end
 
@@ -565,7 +573,7 @@ if pm and pnext > math.max(now, leaky_earliest(b, costs, now)) then
   -- partition's jobs back while it is behind), with the key's virtual
   -- time, which keys whose jobs or calls wait for the partition compare
   -- theirs with. Its place in cq, if it has one still, moves with it.
-  mark_part(pk, fk, s, pnext + stale, pnext - now)
+  mark_part(pk, fk, pv + q, s, pnext + stale, pnext - now)
   if live and not alone then redis.call('ZADD', K_CQ, 'XX', s, fk) end
   return out
 end

@@ -168,15 +168,16 @@ if not quiet then
     local r = redis.call('ZRANGEBYSCORE', P .. 'cpw', '(' .. shaper_int(now), '+inf', 'WITHSCORES', 'LIMIT', '0', '16')
     if #r > 0 then
       parts_live, calls_live = true, true
-      -- holes: the calls waiting for their partitions, each {key, virtual
-      -- time, µs it comes back}: while its key is behind, the take books
-      -- no slot at or after the time it comes back (see below).
+      -- holes: the calls waiting for their partitions, each {key, its
+      -- virtual time in the rotation (cr), µs it comes back}: while its
+      -- key is behind, the take books no slot at or after the time it
+      -- comes back (see below).
       holes = {}
       for i = 1, #r, 2 do
         local m = r[i]
         local nl = string.find(m, '\n', 1, true)
-        local pk, fk = string.sub(m, 1, nl - 1), string.sub(m, nl + 1)
-        local vt = redis.call('ZSCORE', P .. 'cp:' .. pk, fk)
+        local fk = string.sub(m, nl + 1)
+        local vt = redis.call('ZSCORE', P .. 'cr', m)
         local h = tonumber(r[i + 1]) - CALL_MARK
         if vt and h + HOLE_GRACE > now then holes[#holes + 1] = {fk, tonumber(vt), h} end
       end
