@@ -142,6 +142,16 @@ upstreams:
 // by the 4%, and the 90% is owed for the time left, so that a few more
 // refusals on a busy host do not count twice (with 5-10% steal, runs with
 // 2.6% and 3.2% refused drained 87.9% and 88.2%, here and in CI).
+//
+// A run during which the hypervisor took over noisyHost of the CPUs'
+// time (steal, /proc/stat) is not judged: such a host wakes the senders
+// late by milliseconds, often, and every late wake puts two sends closer
+// than 1/R. (CI and this machine have been seen at 5-10% steal, where the
+// bounds hold, and at 10-20%, where all five runs missed at 100/s: 12-25%
+// of requests refused, 5-10% of the stall monitor's wakes late, and the
+// fleet, held off by the refusals' pushback, drained 5-45%.) The test
+// fails when the last run the host let it judge missed, and is skipped,
+// saying so, only when none could be judged.
 func TestStrictSpacing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s of three shaper work processes per rate: multi-process, runs in make test")
@@ -151,9 +161,13 @@ func TestStrictSpacing(t *testing.T) {
 	const (
 		runFor   = 10 * time.Second
 		attempts = 5
+		// noisyHost: the steal share over which a run is not judged.
+		noisyHost = 0.10
 	)
 	for _, rate := range []int64{50, 100} {
 		t.Run(fmt.Sprintf("%d_per_s", rate), func(t *testing.T) {
+			// judgedMisses: what the last run judged missed (see noisyHost).
+			var judgedMisses []string
 			for attempt := 1; ; attempt++ {
 				r := drainFleet(t, fakeupstream.Config{Algorithm: fakeupstream.Meter, Rate: rate, Per: time.Second, Style: fakeupstream.StyleBare}, rate, 3, runFor)
 				t.Logf("run %d: meter %d/s, 3 replicas, %v: admitted %d (%.1f/s, %.1f%%), rejected %d (%d of them next to a host stall); min gap %v (1/R = %v); gaps %+v; host stalls %d, %v; held off %v after refusals; %v, late wakes %.1f%%",
@@ -166,14 +180,23 @@ func TestStrictSpacing(t *testing.T) {
 				if want := 0.9 * float64(rate) * owed.Seconds() / runFor.Seconds(); r.rate < want {
 					missed = append(missed, fmt.Sprintf("the meter received %.1f/s, want at least 90%% of %d over the %v the host ran less the %v the fleet held off after refusals (%.1f)", r.rate, rate, r.ran, r.pushed, want))
 				}
+				judged := r.pressure.Steal <= noisyHost
+				if judged && len(missed) > 0 {
+					judgedMisses = missed
+				}
 				switch {
 				case len(missed) == 0:
 					return
-				case attempt < attempts:
+				case attempt < attempts && judged:
 					t.Logf("run %d missed, running again: %s", attempt, strings.Join(missed, "; "))
+				case attempt < attempts:
+					t.Logf("run %d missed with the hypervisor taking %.1f%% of the CPUs (over %.0f%%): not judged, running again: %s",
+						attempt, 100*r.pressure.Steal, 100*noisyHost, strings.Join(missed, "; "))
+				case judgedMisses == nil:
+					t.Skipf("all %d runs missed with the hypervisor taking over %.0f%% of the CPUs: spacing to 1/R cannot be judged on this host now", attempts, 100*noisyHost)
 				default:
-					for _, m := range missed {
-						t.Errorf("run %d of %d (the others missed too, above): %s", attempt, attempts, m)
+					for _, m := range judgedMisses {
+						t.Errorf("of %d runs none passed; the last judged (steal at most %.0f%%) missed: %s", attempts, 100*noisyHost, m)
 					}
 					return
 				}
