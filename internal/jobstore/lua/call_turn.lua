@@ -32,10 +32,10 @@
 -- whose jobs wait beside the calls) leaves the slot to it. After it
 -- books, a call whose partition will hold its key's next call so marks
 -- the partition, not the key. A key with neither jobs nor a mark starts
--- level with the least-served key waiting (in the rotation, or for its
--- partition), or, with none, with the least of those whose lanes wait on
--- the calendar (kv, take.lua); and keeps within two of its sends of the
--- least-served.
+-- level with the least-served key waiting in the rotation, or, with
+-- none, with the least of those whose lanes wait on the calendar (kv,
+-- take.lua), and keeps within two of its sends of the least-served; its
+-- time within a partition likewise against the keys marked there.
 -- Since a waiting call has booked nothing, a key's waiting calls stand in
 -- a line (ln:FK: call id -> µs it joined; ld: FK|id -> µs its place
 -- lapses unless it comes back), so that a call knows the calls of its
@@ -264,7 +264,6 @@ local function key_time(now, fk, pk)
   -- (Its place in the rotation while its calls wait for their
   -- partition, kept with the partition's mark.)
   local pv = pk and redis.call('ZSCORE', P .. 'cr', pk .. '\n' .. fk)
-  local floor = least
   local s
   if infs then
     s = tonumber(infs)
@@ -273,8 +272,8 @@ local function key_time(now, fk, pk)
     -- its place holds (the later of the two).
     s = tonumber(live or pv)
     if live and pv and tonumber(pv) > s then s = tonumber(pv) end
-  elseif floor then
-    s = floor
+  elseif least then
+    s = least
   else
     -- Nobody waits in the rotation: level with the least of the keys
     -- whose lanes wait on the calendar for their partitions (kv, whose
@@ -288,7 +287,7 @@ local function key_time(now, fk, pk)
   -- that started again (the take's restart at 0 when no key waits): no
   -- penalty.
   local q = 1 / weight(fk)
-  if floor and s > floor + 2 * q then s = floor + 2 * q end
+  if least and s > least + 2 * q then s = least + 2 * q end
   return s, infs, live, others, least, least_call
 end
 
@@ -298,13 +297,14 @@ local ttl = math.ceil((stale + la) / 1000) + 60000
 
 -- part_time: key fk's virtual time within partition pk (partmarks.lua):
 -- its mark's, else the least of the others marked there, else 0; never
--- more than two of its sends ahead of that least.
+-- more than two of its sends ahead of that least; and the least (nil:
+-- nobody else is marked there).
 local function part_time(pk, fk, q, now)
   local l = part_least(pk, fk, now)
   local v = redis.call('ZSCORE', P .. 'cp:' .. pk, fk)
   v = tonumber(v or l or 0)
   if l and v > l + 2 * q then v = l + 2 * q end
-  return v
+  return v, l
 end
 
 -- mark_part: the mark of key fk on partition pk (partmarks.lua) at
@@ -314,13 +314,6 @@ local function mark_part(pk, fk, pv, s, until_, wait)
   -- (The next call of the batch alone with room asks again.)
   pw_empty = false
   part_mark(P, false, pk, fk, pv, until_, ttl + math.ceil(wait / 1000), s)
-end
-
--- part_behind: some key but fk whose calls or jobs wait for partition pk
--- (their marks live at now) is at a virtual time before t.
-local function part_behind(pk, fk, t, now)
-  local l = part_least(pk, fk, now)
-  return l ~= nil and l < t - 1e-9
 end
 
 -- Where the next call's arguments start, once a turn has read its own.
@@ -488,8 +481,9 @@ end
 -- Ahead of a key whose calls wait for this call's partition: the
 -- partition's slot is that call's (it comes back for it now), and this
 -- one waits for the partition's next, as a call its partition holds.
-local pv = pm and part_time(pk, fk, q, now)
-if pm and part_behind(pk, fk, pv - q, now) then
+local pv, pleast
+if pm then pv, pleast = part_time(pk, fk, q, now) end
+if pleast and pleast < pv - q - 1e-9 then
   local wait = ROOM
   for j, l in ipairs(plim) do
     local c = 1

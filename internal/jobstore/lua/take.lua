@@ -173,13 +173,13 @@ if not quiet then
       -- key is behind, the take books no slot at or after the time it
       -- comes back (see below).
       holes = {}
-      for i = 1, #r, 2 do
-        local m = r[i]
-        local nl = string.find(m, '\n', 1, true)
-        local fk = string.sub(m, nl + 1)
-        local vt = redis.call('ZSCORE', P .. 'cr', m)
-        local h = tonumber(r[i + 1]) - CALL_MARK
-        if vt and h + HOLE_GRACE > now then holes[#holes + 1] = {fk, tonumber(vt), h} end
+      local ms = {}
+      for i = 1, #r, 2 do ms[#ms + 1] = r[i] end
+      local vts = redis.call('ZMSCORE', P .. 'cr', unpack(ms))
+      for i, m in ipairs(ms) do
+        local fk = string.sub(m, string.find(m, '\n', 1, true) + 1)
+        local h = tonumber(r[2 * i]) - CALL_MARK
+        if vts[i] and h + HOLE_GRACE > now then holes[#holes + 1] = {fk, tonumber(vts[i]), h} end
       end
     end
   end
