@@ -27,6 +27,7 @@ import (
 
 	"github.com/shaperhq/shaper/fakeupstream"
 	"github.com/shaperhq/shaper/internal/testsupport/redistest"
+	"github.com/shaperhq/shaper/internal/testsupport/stall"
 	"github.com/shaperhq/shaper/queue"
 )
 
@@ -206,7 +207,8 @@ upstreams:
 // backlog of four partitions at 5/s and one overridden to 20/s, under a
 // 50/s limit on the whole upstream. No partition may get more than its own
 // limit in any 1 s window, the upstream no more than 50, and each
-// partition must drain at no less than 90% of its own rate.
+// partition must drain at no less than 90% of its own rate (a floor
+// judged unless the hypervisor took the CPUs meanwhile: rateFloor).
 func TestPartitionLimitsAcrossReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three shaper work processes for 12 s: multi-process, runs in make test")
@@ -243,7 +245,9 @@ upstreams:
 	}
 	waitUntil(t, 30*time.Second, "the first request", func() bool { return e.fake.Report().Total > 0 })
 	first := arrivals(e.fake)[0]
+	mark := stall.MarkPressure()
 	time.Sleep(12 * time.Second)
+	host := mark.Since()
 	e.stopAll()
 
 	// Steady state: the 10 s after the first second, when every replica
@@ -258,12 +262,10 @@ upstreams:
 		if most > r {
 			t.Errorf("partition %s: %d requests in one second, want at most %d", p, most, r)
 		}
-		if got < 0.9*float64(r) {
-			t.Errorf("partition %s drained %.1f/s, want at least 90%% of %d/s", p, got, r)
-		}
+		rateFloor(t, host, got, 0.9*float64(r), fmt.Sprintf("partition %s drained (90%% of %d/s)", p, r))
 	}
 	rep := e.fake.Report()
-	t.Logf("upstream: %d requests, most in any 1 s %d, rejected %d", rep.Total, rep.MaxInWindow, rep.Rejected)
+	t.Logf("upstream: %d requests, most in any 1 s %d, rejected %d; %v", rep.Total, rep.MaxInWindow, rep.Rejected, host)
 	if rep.MaxInWindow > whole || rep.Rejected != 0 {
 		t.Errorf("the upstream saw %d requests in one second and rejected %d, want at most %d and none", rep.MaxInWindow, rep.Rejected, whole)
 	}
@@ -299,7 +301,8 @@ upstreams:
 // TestFairShareBetweenTenants: tenant a queues 1,000 jobs at an upstream
 // limited to 50/s (20 s of work), then tenant b queues 50. With the default
 // fairness b's 50 must be sent in about 2 s (we allow 3 s), not after a's
-// 20 s, while the upstream still receives at least 97% of its limit.
+// 20 s, while the upstream still receives at least 97% of its limit (see
+// rateFloor).
 func TestFairShareBetweenTenants(t *testing.T) {
 	if testing.Short() {
 		t.Skip("shaper serve and work processes under two tenants: multi-process, runs in make test")
@@ -311,6 +314,7 @@ func TestFairShareBetweenTenants(t *testing.T) {
 	time.Sleep(time.Second) // a's backlog is being drained at the limit
 	enqueueBatch(t, api, "key-b", "api", "b", 50)
 	bAt := e.fakeClock(time.Now())
+	mark := stall.MarkPressure()
 
 	const bound = 3 * time.Second
 	deadline := time.Now().Add(bound + 500*time.Millisecond)
@@ -326,13 +330,12 @@ func TestFairShareBetweenTenants(t *testing.T) {
 	took := lastB - bAt
 	both := between(arrivals(e.fake), bAt, lastB+1)
 	rate := fakeupstream.RatePerSecond(both)
-	t.Logf("tenant b's 50 sent within %v of enqueueing; meanwhile a got %d sends; the upstream received %.1f/s", took, len(between(by["a"], bAt, lastB+1)), rate)
+	host := mark.Since()
+	t.Logf("tenant b's 50 sent within %v of enqueueing; meanwhile a got %d sends; the upstream received %.1f/s; %v", took, len(between(by["a"], bAt, lastB+1)), rate, host)
 	if took > bound {
 		t.Errorf("tenant b's 50 jobs took %v to be sent behind tenant a's backlog, want at most %v (about 2 s at an equal share of 50/s)", took, bound)
 	}
-	if rate < 0.97*50 {
-		t.Errorf("while both tenants had backlog the upstream received %.1f/s, want at least 97%% of 50/s", rate)
-	}
+	rateFloor(t, host, rate, 0.97*50, "while both tenants had backlog the upstream received (97% of 50/s)")
 	if rep := e.fake.Report(); rep.Rejected != 0 || rep.MaxInWindow > 50 {
 		t.Errorf("the upstream rejected %d and saw %d in one second, want none and at most 50", rep.Rejected, rep.MaxInWindow)
 	}
@@ -352,7 +355,9 @@ func TestWeightedFairShare(t *testing.T) {
 	// 200 jobs: at least 4 s of backlog for b even if it got every slot.
 	enqueueBatch(t, api, "key-b", "api", "b", 200)
 	bAt := e.fakeClock(time.Now())
+	mark := stall.MarkPressure()
 	time.Sleep(5 * time.Second)
+	host := mark.Since()
 
 	// Both have backlog from b's enqueue to at least 4 s later; the first
 	// half second lets the scheduler see b.
@@ -360,13 +365,11 @@ func TestWeightedFairShare(t *testing.T) {
 	by := arrivalsBy(e.fake.Records())
 	a, b := len(between(by["a"], from, to)), len(between(by["b"], from, to))
 	rate := fakeupstream.RatePerSecond(between(arrivals(e.fake), from, to))
-	t.Logf("over 4 s with both backlogged: a %d sends, b %d (%.2f×), upstream %.1f/s", a, b, float64(b)/float64(max(a, 1)), rate)
+	t.Logf("over 4 s with both backlogged: a %d sends, b %d (%.2f×), upstream %.1f/s; %v", a, b, float64(b)/float64(max(a, 1)), rate, host)
 	if a == 0 || float64(b) < 2.5*float64(a) || float64(b) > 3.5*float64(a) {
 		t.Errorf("tenant b (weight 3) got %d sends to tenant a's %d (weight 1), want about 3× (2.5× to 3.5×)", b, a)
 	}
-	if rate < 0.97*50 {
-		t.Errorf("while both tenants had backlog the upstream received %.1f/s, want at least 97%% of 50/s", rate)
-	}
+	rateFloor(t, host, rate, 0.97*50, "while both tenants had backlog the upstream received (97% of 50/s)")
 }
 
 // TestSlowUpstreamHoldsNoWorker: one replica serves an upstream at 10/min

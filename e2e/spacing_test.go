@@ -106,6 +106,29 @@ upstreams:
 	return run
 }
 
+// noisySteal is the share of the CPUs' time the hypervisor may take
+// (steal, /proc/stat) over a span whose drain rate is judged. A host that
+// loses more wakes the senders late, often, and a floor on what the fleet
+// drained then measures the host, not shaper. (Here and in CI, 5-10%
+// steal has been seen with every floor held, and 10-20% with floors missed
+// by the whole fleet at once.) Bounds on the most sent are judged always.
+const noisySteal = 0.10
+
+// rateFloor fails the test when got is under floor, unless the hypervisor
+// took over noisySteal of the CPUs over the span measured (p, from a
+// stall.MarkPressure at its start): then it logs that the floor was not
+// judged, and why.
+func rateFloor(t *testing.T, p stall.Pressure, got, floor float64, what string) {
+	t.Helper()
+	switch {
+	case got >= floor:
+	case p.Steal > noisySteal:
+		t.Logf("%s: %.1f/s, under the floor of %.1f/s, while the hypervisor took %.1f%% of the CPUs (over %.0f%%): not judged", what, got, floor, 100*p.Steal, 100*noisySteal)
+	default:
+		t.Errorf("%s: %.1f/s, want at least %.1f/s (%v)", what, got, floor, p)
+	}
+}
+
 // TestStrictSpacing: an upstream that refuses any request arriving less
 // than 1/R after the one before (nginx's limit_req without burst, counting
 // whole milliseconds, answering a bare 429 as nginx with limit_req_status
@@ -143,7 +166,7 @@ upstreams:
 // refusals on a busy host do not count twice (with 5-10% steal, runs with
 // 2.6% and 3.2% refused drained 87.9% and 88.2%, here and in CI).
 //
-// A run during which the hypervisor took over noisyHost of the CPUs'
+// A run during which the hypervisor took over noisySteal of the CPUs'
 // time (steal, /proc/stat) is not judged: such a host wakes the senders
 // late by milliseconds, often, and every late wake puts two sends closer
 // than 1/R. (CI and this machine have been seen at 5-10% steal, where the
@@ -161,12 +184,10 @@ func TestStrictSpacing(t *testing.T) {
 	const (
 		runFor   = 10 * time.Second
 		attempts = 5
-		// noisyHost: the steal share over which a run is not judged.
-		noisyHost = 0.10
 	)
 	for _, rate := range []int64{50, 100} {
 		t.Run(fmt.Sprintf("%d_per_s", rate), func(t *testing.T) {
-			// judgedMisses: what the last run judged missed (see noisyHost).
+			// judgedMisses: what the last run judged missed (see noisySteal).
 			var judgedMisses []string
 			for attempt := 1; ; attempt++ {
 				r := drainFleet(t, fakeupstream.Config{Algorithm: fakeupstream.Meter, Rate: rate, Per: time.Second, Style: fakeupstream.StyleBare}, rate, 3, runFor)
@@ -180,7 +201,7 @@ func TestStrictSpacing(t *testing.T) {
 				if want := 0.9 * float64(rate) * owed.Seconds() / runFor.Seconds(); r.rate < want {
 					missed = append(missed, fmt.Sprintf("the meter received %.1f/s, want at least 90%% of %d over the %v the host ran less the %v the fleet held off after refusals (%.1f)", r.rate, rate, r.ran, r.pushed, want))
 				}
-				judged := r.pressure.Steal <= noisyHost
+				judged := r.pressure.Steal <= noisySteal
 				if judged && len(missed) > 0 {
 					judgedMisses = missed
 				}
@@ -191,12 +212,12 @@ func TestStrictSpacing(t *testing.T) {
 					t.Logf("run %d missed, running again: %s", attempt, strings.Join(missed, "; "))
 				case attempt < attempts:
 					t.Logf("run %d missed with the hypervisor taking %.1f%% of the CPUs (over %.0f%%): not judged, running again: %s",
-						attempt, 100*r.pressure.Steal, 100*noisyHost, strings.Join(missed, "; "))
+						attempt, 100*r.pressure.Steal, 100*noisySteal, strings.Join(missed, "; "))
 				case judgedMisses == nil:
-					t.Skipf("all %d runs missed with the hypervisor taking over %.0f%% of the CPUs: spacing to 1/R cannot be judged on this host now", attempts, 100*noisyHost)
+					t.Skipf("all %d runs missed with the hypervisor taking over %.0f%% of the CPUs: spacing to 1/R cannot be judged on this host now", attempts, 100*noisySteal)
 				default:
 					for _, m := range judgedMisses {
-						t.Errorf("of %d runs none passed; the last judged (steal at most %.0f%%) missed: %s", attempts, 100*noisyHost, m)
+						t.Errorf("of %d runs none passed; the last judged (steal at most %.0f%%) missed: %s", attempts, 100*noisySteal, m)
 					}
 					return
 				}
