@@ -208,7 +208,8 @@ upstreams:
 // 50/s limit on the whole upstream. No partition may get more than its own
 // limit in any 1 s window, the upstream no more than 50, and each
 // partition must drain at no less than 90% of its own rate (a floor
-// judged unless the hypervisor took the CPUs meanwhile: rateFloor).
+// judged unless the hypervisor took over 10% of the CPUs' time meanwhile:
+// rateFloor).
 func TestPartitionLimitsAcrossReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three shaper work processes for 12 s: multi-process, runs in make test")
@@ -262,7 +263,7 @@ upstreams:
 		if most > r {
 			t.Errorf("partition %s: %d requests in one second, want at most %d", p, most, r)
 		}
-		rateFloor(t, host, got, 0.9*float64(r), fmt.Sprintf("partition %s drained (90%% of %d/s)", p, r))
+		rateFloor(t, host, got, 0.9*float64(r), "partition "+p+" drained", fmt.Sprintf("90%% of %d/s", r))
 	}
 	rep := e.fake.Report()
 	t.Logf("upstream: %d requests, most in any 1 s %d, rejected %d; %v", rep.Total, rep.MaxInWindow, rep.Rejected, host)
@@ -335,7 +336,7 @@ func TestFairShareBetweenTenants(t *testing.T) {
 	if took > bound {
 		t.Errorf("tenant b's 50 jobs took %v to be sent behind tenant a's backlog, want at most %v (about 2 s at an equal share of 50/s)", took, bound)
 	}
-	rateFloor(t, host, rate, 0.97*50, "while both tenants had backlog the upstream received (97% of 50/s)")
+	rateFloor(t, host, rate, 0.97*50, "while both tenants had backlog the upstream received", "97% of 50/s")
 	if rep := e.fake.Report(); rep.Rejected != 0 || rep.MaxInWindow > 50 {
 		t.Errorf("the upstream rejected %d and saw %d in one second, want none and at most 50", rep.Rejected, rep.MaxInWindow)
 	}
@@ -369,7 +370,7 @@ func TestWeightedFairShare(t *testing.T) {
 	if a == 0 || float64(b) < 2.5*float64(a) || float64(b) > 3.5*float64(a) {
 		t.Errorf("tenant b (weight 3) got %d sends to tenant a's %d (weight 1), want about 3× (2.5× to 3.5×)", b, a)
 	}
-	rateFloor(t, host, rate, 0.97*50, "while both tenants had backlog the upstream received (97% of 50/s)")
+	rateFloor(t, host, rate, 0.97*50, "while both tenants had backlog the upstream received", "97% of 50/s")
 }
 
 // TestSlowUpstreamHoldsNoWorker: one replica serves an upstream at 10/min
